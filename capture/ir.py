@@ -1,0 +1,537 @@
+"""The workload trace: the contract between capture and everything downstream. Imports no torch.
+
+A trace is a directory::
+
+    TRACE/
+      trace.json            header (schema_version, command, world size, layout, groups, roles, FLOPs)
+      roles/role_0000.json  one file per role: blocks of ops and the program that sequences them
+
+Vocabulary (fixed here for the whole project):
+
+- *rank*: a process of the job. *role*: a set of ranks that run the same program, up to which
+  member of each process-group family they talk to. One rank per role is *captured*.
+- *op*: one recorded operation. ``kind`` is ``compute`` (a kernel), ``collective`` (an NCCL
+  collective issued on a communication stream), ``p2p`` (a send or a recv) or ``wait`` (the compute
+  stream waits for a communication op to finish).
+- *block*: a list of ops recorded once. The role's *program* is a list of segments
+  ``(block, micro_batch, chunk)``; a block that repeats (the forward of every micro-batch on a
+  pipeline stage) is stored once and referenced many times, so trace size does not grow with the
+  number of micro-batches.
+- *op id*: the position of an op in the role's program once expanded (segment by segment).
+  Inside a block, ``deps`` and wait ``target`` are stored as *backward distances* (``op_id - dep``),
+  which keeps a block position-independent.
+- *group family*: process groups created by the same loop (all TP groups, all DP groups ...). A
+  collective on group ``g`` of the captured rank runs, for another rank of the role, on the member
+  of ``g``'s family that contains that rank (:meth:`Trace.group_for`).
+
+Collective ``comm_bytes`` follow nccl-tests' "size": the whole buffer for all_reduce / broadcast /
+reduce, the gathered output for all_gather, the unscattered input for reduce_scatter, what one
+rank sends for all_to_all, the message for send/recv.
+
+FLOPs per op: ``flops`` is what the kernel executes (causal attention counted as a flash kernel
+computes it: only the unmasked blocks), ``flops_full`` is Megatron's convention (full attention).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Mapping, Sequence
+
+from heterosim.atomic import atomic_dir
+from heterosim.errors import TraceSchemaError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "OP_KINDS",
+    "KERNEL_CLASSES",
+    "PHASES",
+    "COLLECTIVES",
+    "PARALLEL_DIMS",
+    "COLUMNS",
+    "Op",
+    "Block",
+    "Segment",
+    "GroupInfo",
+    "Role",
+    "Trace",
+    "load_trace",
+    "write_trace",
+    "flop_totals",
+]
+
+SCHEMA_VERSION = 1
+"""The trace schema this code reads and writes. Bump it, and add a ``migrate_v{N}_to_v{N+1}``,
+whenever a field changes meaning."""
+
+OpKind = Literal["compute", "collective", "p2p", "wait"]
+OP_KINDS: tuple[str, ...] = ("compute", "collective", "p2p", "wait")
+
+KERNEL_CLASSES: tuple[str, ...] = (
+    "gemm",  # mm / addmm / bmm / linear, fp8 GEMMs included (dtype says fp8)
+    "attention",  # fused (flash / efficient / cuDNN) scaled-dot-product attention, fwd or bwd
+    "norm",  # layer norm / RMS norm, fwd or bwd
+    "softmax",  # standalone softmax (and its backward)
+    "elementwise",  # pointwise math, activations, dropout, masked fill, RoPE pieces
+    "reduction",  # sum / mean / max / norm reductions
+    "embedding",  # embedding lookup and its backward (index add)
+    "cross_entropy",  # log-softmax + nll style losses
+    "copy",  # copies, casts, cat / stack, index / gather / scatter data movement
+    "optimizer",  # fused or foreach optimizer math over parameters
+    "comm",  # collective / p2p / wait ops (their time comes from ncclshim, not kernel_db)
+)
+"""Kernel classes: what prices an op in ``kernel_db``."""
+
+PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "optimizer", "grad_sync", "other")
+COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "barrier",
+    "send",
+    "recv",
+)
+PARALLEL_DIMS: tuple[str, ...] = ("tp", "dp", "pp", "cp", "ep", "world", "other")
+
+# Column name -> (python type, default). Every block stores every column, in this order.
+COLUMNS: dict[str, tuple[type, Any]] = {
+    "kind": (str, "compute"),
+    "name": (str, ""),
+    "kernel_class": (str, ""),
+    "module": (str, ""),
+    "phase": (str, "other"),
+    "flops": (float, 0.0),
+    "flops_full": (float, 0.0),
+    "bytes_read": (int, 0),
+    "bytes_written": (int, 0),
+    "dtype": (str, ""),
+    "dims": (dict, None),
+    "signature": (str, ""),
+    "stream": (str, "compute"),
+    "deps": (list, None),
+    "collective": (str, ""),
+    "group": (str, ""),
+    "comm_bytes": (int, 0),
+    "peer": (int, -1),
+    "target": (int, 0),
+    "coalesced": (int, 0),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One operation of a role's program, with absolute ids (see the module docstring)."""
+
+    id: int
+    """Position in the expanded program of the role."""
+    kind: str
+    """One of :data:`OP_KINDS`."""
+    name: str
+    """The aten (or c10d) op name as captured, e.g. ``aten.mm.default``."""
+    kernel_class: str
+    """One of :data:`KERNEL_CLASSES`; ``comm`` for collective / p2p / wait."""
+    module: str = ""
+    """Fully qualified module path (forward and backward alike)."""
+    phase: str = "other"
+    """One of :data:`PHASES`."""
+    mb: int = -1
+    """Micro-batch index, -1 outside any micro-batch."""
+    chunk: int = 0
+    """Virtual-pipeline chunk (model chunk) index."""
+    flops: float = 0.0
+    """FLOPs the kernel executes (causal attention counted as a flash kernel computes it)."""
+    flops_full: float = 0.0
+    """FLOPs in Megatron's convention (attention counted full)."""
+    bytes_read: int = 0
+    """Bytes read from device memory (tensor inputs, numel * itemsize)."""
+    bytes_written: int = 0
+    """Bytes written to device memory (tensor outputs)."""
+    dtype: str = ""
+    """Compute dtype: fp32, tf32, bf16, fp16, fp8, int64, ..."""
+    dims: Mapping[str, Any] = field(default_factory=dict)
+    """Shape parameters that key the kernel DB: gemm m/n/k/batch, attention b/h/sq/sk/d/causal, numel."""
+    signature: str = ""
+    """Canonical shape/dtype signature (kernel DB key together with kernel class)."""
+    stream: str = "compute"
+    """``compute`` for kernels; ``comm:<group>`` or ``p2p:<group>:<peer>`` for communication."""
+    deps: tuple[int, ...] = ()
+    """Op ids this op reads data from (data dependencies)."""
+    collective: str = ""
+    """For collective / p2p ops: one of :data:`COLLECTIVES`."""
+    group: str = ""
+    """Process-group id (key of :attr:`Trace.groups`) as seen by the captured rank."""
+    comm_bytes: int = 0
+    """nccl-tests "size" of the collective (see module docstring), or the p2p message size."""
+    peer: int = -1
+    """For p2p: the peer's rank *within* ``group``."""
+    target: int = -1
+    """For wait ops: the id of the communication op waited for."""
+    coalesced: int = -1
+    """For ops launched together (``batch_isend_irecv``, coalesced collectives): id of the first."""
+
+
+def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
+    missing = [c for c in COLUMNS if c not in cols]
+    extra = [c for c in cols if c not in COLUMNS]
+    if missing or extra:
+        raise TraceSchemaError(
+            f"{where}: columns missing {missing} / unknown {extra}; expected exactly {list(COLUMNS)}"
+        )
+    for c, values in cols.items():
+        if len(values) != n:
+            raise TraceSchemaError(f"{where}: column {c!r} has {len(values)} values, expected n={n}")
+    for i, k in enumerate(cols["kind"]):
+        if k not in OP_KINDS:
+            raise TraceSchemaError(f"{where}: op {i} has kind {k!r}; valid kinds are {OP_KINDS}")
+        kc = cols["kernel_class"][i]
+        if kc not in KERNEL_CLASSES:
+            raise TraceSchemaError(
+                f"{where}: op {i} ({cols['name'][i]}) has kernel class {kc!r}; "
+                f"valid classes are {KERNEL_CLASSES}"
+            )
+        if cols["phase"][i] not in PHASES:
+            raise TraceSchemaError(f"{where}: op {i} has phase {cols['phase'][i]!r}; valid: {PHASES}")
+        if k in ("collective", "p2p") and cols["collective"][i] not in COLLECTIVES:
+            raise TraceSchemaError(
+                f"{where}: op {i} has collective {cols['collective'][i]!r}; valid: {COLLECTIVES}"
+            )
+        if k == "wait" and cols["target"][i] <= 0:
+            raise TraceSchemaError(f"{where}: wait op {i} has no target (distance {cols['target'][i]})")
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Ops recorded once, stored column-wise (one list per entry of :data:`COLUMNS`).
+
+    ``deps`` / ``target`` / ``coalesced`` hold backward distances (0 = none).
+    """
+
+    columns: Mapping[str, list]
+
+    def __len__(self) -> int:
+        return len(self.columns["kind"])
+
+    @staticmethod
+    def from_rows(rows: Sequence[Mapping[str, Any]]) -> "Block":
+        """Build a block from row dicts; missing columns take their defaults."""
+        cols: dict[str, list] = {c: [] for c in COLUMNS}
+        for r in rows:
+            for c, (_, default) in COLUMNS.items():
+                v = r.get(c, default)
+                if v is None:
+                    v = {} if c == "dims" else []
+                cols[c].append(v)
+        return Block(cols)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One entry of a role's program: run ``block`` for micro-batch ``mb`` of model chunk ``chunk``."""
+
+    block: str
+    mb: int = -1
+    chunk: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A process group: its global ranks, the parallel dimension it serves and its family."""
+
+    ranks: tuple[int, ...]
+    dim: str = "other"
+    family: str = ""
+
+
+@dataclass(slots=True)
+class Role:
+    """A set of ranks running the same program; ``captured_rank`` is the one that was recorded."""
+
+    id: int
+    captured_rank: int
+    ranks: tuple[int, ...]
+    blocks: dict[str, Block]
+    program: list[Segment]
+
+    @property
+    def num_ops(self) -> int:
+        """Number of ops once the program is expanded."""
+        return sum(len(self.blocks[s.block]) for s in self.program)
+
+    def iter_ops(self) -> Iterator[Op]:
+        """Yield the expanded program's ops in order, with absolute ids."""
+        base = 0
+        for seg in self.program:
+            cols = self.blocks[seg.block].columns
+            n = len(cols["kind"])
+            for i in range(n):
+                oid = base + i
+                tgt = cols["target"][i]
+                coal = cols["coalesced"][i]
+                yield Op(
+                    id=oid,
+                    kind=cols["kind"][i],
+                    name=cols["name"][i],
+                    kernel_class=cols["kernel_class"][i],
+                    module=cols["module"][i],
+                    phase=cols["phase"][i],
+                    mb=seg.mb,
+                    chunk=seg.chunk,
+                    flops=cols["flops"][i],
+                    flops_full=cols["flops_full"][i],
+                    bytes_read=cols["bytes_read"][i],
+                    bytes_written=cols["bytes_written"][i],
+                    dtype=cols["dtype"][i],
+                    dims=cols["dims"][i],
+                    signature=cols["signature"][i],
+                    stream=cols["stream"][i],
+                    deps=tuple(oid - d for d in cols["deps"][i]),
+                    collective=cols["collective"][i],
+                    group=cols["group"][i],
+                    comm_bytes=cols["comm_bytes"][i],
+                    peer=cols["peer"][i],
+                    target=oid - tgt if tgt else -1,
+                    coalesced=oid - coal if coal else -1,
+                )
+            base += n
+
+    def ops(self) -> list[Op]:
+        """The expanded program as a list (see :meth:`iter_ops`)."""
+        return list(self.iter_ops())
+
+
+@dataclass(slots=True)
+class Trace:
+    """A loaded trace: the header fields plus every role."""
+
+    world_size: int
+    groups: dict[str, GroupInfo]
+    roles: list[Role]
+    layout: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    torch_version: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    _family_index: dict[str, dict[int, str]] | None = field(default=None, repr=False)
+
+    def role_of(self, rank: int) -> Role:
+        """The role that ``rank`` belongs to."""
+        for role in self.roles:
+            if rank in role.ranks:
+                return role
+        raise TraceSchemaError(f"rank {rank} belongs to no role (world size {self.world_size})")
+
+    def group_for(self, gid: str, rank: int) -> str:
+        """The group of ``gid``'s family that contains ``rank`` (``gid`` itself for the captured rank)."""
+        if self._family_index is None:
+            index: dict[str, dict[int, str]] = {}
+            for g, info in self.groups.items():
+                fam = index.setdefault(info.family or g, {})
+                for r in info.ranks:
+                    fam.setdefault(r, g)
+            self._family_index = index
+        info = self.groups[gid]
+        fam = self._family_index[info.family or gid]
+        if rank not in fam:
+            raise TraceSchemaError(
+                f"no group of family {info.family or gid!r} contains rank {rank}; the family "
+                f"covers ranks {sorted(fam)[:8]}..."
+            )
+        return fam[rank]
+
+    def peer_global(self, gid: str, peer: int, rank: int) -> int:
+        """Global rank of group-rank ``peer`` in the family member of ``gid`` that holds ``rank``."""
+        return self.groups[self.group_for(gid, rank)].ranks[peer]
+
+
+# --------------------------------------------------------------------------------------------
+# Serialisation
+
+
+def _dumps(obj: Any) -> str:
+    # sort_keys + fixed separators: byte-identical output for identical inputs.
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def flop_totals(trace: Trace) -> dict[str, float]:
+    """FLOPs of one iteration summed over *all* ranks (each role's ops times its rank count).
+
+    - ``model``: Megatron's MFU numerator, GEMM + attention FLOPs, attention counted full,
+      recomputation excluded (the 72·B·s·l·h²·(1 + s/6h + V/12lh) of Narayanan et al., SC'21, eq. 3).
+    - ``hardware``: the same with recomputation included (their 96·B·s·l·h²·(...) with full recompute).
+    - ``executed``: every op's executed FLOPs, causal attention as a flash kernel computes it.
+    """
+    model = hardware = executed = 0.0
+    for role in trace.roles:
+        m = h = e = 0.0
+        for seg in role.program:
+            cols = role.blocks[seg.block].columns
+            for kc, ph, f, ff in zip(cols["kernel_class"], cols["phase"], cols["flops"], cols["flops_full"]):
+                e += f
+                if kc in ("gemm", "attention"):
+                    h += ff
+                    if ph != "recompute":
+                        m += ff
+        k = len(role.ranks)
+        model += m * k
+        hardware += h * k
+        executed += e * k
+    return {"model": model, "hardware": hardware, "executed": executed}
+
+
+def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    """Write ``trace`` to directory ``path`` atomically (all of it or nothing)."""
+    path = Path(path)
+    header = {
+        "schema_version": SCHEMA_VERSION,
+        "format": "heterosim-trace",
+        "command": list(trace.command),
+        "torch_version": trace.torch_version,
+        "world_size": trace.world_size,
+        "layout": trace.layout,
+        "model": trace.model,
+        "meta": trace.meta,
+        "groups": {
+            g: {"ranks": list(info.ranks), "dim": info.dim, "family": info.family}
+            for g, info in sorted(trace.groups.items(), key=lambda kv: _gid_key(kv[0]))
+        },
+        "roles": [
+            {
+                "id": r.id,
+                "captured_rank": r.captured_rank,
+                "ranks": list(r.ranks),
+                "file": f"roles/role_{r.id:04d}.json",
+                "num_ops": r.num_ops,
+            }
+            for r in trace.roles
+        ],
+        "flops": flop_totals(trace),
+    }
+    with atomic_dir(path) as tmp:
+        (tmp / "roles").mkdir()
+        for r in trace.roles:
+            body = {
+                "schema_version": SCHEMA_VERSION,
+                "role": r.id,
+                "captured_rank": r.captured_rank,
+                "blocks": {
+                    b: {"n": len(blk), "columns": {c: blk.columns[c] for c in COLUMNS}}
+                    for b, blk in r.blocks.items()
+                },
+                "program": [[s.block, s.mb, s.chunk] for s in r.program],
+            }
+            (tmp / "roles" / f"role_{r.id:04d}.json").write_text(_dumps(body) + "\n")
+        (tmp / "trace.json").write_text(json.dumps(header, sort_keys=True, indent=1) + "\n")
+    return path
+
+
+def _gid_key(g: str) -> tuple[int, str]:
+    return (int(g), g) if g.isdigit() else (1 << 60, g)
+
+
+def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise TraceSchemaError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def _check_version(v: Any, where: str) -> None:
+    if v != SCHEMA_VERSION:
+        raise TraceSchemaError(
+            f"{where} has schema_version {v!r}; this HeteroSim reads schema_version "
+            f"{SCHEMA_VERSION}. Re-capture the trace with this version (python -m capture ...)."
+        )
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Load and validate a trace directory; raises :class:`TraceSchemaError` with what is wrong."""
+    path = Path(path)
+    hfile = path / "trace.json"
+    if not hfile.is_file():
+        raise TraceSchemaError(
+            f"{path} is not a HeteroSim trace: {hfile} does not exist "
+            f"(create one with: python -m capture -o {path} script.py)"
+        )
+    try:
+        header = json.loads(hfile.read_text())
+    except json.JSONDecodeError as e:
+        raise TraceSchemaError(f"{hfile} is not valid JSON: {e}") from e
+    _check_version(header.get("schema_version"), str(hfile))
+    world = int(_need(header, "world_size", str(hfile)))
+    groups = {
+        g: GroupInfo(tuple(int(x) for x in v["ranks"]), v.get("dim", "other"), v.get("family", ""))
+        for g, v in _need(header, "groups", str(hfile)).items()
+    }
+    for g, info in groups.items():
+        bad = [r for r in info.ranks if not 0 <= r < world]
+        if bad:
+            raise TraceSchemaError(f"{hfile}: group {g} has ranks {bad} outside world size {world}")
+    roles: list[Role] = []
+    seen: set[int] = set()
+    for rh in _need(header, "roles", str(hfile)):
+        rfile = path / rh["file"]
+        if not rfile.is_file():
+            raise TraceSchemaError(f"{hfile} names role file {rfile}, which does not exist")
+        try:
+            body = json.loads(rfile.read_text())
+        except json.JSONDecodeError as e:
+            raise TraceSchemaError(f"{rfile} is not valid JSON: {e}") from e
+        _check_version(body.get("schema_version"), str(rfile))
+        blocks = {}
+        for b, bd in body["blocks"].items():
+            _check_columns(f"{rfile} block {b!r}", bd["columns"], int(bd["n"]))
+            blocks[b] = Block(bd["columns"])
+        program = []
+        for entry in body["program"]:
+            b, mb, chunk = entry
+            if b not in blocks:
+                raise TraceSchemaError(f"{rfile}: program references unknown block {b!r}")
+            program.append(Segment(b, int(mb), int(chunk)))
+        ranks = tuple(int(x) for x in rh["ranks"])
+        dup = seen.intersection(ranks)
+        if dup:
+            raise TraceSchemaError(f"{hfile}: ranks {sorted(dup)[:8]} belong to more than one role")
+        seen.update(ranks)
+        role = Role(int(rh["id"]), int(rh["captured_rank"]), ranks, blocks, program)
+        _check_references(role, groups, str(rfile))
+        roles.append(role)
+    if seen != set(range(world)):
+        missing = sorted(set(range(world)) - seen)
+        raise TraceSchemaError(f"{hfile}: ranks {missing[:8]}... belong to no role (world {world})")
+    return Trace(
+        world_size=world,
+        groups=groups,
+        roles=roles,
+        layout=header.get("layout", {}),
+        model=header.get("model", {}),
+        command=header.get("command", []),
+        torch_version=header.get("torch_version", ""),
+        meta=header.get("meta", {}),
+    )
+
+
+def _check_references(role: Role, groups: Mapping[str, GroupInfo], where: str) -> None:
+    """Deps and wait targets point backwards inside the program; groups exist; waits hit comm ops."""
+    base = 0
+    kinds_before: list[str] = []
+    for seg in role.program:
+        cols = role.blocks[seg.block].columns
+        for i, kind in enumerate(cols["kind"]):
+            oid = base + i
+            for d in cols["deps"][i]:
+                if not 0 < d <= oid:
+                    raise TraceSchemaError(f"{where}: op {oid} has dependency distance {d} out of range")
+            t = cols["target"][i]
+            if kind == "wait":
+                if t > oid or kinds_before[oid - t] not in ("collective", "p2p"):
+                    raise TraceSchemaError(f"{where}: wait op {oid} does not point at a communication op")
+            if kind in ("collective", "p2p") and cols["group"][i] not in groups:
+                raise TraceSchemaError(
+                    f"{where}: op {oid} ({cols['name'][i]}) uses unknown process group {cols['group'][i]!r}"
+                )
+            kinds_before.append(kind)
+        base += len(cols["kind"])

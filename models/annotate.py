@@ -1,0 +1,76 @@
+"""Annotations a training script can give the capture layer; no-ops when nothing is capturing.
+
+``models`` imports nothing from ``capture``: capture installs its own :class:`Annotator` with
+:func:`set_annotator` before it runs a script, and the schedules in ``models`` call
+:func:`get_annotator` to mark micro-batches, phases, repeatable blocks and process groups.
+Outside a capture the default annotator does nothing but call the function it is given.
+
+Example::
+
+    ann = get_annotator()
+    ann.declare(layout={"tp": 8, "pp": 8, "dp": 16}, model={"num_layers": 96})
+    ann.label_group(tp_group, "tp")
+    with ann.scope(phase="fwd", mb=3, chunk=0):
+        out = ann.block(("fwd", 0, False), forward_step, inp)
+
+Known limitations: :meth:`Annotator.block` is a promise by the caller that running ``fn`` again
+with inputs of the same shapes would issue the same ops, and that its only effects seen later are
+its returned tensors and gradient accumulation into parameters that already have a ``.grad``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator
+
+__all__ = ["Annotator", "get_annotator", "set_annotator"]
+
+
+class Annotator:
+    """The do-nothing annotator; capture subclasses it to record."""
+
+    @property
+    def active(self) -> bool:
+        """True while a capture is recording."""
+        return False
+
+    def declare(self, layout: dict[str, Any] | None = None, model: dict[str, Any] | None = None) -> None:
+        """Declare the parallel layout (tp, pp, dp, cp, ep, vpp, micro/global batch...) and model config."""
+
+    def label_group(self, group: Any, dim: str) -> None:
+        """Say which parallel dimension (tp, dp, pp, cp, ep) a process group serves."""
+
+    def iteration(self, index: int) -> None:
+        """Mark the start of training iteration ``index``; capture keeps the last iteration."""
+
+    @contextmanager
+    def scope(
+        self,
+        *,
+        phase: str | None = None,
+        mb: int | None = None,
+        chunk: int | None = None,
+        gemm_dtype: str | None = None,
+    ) -> Iterator[None]:
+        """Tag ops issued inside with a phase, micro-batch, model chunk, or a GEMM dtype (``fp8``)."""
+        yield
+
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards."""
+        return fn(*args)
+
+
+_current: Annotator = Annotator()
+
+
+def get_annotator() -> Annotator:
+    """The annotator in force (the no-op one unless a capture installed its own)."""
+    return _current
+
+
+def set_annotator(annotator: Annotator | None) -> Annotator:
+    """Install ``annotator`` (``None`` restores the no-op one); returns the previous one."""
+    global _current
+    previous = _current
+    _current = annotator if annotator is not None else Annotator()
+    return previous
