@@ -1,0 +1,127 @@
+"""Model and parallelism configuration shared by the layers, the schedules and ``pretrain_gpt.py``.
+
+Field names follow Megatron-LM's arguments (``--num-layers`` -> ``num_layers``). Validation that
+needs the world size lives in :meth:`ParallelConfig.check`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from heterosim.errors import ConfigError
+
+__all__ = ["ModelConfig", "ParallelConfig", "TrainConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Architecture of a GPT / LLaMA-style decoder."""
+
+    num_layers: int
+    """Transformer layers (Megatron ``--num-layers``)."""
+    hidden_size: int
+    """Model width h."""
+    num_attention_heads: int
+    """Query heads."""
+    num_query_groups: int | None = None
+    """Key/value heads for GQA; None means multi-head attention (= num_attention_heads)."""
+    ffn_hidden_size: int | None = None
+    """MLP width; None means 4h."""
+    kv_channels: int | None = None
+    """Head dim; None means hidden_size // num_attention_heads."""
+    seq_length: int = 2048
+    """Tokens per sample s."""
+    max_position_embeddings: int | None = None
+    """Learned position table size (None: seq_length)."""
+    vocab_size: int = 51200
+    """Vocabulary V after padding (see pretrain_gpt's --make-vocab-size-divisible-by)."""
+    activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
+    """MLP nonlinearity; swiglu uses two input projections (gate and up)."""
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    position_embedding_type: Literal["learned_absolute", "rope", "none"] = "learned_absolute"
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    num_experts: int | None = None
+    """MoE experts per MoE layer (None: dense)."""
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How the job is split. Rank order is Megatron's default ``tp-cp-ep-dp-pp`` (tp fastest)."""
+
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int | None = None
+    """Model chunks per pipeline rank for the interleaved schedule (None: plain 1F1B)."""
+    sequence_parallel: bool = False
+    cp_comm_type: Literal["p2p", "all_gather", "a2a"] = "p2p"
+    stage_layers: tuple[int, ...] | None = None
+    """Explicit layers per pipeline stage (len pp); None: even split (or first/last overrides)."""
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: world / (tp * pp * cp)."""
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming the values when the layout does not fit the world."""
+        for name in ("tp", "pp", "cp", "ep"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        prod = self.tp * self.pp * self.cp
+        if self.world_size % prod:
+            raise ConfigError(
+                f"world size {self.world_size} is not divisible by tp*pp*cp = "
+                f"{self.tp}*{self.pp}*{self.cp} = {prod}; choose sizes whose product divides it"
+            )
+        if self.dp % self.ep and self.ep > 1:
+            raise ConfigError(
+                f"expert-model-parallel-size {self.ep} must divide the data-parallel size {self.dp}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """Batch, precision, recomputation and iteration count."""
+
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    train_iters: int = 1
+    params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: str | None = None
+    """``e4m3`` / ``hybrid``: GEMMs are marked fp8 in the trace."""
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def num_microbatches(self, dp: int) -> int:
+        """Micro-batches per iteration per data-parallel replica."""
+        per = self.micro_batch_size * dp
+        if self.global_batch_size % per:
+            raise ConfigError(
+                f"global batch size {self.global_batch_size} is not divisible by micro-batch size "
+                f"{self.micro_batch_size} x data-parallel size {dp} = {per}"
+            )
+        return self.global_batch_size // per
