@@ -1,0 +1,86 @@
+"""``python -m capture``: run a training script as ranks of a fake cluster-sized job; write a trace.
+
+    python -m capture [--world-size N | --nnodes N --nproc-per-node G] [--ranks auto|all|LIST] -o TRACE script.py [args]
+    python -m capture --inspect TRACE [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m capture",
+        description="Run a PyTorch training script as ranks of a large job on one CPU host and record a trace.",
+    )
+    ap.add_argument("--world-size", type=int, help="total ranks of the job (or --nnodes x --nproc-per-node)")
+    ap.add_argument("--nnodes", type=int, help="nodes of the job")
+    ap.add_argument("--nproc-per-node", type=int, help="ranks (GPUs) per node; default min(world size, 8)")
+    ap.add_argument("--ranks", default="auto", help="auto (one per role, default), all, or a list like 0,8-11")
+    ap.add_argument("-j", "--jobs", type=int, help="worker processes in parallel (default: CPU cores)")
+    ap.add_argument("-o", "--output", help="trace directory to write")
+    ap.add_argument("--inspect", metavar="TRACE", help="print a trace's totals instead of capturing")
+    ap.add_argument("--json", action="store_true", help="with --inspect: one JSON object")
+    ap.add_argument("script", nargs="?", help="the training script")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    from heterosim.errors import HeteroSimError, ScriptError
+
+    try:
+        if a.inspect:
+            from capture.ir import load_trace
+            from capture.summary import format_summary, summarize
+
+            s = summarize(load_trace(a.inspect))
+            print(json.dumps(s, sort_keys=True) if a.json else format_summary(s))
+            return 0
+        if not a.script or not a.output:
+            ap.error("a script and -o TRACE are required (or --inspect TRACE)")
+        if a.world_size is None and a.nnodes is None:
+            ap.error("give --world-size N, or --nnodes N --nproc-per-node G")
+        if a.nnodes is not None:
+            if a.nproc_per_node is None:
+                ap.error("--nnodes needs --nproc-per-node")
+            world = a.nnodes * a.nproc_per_node
+            if a.world_size is not None and a.world_size != world:
+                ap.error(f"--world-size {a.world_size} != --nnodes {a.nnodes} x --nproc-per-node {a.nproc_per_node}")
+        else:
+            world = a.world_size
+        from tqdm import tqdm
+
+        from capture.api import capture
+
+        bar = tqdm(total=None, unit="rank", desc="capturing", file=sys.stderr, disable=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        try:
+            path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
+                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress)
+        finally:
+            bar.close()
+        print(f"wrote {path}", file=sys.stderr)
+        return 0
+    except ScriptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except HeteroSimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

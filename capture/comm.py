@@ -1,0 +1,123 @@
+"""Collective and p2p ops as the dispatcher shows them: which collective, how many bytes, which group.
+
+Bytes follow nccl-tests' "size" convention (``ir`` module docstring): all_reduce / broadcast /
+reduce the buffer, all_gather the gathered output, reduce_scatter the unscattered input,
+all_to_all what one rank sends, send/recv the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten
+
+from capture.opinfo import dtype_name
+from heterosim.errors import CaptureError
+
+__all__ = ["CommInfo", "describe_comm", "find_group", "NO_FAKE_IMPL"]
+
+c10d = torch.ops.c10d
+fc = torch.ops._c10d_functional
+
+NO_FAKE_IMPL = {
+    c10d.reduce_scatter_tensor_coalesced_.default,
+    c10d.allgather_into_tensor_coalesced_.default,
+    c10d.allreduce_coalesced_.default,
+    c10d.allgather_coalesced_.default,
+}
+"""c10d ops with no FakeTensor kernel: recorded without executing (the fake PG moves no data)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommInfo:
+    kind: str  # collective | p2p
+    collective: str
+    nbytes: int
+    dtype: str
+    peer: int
+    written: tuple[torch.Tensor, ...]
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+
+
+def _nb(x: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+# packet name -> (collective, which argument's bytes are the nccl-tests size, written argument)
+_C10D = {
+    "allreduce_": ("all_reduce", 0, 0),
+    "allreduce_coalesced_": ("all_reduce", 0, 0),
+    "broadcast_": ("broadcast", 0, 0),
+    "reduce_": ("reduce", 0, 0),
+    "_allgather_base_": ("all_gather", 0, 0),
+    "allgather_": ("all_gather", 0, 0),
+    "allgather_coalesced_": ("all_gather", 0, 0),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0, 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 0),
+    "reduce_scatter_": ("reduce_scatter", 1, 0),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 0),
+    "alltoall_base_": ("all_to_all", 1, 0),
+    "alltoall_": ("all_to_all", 1, 0),
+    "barrier": ("barrier", None, None),
+    "send": ("send", 0, None),
+    "recv_": ("recv", 0, 0),
+    "recv_any_source_": ("recv", 0, 0),
+}
+
+_FUNCTIONAL = {
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+}
+
+
+def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
+    """What collective ``func`` is, its nccl-tests size in bytes, and the tensors it writes."""
+    packet = func._overloadpacket.__name__
+    if func.namespace == "c10d":
+        if packet not in _C10D:
+            raise CaptureError(f"unsupported c10d op {func}; supported: {sorted(_C10D)}")
+        coll, size_arg, written_arg = _C10D[packet]
+        nbytes = 0 if size_arg is None else _nb(args[size_arg])
+        data = _tensors(args[0]) if args and size_arg is not None else []
+        written = tuple(_tensors(args[written_arg])) if written_arg is not None else ()
+        peer = int(args[2]) if coll in ("send", "recv") else -1
+        kind = "p2p" if coll in ("send", "recv") else "collective"
+        return CommInfo(kind, coll, nbytes, dtype_name(data[0].dtype) if data else "", peer, written)
+    if packet not in _FUNCTIONAL:
+        raise CaptureError(f"unsupported functional collective {func}; supported: {sorted(_FUNCTIONAL)}")
+    coll = _FUNCTIONAL[packet]
+    nbytes = _nb(args[0])
+    if coll == "all_gather":  # functional all_gather takes the shard: size is the gathered output
+        nbytes = _nb(out) if out is not None else nbytes * int(args[1])
+    data = _tensors(args[0])
+    return CommInfo("collective", coll, nbytes, dtype_name(data[0].dtype) if data else "", -1, ())
+
+
+def find_group(func: Any, args: Any, kwargs: dict) -> Any:
+    """The ProcessGroup a c10d / functional op runs on (from its schema)."""
+    from torch._C._distributed_c10d import _resolve_process_group
+
+    for i, a in enumerate(func._schema.arguments):
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        if v is None:
+            continue
+        if "ProcessGroup" in str(a.type):
+            return dist.ProcessGroup.unbox(v)
+        if a.name in ("group_name", "tag_or_group") and isinstance(v, str):
+            return _resolve_process_group(v)
+    raise CaptureError(f"cannot find the process group of {func}")

@@ -1,0 +1,260 @@
+"""The fake world: what torchrun would set, torch's ``fake`` process group, and torch.cuda shims.
+
+One CPU process plays rank ``r`` of a ``world_size`` job. Whatever backend the script asks for
+(``nccl``, ``gloo``, ...) is routed to the built-in ``fake`` backend at the full world size, so
+every process group of the job is created (groups the rank is not in included) and every
+collective "succeeds" without moving data. :class:`FakeWorld` also remembers each group's global
+ranks and *family* (the groups one loop creates, e.g. all TP groups) so a captured rank's program
+can be replayed for the other ranks of its role.
+
+Known limitations: the fake backend does not coalesce (``batch_isend_irecv`` issues separate
+ops); we tag the batch so the trace keeps NCCL's grouped launch. Fake CUDA tensors abort the
+CPU wheel's autograd, so scripts run on CPU; ``torch.cuda.is_available()`` stays False and the
+shims only keep CUDA-assuming calls (streams, events, RNG state, memory stats) from raising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["GroupRecord", "FakeWorld", "torchrun_env", "install_cuda_shims"]
+
+
+def torchrun_env(rank: int, world_size: int, nproc_per_node: int) -> dict[str, str]:
+    """The environment variables torchrun sets for ``rank``."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank % nproc_per_node),
+        "LOCAL_WORLD_SIZE": str(nproc_per_node),
+        "GROUP_RANK": str(rank // nproc_per_node),
+        "NODE_RANK": str(rank // nproc_per_node),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "heterosim-capture",
+    }
+
+
+@dataclass(slots=True)
+class GroupRecord:
+    """A process group as the capture sees it."""
+
+    gid: str
+    ranks: tuple[int, ...]
+    family: str
+    dim: str = "other"
+
+
+@dataclass
+class FakeWorld:
+    """Patches torch.distributed for one fake rank and records every group created."""
+
+    rank: int
+    world_size: int
+    groups: list[GroupRecord] = field(default_factory=list)
+    by_name: dict[str, str] = field(default_factory=dict)
+    """torch group_name -> our gid, for groups this rank belongs to."""
+    batch_hook: Callable[[bool], None] | None = None
+    """Called with True/False around ``batch_isend_irecv`` (the recorder tags the batch)."""
+    _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
+    _family_of_site: dict[str, list[str]] = field(default_factory=dict)
+    _last_site: str | None = None
+
+    # ---- group bookkeeping -------------------------------------------------------------------
+    def _family_for(self, site: str, ranks: tuple[int, ...]) -> str:
+        # Groups created one after another from the same call site form a family, as long as
+        # they are disjoint (a family partitions the ranks it covers).
+        fams = self._family_of_site.setdefault(site, [])
+        if fams and self._last_site == site:
+            fam = fams[-1]
+            members = {r for g in self.groups if g.family == fam for r in g.ranks}
+            if not members.intersection(ranks):
+                return fam
+        fam = f"f{sum(len(v) for v in self._family_of_site.values())}"
+        fams.append(fam)
+        return fam
+
+    def _register(self, ranks: tuple[int, ...], pg: Any, site: str) -> None:
+        gid = str(len(self.groups))
+        fam = "world" if gid == "0" else self._family_for(site, ranks)
+        self._last_site = site
+        self.groups.append(GroupRecord(gid, ranks, fam, "world" if gid == "0" else "other"))
+        if isinstance(pg, dist.ProcessGroup):
+            self.by_name[pg.group_name] = gid
+
+    def gid_of(self, pg: Any) -> str:
+        """Our id of a process group object (the world group is ``"0"``)."""
+        name = pg.group_name
+        if name not in self.by_name:
+            raise RuntimeError(f"process group {name!r} was not created through the fake world")
+        return self.by_name[name]
+
+    def label(self, pg: Any, dim: str) -> None:
+        """Record the parallel dimension of ``pg`` (and of its whole family)."""
+        if not isinstance(pg, dist.ProcessGroup):
+            return  # this rank is not a member: the family gets labelled by a member call
+        fam = self.groups[int(self.gid_of(pg))].family
+        for g in self.groups:
+            if g.family == fam:
+                g.dim = dim
+
+    # ---- patching ----------------------------------------------------------------------------
+    def _patch(self, obj: Any, name: str, value: Any) -> None:
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    @staticmethod
+    def _call_site() -> str:
+        # The first frame outside torch.distributed and this module names the loop creating groups.
+        for fr in traceback.extract_stack()[-3::-1]:
+            f = fr.filename
+            if "torch/distributed" in f or f == __file__:
+                continue
+            return f"{os.path.basename(f)}:{fr.lineno}"
+        return "?"
+
+    def install(self) -> None:
+        """Patch ``init_process_group`` / ``new_group`` / ``batch_isend_irecv`` for the fake world."""
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        orig_init = dist.init_process_group
+        orig_new = dist.new_group
+        orig_batch = dist.batch_isend_irecv
+        world = self
+
+        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+            for k in ("init_method", "store", "world_size", "rank", "backend", "device_id"):
+                kwargs.pop(k, None)
+            args = ()
+            orig_init("fake", store=FakeStore(), world_size=world.world_size, rank=world.rank, **kwargs)
+            world._register(tuple(range(world.world_size)), dist.group.WORLD, "init")
+
+        def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
+            kwargs.pop("backend", None)
+            kwargs.pop("pg_options", None)
+            if args:
+                args = (args[0],)  # timeout; a positional backend is dropped
+            pg = orig_new(ranks, *args, backend="fake", **kwargs)
+            rs = tuple(sorted(ranks)) if ranks is not None else tuple(range(world.world_size))
+            world._register(rs, pg, world._call_site())
+            return pg
+
+        def batch_isend_irecv(p2p_op_list: Any) -> Any:
+            if world.batch_hook is not None:
+                world.batch_hook(True)
+            try:
+                return orig_batch(p2p_op_list)
+            finally:
+                if world.batch_hook is not None:
+                    world.batch_hook(False)
+
+        self._patch(dist, "init_process_group", init_process_group)
+        self._patch(dist, "new_group", new_group)
+        self._patch(dist, "batch_isend_irecv", batch_isend_irecv)
+        import torch.distributed.distributed_c10d as c10d_mod
+
+        self._patch(c10d_mod, "init_process_group", init_process_group)
+        self._patch(c10d_mod, "new_group", new_group)
+        self._patch(c10d_mod, "batch_isend_irecv", batch_isend_irecv)
+
+    def uninstall(self) -> None:
+        """Undo every patch (in reverse order) and tear down the process group."""
+        for obj, name, value in reversed(self._saved):
+            setattr(obj, name, value)
+        self._saved.clear()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+class _DummyStream:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_stream(self, *a: Any) -> None:
+        pass
+
+    def wait_event(self, *a: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, *a: Any) -> "_DummyEvent":
+        return _DummyEvent()
+
+    def __enter__(self) -> "_DummyStream":
+        return self
+
+    def __exit__(self, *a: Any) -> bool:
+        return False
+
+
+class _DummyEvent:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def record(self, *a: Any) -> None:
+        pass
+
+    def wait(self, *a: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+def install_cuda_shims() -> Callable[[], None]:
+    """Make common ``torch.cuda`` calls harmless on the CPU wheel; returns an undo function.
+
+    ``is_available()`` stays False so device choices fall back to the CPU. Streams and events are
+    dummies (stream semantics come from the trace, not from them); RNG state maps to the CPU's.
+    """
+    c = torch.cuda
+    shims: dict[str, Any] = {
+        "current_device": lambda: 0,
+        "device_count": lambda: 1,
+        "set_device": lambda *a, **k: None,
+        "synchronize": lambda *a, **k: None,
+        "Stream": _DummyStream,
+        "Event": _DummyEvent,
+        "current_stream": lambda *a, **k: _DummyStream(),
+        "default_stream": lambda *a, **k: _DummyStream(),
+        "stream": lambda s=None: contextlib.nullcontext(),
+        "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+        "set_rng_state": lambda *a, **k: None,
+        "manual_seed": lambda *a, **k: None,
+        "manual_seed_all": lambda *a, **k: None,
+        "memory_allocated": lambda *a, **k: 0,
+        "max_memory_allocated": lambda *a, **k: 0,
+        "reset_peak_memory_stats": lambda *a, **k: None,
+        "empty_cache": lambda: None,
+    }
+    saved = {k: getattr(c, k) for k in shims if hasattr(c, k)}
+    for k, v in shims.items():
+        setattr(c, k, v)
+
+    def undo() -> None:
+        for k in shims:
+            if k in saved:
+                setattr(c, k, saved[k])
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(c, k)
+
+    return undo

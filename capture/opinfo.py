@@ -1,0 +1,343 @@
+"""What one aten op costs: kernel class, FLOPs, bytes, dims and signature. Pure over shapes.
+
+The recorder calls :func:`describe` for every compute op it sees. GEMM and attention FLOPs come
+from ``torch.utils.flop_counter`` (the registry PyTorch's FlopCounterMode uses); the CPU flash
+attention kernel that fake CPU tensors dispatch to is registered here with the same formula as the
+CUDA one. Other classes get an estimate (see :data:`_FLOPS_PER_ELEMENT`): those ops are
+memory-bound, and kernel_db prices them from bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import (
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+__all__ = ["OpCost", "describe", "dtype_name", "kernel_class_of", "causal_fraction", "FLASH_TILE"]
+
+aten = torch.ops.aten
+
+# CPU flash attention (what SDPA runs on fake CPU tensors) has no formula in torch's registry.
+if aten._scaled_dot_product_flash_attention_for_cpu not in flop_registry:
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+    def _sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        """Same count as the CUDA flash kernel: QK^T and PV, 2 FLOPs per multiply-add."""
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    def _sdpa_cpu_bwd_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+for _n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _n):
+        _DTYPE_NAMES[getattr(torch, _n)] = "fp8"
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    """Short dtype name used in traces (bf16, fp32, fp8, ...)."""
+    return _DTYPE_NAMES.get(dt, str(dt).replace("torch.", ""))
+
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul"}
+_ATTENTION = {
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward",
+    "_flash_attention_backward",
+}
+_NORM = {
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "_fused_rms_norm",
+    "_fused_rms_norm_backward",
+    "native_group_norm",
+    "native_batch_norm",
+}
+_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax"}
+_CROSS_ENTROPY = {
+    "_log_softmax",
+    "_log_softmax_backward_data",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "nll_loss2d_forward",
+    "nll_loss2d_backward",
+}
+_EMBEDDING = {"embedding", "embedding_dense_backward", "_embedding_bag", "embedding_backward"}
+_REDUCTION = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "var_mean",
+    "var",
+    "std",
+    "linalg_vector_norm",
+    "norm",
+    "prod",
+    "argmax",
+    "argmin",
+    "logsumexp",
+    "_foreach_norm",
+    "topk",
+    "cumsum",
+}
+_COPY = {
+    "copy_",
+    "_to_copy",
+    "clone",
+    "cat",
+    "stack",
+    "index",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "scatter_add_",
+    "index_put",
+    "index_put_",
+    "index_add",
+    "index_add_",
+    "constant_pad_nd",
+    "repeat",
+    "repeat_interleave",
+    "_unsafe_index",
+    "_unsafe_index_put",
+    "flip",
+    "roll",
+    "masked_scatter",
+    "split_with_sizes_copy",
+    "slice_scatter",
+    "select_scatter",
+    "narrow_copy",
+    "_foreach_copy_",
+    "lift_fresh_copy",
+    "fill_",
+    "zero_",
+    "zeros",
+    "ones",
+    "full",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "arange",
+}
+
+# Estimated FLOPs per output element for memory-bound classes (what the kernel's arithmetic is,
+# roughly): a layer norm does mean, variance, normalise and affine (~8/elt fwd); softmax max,
+# sub, exp, sum, div (~5); an elementwise op ~1 (gelu's tanh polynomial is ~10, ignored). These
+# only feed executed FLOPs; kernel_db prices these classes from bytes.
+_FLOPS_PER_ELEMENT = {
+    "norm": 8.0,
+    "softmax": 5.0,
+    "cross_entropy": 5.0,
+    "elementwise": 1.0,
+    "reduction": 1.0,
+    "optimizer": 4.0,
+    "embedding": 0.0,
+    "copy": 0.0,
+}
+
+FLASH_TILE = 128
+"""Query/key tile edge of FlashAttention-2's forward kernel (Dao, 2023, §3.1; block 128 on A100/H100)."""
+
+
+def causal_fraction(sq: int, sk: int, tile: int = FLASH_TILE) -> float:
+    """Fraction of (query tile, key tile) pairs a causal flash kernel computes.
+
+    With bottom-right alignment (query i sees keys up to i + sk - sq), tiles entirely above the
+    diagonal are skipped; diagonal tiles are computed whole (FlashAttention-2, Dao 2023, §3.1.1).
+    """
+    nq = max(1, math.ceil(sq / tile))
+    nk = max(1, math.ceil(sk / tile))
+    offset = sk - sq
+    done = 0
+    for i in range(nq):
+        last_key = min(sk - 1, (i + 1) * tile - 1 + offset)
+        if last_key >= 0:
+            done += min(nk, last_key // tile + 1)
+    return done / (nq * nk)
+
+
+def kernel_class_of(packet: str, func: Any, phase: str) -> str:
+    """Kernel class of an aten op (overload packet name), given the phase it runs in."""
+    if packet in _GEMM:
+        return "gemm"
+    if packet in _ATTENTION:
+        return "attention"
+    if phase == "optimizer":
+        return "optimizer"
+    if packet in _NORM:
+        return "norm"
+    if packet in _SOFTMAX:
+        return "softmax"
+    if packet in _CROSS_ENTROPY:
+        return "cross_entropy"
+    if packet in _EMBEDDING:
+        return "embedding"
+    if packet in _REDUCTION or packet.startswith("_foreach_norm"):
+        return "reduction"
+    if packet in _COPY:
+        return "copy"
+    tags = getattr(func, "tags", ())
+    if torch.Tag.reduction in tags:
+        return "reduction"
+    # Pointwise ops, random (dropout), and anything else: memory-bound, priced from bytes.
+    return "elementwise" if torch.Tag.pointwise in tags or packet.startswith("_foreach") else "copy"
+
+
+def _unique_nbytes(t: torch.Tensor) -> int:
+    # Broadcast (stride-0) dims are read once, not numel times.
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """The recorded cost fields of one compute op."""
+
+    kernel_class: str
+    flops: float
+    flops_full: float
+    bytes_read: int
+    bytes_written: int
+    dtype: str
+    dims: dict
+    signature: str
+
+
+def _shape_str(ts: Sequence[torch.Tensor]) -> str:
+    return ",".join("x".join(str(int(d)) for d in t.shape) or "scalar" for t in ts)
+
+
+def _gemm_dims(packet: str, ins: Sequence[torch.Tensor]) -> dict:
+    if packet in ("mm", "matmul", "_scaled_mm"):
+        a, b = ins[0], ins[1]
+        return {"m": int(a.shape[-2]), "k": int(a.shape[-1]), "n": int(b.shape[-1]), "batch": 1}
+    if packet == "addmm":  # (bias, a, b)
+        a, b = ins[1], ins[2]
+        return {"m": int(a.shape[0]), "k": int(a.shape[1]), "n": int(b.shape[1]), "batch": 1}
+    if packet == "bmm":
+        a, b = ins[0], ins[1]
+        return {"m": int(a.shape[1]), "k": int(a.shape[2]), "n": int(b.shape[2]), "batch": int(a.shape[0])}
+    a, b = ins[-2], ins[-1]  # baddbmm / addbmm: (self, batch1, batch2)
+    return {"m": int(a.shape[1]), "k": int(a.shape[2]), "n": int(b.shape[2]), "batch": int(a.shape[0])}
+
+
+def _attention_dims(packet: str, args: Sequence[Any], kwargs: dict) -> tuple[dict, bool]:
+    backward = packet.endswith("_backward")
+    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    if packet.startswith("_flash_attention"):  # (b, s, h, d) layout
+        b, sq, h, d = q.shape
+        sk, hkv = k.shape[1], k.shape[2]
+    else:  # SDPA layout (b, h, s, d)
+        b, h, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+    causal = bool(kwargs.get("is_causal", False))
+    names = [a.name for a in _schema_args(packet)]
+    if "is_causal" in names:
+        i = names.index("is_causal")
+        if i < len(args):
+            causal = bool(args[i])
+    dims = {
+        "b": int(b),
+        "h": int(h),
+        "hkv": int(hkv),
+        "sq": int(sq),
+        "sk": int(sk),
+        "d": int(d),
+        "causal": causal,
+        "dir": "bwd" if backward else "fwd",
+    }
+    return dims, causal
+
+
+_SCHEMA_CACHE: dict[str, list] = {}
+
+
+def _schema_args(packet: str) -> list:
+    if packet not in _SCHEMA_CACHE:
+        op = getattr(aten, packet)
+        _SCHEMA_CACHE[packet] = list(op.default._schema.arguments)
+    return _SCHEMA_CACHE[packet]
+
+
+def describe(
+    func: Any,
+    args: Sequence[Any],
+    kwargs: dict,
+    out: Any,
+    mutated: Sequence[torch.Tensor],
+    phase: str,
+    gemm_dtype: str | None = None,
+) -> OpCost:
+    """Cost fields of one compute op: ``func(*args, **kwargs) -> out`` that wrote ``mutated``."""
+    packet = func._overloadpacket.__name__
+    ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    kc = kernel_class_of(packet, func, phase)
+    floats = [t.dtype for t in ins + outs if t.dtype.is_floating_point]
+    dtype = dtype_name(floats[0]) if floats else (dtype_name(ins[0].dtype) if ins else "")
+    seen: set[int] = set()
+    bytes_read = 0
+    for t in ins:
+        if id(t) not in seen:
+            seen.add(id(t))
+            bytes_read += _unique_nbytes(t)
+    out_ids = {id(t) for t in outs}
+    written = outs + [t for t in mutated if id(t) not in out_ids]
+    bytes_written = sum(_unique_nbytes(t) for t in written)
+    numel = max([t.numel() for t in ins + outs] or [0])
+    if kc == "gemm":
+        dims = _gemm_dims(packet, ins)
+        if gemm_dtype:
+            dtype = gemm_dtype
+    elif kc == "attention":
+        dims, _ = _attention_dims(packet, args, kwargs)
+    else:
+        dims = {"numel": int(numel)}
+    full = 0.0
+    if func._overloadpacket in flop_registry:
+        full = float(flop_registry[func._overloadpacket](*args, **kwargs, out_val=out))
+    elif kc not in ("gemm", "attention"):
+        full = _FLOPS_PER_ELEMENT.get(kc, 1.0) * numel
+    executed = full
+    if kc == "attention" and dims["causal"]:
+        executed = full * causal_fraction(dims["sq"], dims["sk"])
+    signature = f"{func}:{dtype}:{_shape_str(ins)}"
+    return OpCost(kc, executed, full, bytes_read, bytes_written, dtype, dims, signature)

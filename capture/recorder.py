@@ -1,0 +1,511 @@
+"""The recorder: a TorchDispatchMode that turns one rank's execution into blocks of trace ops.
+
+It sits on top of ``FakeTensorMode`` and sees, in program order, every aten op and every c10d /
+``_c10d_functional`` collective (see ``research/capture_proto.md`` for why this interception point
+works, and the pitfalls it handles: c10d ops carry no alias info, funcol waits are issued at once
+under fake tensors, DTensor ops must be unwrapped, some coalesced ops have no fake kernel).
+
+It is also the capture's :class:`models.annotate.Annotator`: scopes set phase / micro-batch /
+chunk, :meth:`Recorder.block` records a repeatable block once and references it afterwards, and
+:meth:`Recorder.iteration` keeps only the last training iteration.
+
+Dependencies are tracked per storage (last writer), module paths by forward hooks in forward and by
+autograd sequence numbers in backward (exact, see capture_proto.md §3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from capture import comm as comm_info
+from capture.fakeworld import FakeWorld
+from capture.ir import Block, Segment
+from capture.opinfo import describe
+from models.annotate import Annotator
+
+__all__ = ["Recorder"]
+
+aten = torch.ops.aten
+_c10d_functional = torch.ops._c10d_functional
+
+_ALLOC = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+}
+_SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
+_VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
+
+
+def _skey(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _RecWork(dist.Work):
+    """Python Work handed to the script in place of the fake backend's, so ``wait()`` is recorded."""
+
+    def __init__(self, rec: "Recorder", comm_id: int, result: Any) -> None:
+        super().__init__()
+        self.rec, self.comm_id, self.waited = rec, comm_id, False
+        self._fut: Future = Future()
+        self._fut.set_result(result)
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self.waited:
+            self.waited = True
+            self.rec._record_wait(self.comm_id)
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+@dataclass(slots=True)
+class _CachedBlock:
+    bid: str
+    n: int
+    out_meta: Any  # pytree of (shape, dtype, requires_grad, producer local index) / non-tensors
+    reusable: bool
+
+
+@dataclass(slots=True)
+class _Tags:
+    phase: str | None = None
+    mb: int = -1
+    chunk: int = 0
+    gemm_dtype: str | None = None
+
+
+class Recorder(TorchDispatchMode, Annotator):
+    """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        super().__init__()
+        self.world = world
+        world.batch_hook = self._batch
+        self.layout: dict[str, Any] = {}
+        self.model: dict[str, Any] = {}
+        self.blocks: dict[str, Block] = {}
+        self.program: list[Segment] = []
+        self.cache: dict[Hashable, _CachedBlock] = {}
+        self.tags = _Tags()
+        self.suppress = 0
+        self.iterations_seen = 0
+        self._reset_iteration()
+        self._mod_names: dict[int, str] = {}
+        self._param_names: dict[int, str] = {}
+        self._mod_stack: list[Any] = []
+        self._hooks: list[Any] = []
+        self._keep: dict[int, Any] = {}
+
+    # ---- iteration / segment state -----------------------------------------------------------
+    def _reset_iteration(self) -> None:
+        self.next_id = 0
+        self.rows: list[dict] = []
+        self.seg_start = 0
+        self.seg_key: tuple[int, int] | None = None
+        self.in_block: str | None = None
+        self.writers: dict[int, list[int]] = {}
+        self.seq2mod: dict[int, str] = {}
+        self.works: dict[int, _RecWork] = {}
+        self.pending_funcol: dict[int, tuple[int, ...]] = {}
+        self.batch_first: int | None = None
+        self.in_batch = False
+
+    def _close_segment(self) -> None:
+        if self.in_block is None and self.rows:
+            bid = f"i{len(self.blocks)}"
+            self.blocks[bid] = Block.from_rows(self.rows)
+            self.program.append(Segment(bid, self.seg_key[0], self.seg_key[1]))
+        if self.in_block is None:
+            self.rows = []
+            self.seg_key = None
+
+    def _append(self, row: dict) -> int:
+        if self.in_block is None:
+            key = (self.tags.mb, self.tags.chunk)
+            if self.seg_key != key:
+                self._close_segment()
+                self.seg_key = key
+                self.seg_start = self.next_id
+        oid = self.next_id
+        lo = self.seg_start if self.in_block is not None else 0
+        row["deps"] = sorted({oid - d for d in row.get("deps", ()) if lo <= d < oid})
+        if self.in_batch:
+            if self.batch_first is None:
+                self.batch_first = oid
+            elif row["kind"] in ("p2p", "collective"):
+                row["coalesced"] = oid - self.batch_first
+        self.rows.append(row)
+        self.next_id += 1
+        return oid
+
+    # ---- Annotator API -----------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return True
+
+    def declare(self, layout: dict | None = None, model: dict | None = None) -> None:
+        self.layout.update(layout or {})
+        self.model.update(model or {})
+
+    def label_group(self, group: Any, dim: str) -> None:
+        self.world.label(group, dim)
+
+    def iteration(self, index: int) -> None:
+        self.iterations_seen += 1
+        self._close_segment()
+        self.program = []
+        self._reset_iteration()
+
+    @contextlib.contextmanager
+    def scope(
+        self,
+        *,
+        phase: str | None = None,
+        mb: int | None = None,
+        chunk: int | None = None,
+        gemm_dtype: str | None = None,
+    ) -> Iterator[None]:
+        old = self.tags
+        self.tags = _Tags(
+            phase if phase is not None else old.phase,
+            mb if mb is not None else old.mb,
+            chunk if chunk is not None else old.chunk,
+            gemm_dtype if gemm_dtype is not None else old.gemm_dtype,
+        )
+        try:
+            yield
+        finally:
+            self.tags = old
+
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.in_block is not None:
+            return fn(*args)  # nested: part of the outer block
+        full_key = (key, self.tags.chunk)
+        hit = self.cache.get(full_key)
+        self._close_segment()
+        if hit is not None and hit.reusable:
+            base = self.next_id
+            self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
+            self.next_id += hit.n
+            return self._mimic(hit.out_meta, base)
+        bid = f"b{len(self.blocks)}"
+        self.in_block, self.seg_start, self.rows = bid, self.next_id, []
+        works_before = set(self.works)
+        try:
+            out = fn(*args)
+        finally:
+            rows, self.in_block = self.rows, None
+            self.rows = []
+        start = self.seg_start
+        open_works = [w for k, w in self.works.items() if k not in works_before and not w.waited]
+        outside_wait = any(r["kind"] == "wait" and r["target"] > i for i, r in enumerate(rows))
+        reusable = not open_works and not outside_wait and not self.pending_funcol
+        self.blocks[bid] = Block.from_rows(rows)
+        self.program.append(Segment(bid, self.tags.mb, self.tags.chunk))
+        meta = tree_map(lambda t: self._meta(t, start) if isinstance(t, torch.Tensor) else t, out)
+        self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
+        return out
+
+    def _meta(self, t: torch.Tensor, start: int) -> tuple:
+        w = self.writers.get(_skey(t), [])
+        local = w[-1] - start if w and w[-1] >= start else None
+        return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local)
+
+    def _mimic(self, meta: Any, base: int) -> Any:
+        def make(m: Any) -> Any:
+            if not (isinstance(m, tuple) and m and m[0] == "__tensor__"):
+                return m
+            _, shape, dtype, rg, local = m
+            self.suppress += 1
+            try:
+                t = torch.empty(shape, dtype=dtype)
+            finally:
+                self.suppress -= 1
+            if rg:
+                t.requires_grad_(True)
+            if local is not None:
+                self._set_writer(t, base + local)
+            return t
+
+        return tree_map(make, meta, is_leaf=lambda m: isinstance(m, tuple) and bool(m) and m[0] == "__tensor__")
+
+    def _batch(self, entering: bool) -> None:
+        self.in_batch = entering
+        self.batch_first = None
+
+    # ---- module attribution --------------------------------------------------------------------
+    def _name_module(self, mod: Any) -> str:
+        name = self._mod_names.get(id(mod))
+        if name is None:
+            parent = self._mod_stack[-1] if self._mod_stack else None
+            name = ""
+            if parent is not None:
+                pname = self._mod_names.get(id(parent), "")
+                for child_name, child in parent._modules.items():
+                    if child is mod:
+                        name = f"{pname}.{child_name}" if pname else child_name
+                        break
+                else:
+                    name = f"{pname}.{type(mod).__name__}" if pname else type(mod).__name__
+            self._mod_names[id(mod)] = name
+            self._keep[id(mod)] = mod
+            for pn, p in mod.named_parameters(recurse=False):
+                self._param_names[id(p)] = f"{name}.{pn}" if name else pn
+        return name
+
+    def _pre(self, mod: Any, args: Any) -> None:
+        self._name_module(mod)
+        self._mod_stack.append(mod)
+
+    def _post(self, mod: Any, args: Any, out: Any) -> None:
+        if self._mod_stack:
+            self._mod_stack.pop()
+
+    def _module_path(self, in_backward: bool) -> str:
+        if in_backward:
+            node = torch._C._current_autograd_node()
+            if node is None:
+                return ""
+            var = getattr(node, "variable", None)
+            if var is not None:  # AccumulateGrad: the parameter being accumulated
+                return self._param_names.get(id(var), "")
+            return self.seq2mod.get(node._sequence_nr(), "")
+        if not self._mod_stack:
+            return ""
+        return self._mod_names.get(id(self._mod_stack[-1]), "")
+
+    def __enter__(self) -> "Recorder":
+        self._hooks = [
+            register_module_forward_pre_hook(self._pre),
+            register_module_forward_hook(self._post, always_call=True),
+        ]
+        self._sp = None
+        try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            rec = self
+
+            class _Suppress:
+                def __enter__(self_) -> None:
+                    rec.suppress += 1
+
+                def __exit__(self_, *a: Any) -> None:
+                    rec.suppress -= 1
+
+            self._sp = (ShardingPropagator, ShardingPropagator._fake_mode_lock)
+            ShardingPropagator._fake_mode_lock = _Suppress()
+        except (ImportError, AttributeError):
+            pass
+        return super().__enter__()
+
+    def __exit__(self, *a: Any) -> Any:
+        for h in self._hooks:
+            h.remove()
+        if self._sp is not None:
+            self._sp[0]._fake_mode_lock = self._sp[1]
+        return super().__exit__(*a)
+
+    # ---- dispatch ------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.suppress:
+            return func(*args, **kwargs)
+        if func in comm_info.NO_FAKE_IMPL:
+            return self._record_comm(func, args, kwargs, None)
+        if any(t not in (torch.Tensor, torch.nn.Parameter) and not _is_fake_type(t) for t in types):
+            return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
+        out = func(*args, **kwargs)
+        if func.namespace in ("c10d", "_c10d_functional"):
+            return self._record_comm(func, args, kwargs, out)
+        return self._record_compute(func, args, kwargs, out)
+
+    def _phase(self) -> tuple[str, bool]:
+        in_bwd = torch._C._current_graph_task_id() != -1
+        if self.tags.phase is not None:
+            return self.tags.phase, in_bwd
+        return ("bwd" if in_bwd else "fwd"), in_bwd
+
+    def _deps(self, tensors: list) -> list[int]:
+        deps: set[int] = set()
+        for t in tensors:
+            deps.update(self.writers.get(_skey(t), ()))
+        return sorted(deps)
+
+    def _set_writer(self, t: torch.Tensor, oid: int, partial: bool = False) -> None:
+        k = _skey(t)
+        self._keep.setdefault(k, t.untyped_storage())
+        if partial and k in self.writers:
+            self.writers[k] = [*self.writers[k][-3:], oid]
+        else:
+            self.writers[k] = [oid]
+
+    def _flush_funcol(self, tensors: list, phase: str, module: str) -> None:
+        for t in tensors:
+            target = self.pending_funcol.pop(_skey(t), None)
+            if target is not None:
+                for k in [k for k, v in self.pending_funcol.items() if v == target]:
+                    del self.pending_funcol[k]
+                self._record_wait(target[0], phase=phase, module=module)
+
+    def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
+        if func in _ALLOC or func in _SKIP:
+            return out
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        schema = func._schema
+        mutated = [
+            t
+            for i, a in enumerate(schema.arguments)
+            if i < len(args) and a.alias_info is not None and a.alias_info.is_write
+            for t in (args[i] if isinstance(args[i], (list, tuple)) else [args[i]])
+            if isinstance(t, torch.Tensor)
+        ]
+        if not outs and not mutated:
+            return out  # metadata queries
+        phase, in_bwd = self._phase()
+        module = self._module_path(in_bwd)
+        if self.pending_funcol:
+            self._flush_funcol(ins, phase, module)
+        if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
+            return out  # views move no data; deps flow through the shared storage
+        if not in_bwd:
+            seq = torch.autograd._get_sequence_nr() - 1
+            if seq >= 0 and seq not in self.seq2mod:
+                self.seq2mod[seq] = module
+        cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype)
+        oid = self._append(
+            {
+                "kind": "compute",
+                "name": str(func),
+                "kernel_class": cost.kernel_class,
+                "module": module,
+                "phase": phase,
+                "flops": cost.flops,
+                "flops_full": cost.flops_full,
+                "bytes_read": cost.bytes_read,
+                "bytes_written": cost.bytes_written,
+                "dtype": cost.dtype,
+                "dims": cost.dims,
+                "signature": cost.signature,
+                "deps": self._deps(ins),
+            }
+        )
+        mut_ids = {id(t) for t in mutated}
+        for t in outs:
+            if id(t) not in mut_ids:
+                self._set_writer(t, oid)
+        for t in mutated:
+            whole = t.numel() * t.element_size() >= t.untyped_storage().nbytes()
+            self._set_writer(t, oid, partial=not whole)
+        return out
+
+    def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
+        phase, in_bwd = self._phase()
+        module = self._module_path(in_bwd)
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if func is _c10d_functional.wait_tensor.default:
+            src = self.writers.get(_skey(ins[0]), [])
+            if src:  # eager semantics: the wait lands at the first use of the result
+                for t in [ins[0], *[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]]:
+                    self.pending_funcol[_skey(t)] = (src[-1],)
+                    self._set_writer(t, src[-1])
+            return out
+        if self.pending_funcol:
+            self._flush_funcol(ins, phase, module)
+        info = comm_info.describe_comm(func, args, kwargs, out)
+        pg = comm_info.find_group(func, args, kwargs)
+        gid = self.world.gid_of(pg)
+        stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
+        oid = self._append(
+            {
+                "kind": info.kind,
+                "name": str(func),
+                "kernel_class": "comm",
+                "module": module,
+                "phase": phase,
+                "bytes_read": info.nbytes,
+                "dtype": info.dtype,
+                "signature": f"{info.collective}:{info.dtype}:{info.nbytes}",
+                "stream": stream,
+                "collective": info.collective,
+                "group": gid,
+                "comm_bytes": info.nbytes,
+                "peer": info.peer,
+                "deps": self._deps(ins),
+            }
+        )
+        for t in info.written:
+            self._set_writer(t, oid)
+        if func.namespace == "_c10d_functional":
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._set_writer(t, oid)
+            return out
+        work = _RecWork(self, oid, out[0] if isinstance(out, tuple) else None)
+        self.works[oid] = work
+        if out is None or isinstance(out, torch.ScriptObject):
+            return work.boxed()
+        if isinstance(out, tuple) and len(out) == 2:
+            return (out[0], work.boxed())
+        return out
+
+    def _record_wait(self, target: int, phase: str | None = None, module: str | None = None) -> None:
+        if target >= self.next_id or target < 0:
+            return  # issued in an earlier (discarded) iteration
+        if phase is None:
+            phase, in_bwd = self._phase()
+            module = self._module_path(in_bwd)
+        oid = self.next_id
+        self._append(
+            {
+                "kind": "wait",
+                "name": "wait",
+                "kernel_class": "comm",
+                "module": module or "",
+                "phase": phase,
+                "target": oid - target,
+                "deps": [target],
+            }
+        )
+
+    # ---- result --------------------------------------------------------------------------------
+    def finish(self) -> tuple[dict[str, Block], list[Segment]]:
+        """Close the open segment; return the blocks the last iteration's program uses, renumbered."""
+        self._close_segment()
+        used: dict[str, str] = {}
+        program = []
+        blocks: dict[str, Block] = {}
+        for seg in self.program:
+            if seg.block not in used:
+                used[seg.block] = f"{seg.block[0]}{len(used)}"
+                blocks[used[seg.block]] = self.blocks[seg.block]
+            program.append(Segment(used[seg.block], seg.mb, seg.chunk))
+        return blocks, program
+
+
+def _is_fake_type(t: type) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return issubclass(t, FakeTensor) or t is torch.nn.Parameter

@@ -1,0 +1,124 @@
+"""Run a training script in-process as one fake rank and return what the recorder saw.
+
+This is the body of one capture worker process (``python -m capture.worker``): it sets torchrun's
+environment, patches torch.distributed into the fake world, installs the torch.cuda shims and the
+recorder (also as the ``models.annotate`` annotator), enters FakeTensorMode and runs the script as
+``__main__``. A process can run this once: torch.distributed's global state is per process.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchrun_env
+from capture.ir import COLUMNS, Block, Segment
+from capture.recorder import Recorder
+from heterosim.errors import ScriptError
+from models.annotate import set_annotator
+
+__all__ = ["RankCapture", "run_rank"]
+
+
+@dataclass(slots=True)
+class RankCapture:
+    """One rank's recording, JSON-serialisable through :meth:`to_json` / :meth:`from_json`."""
+
+    rank: int
+    world_size: int
+    blocks: dict[str, Block]
+    program: list[Segment]
+    groups: list[GroupRecord]
+    layout: dict[str, Any]
+    model: dict[str, Any]
+    iterations: int
+    torch_version: str
+
+    def to_json(self) -> dict:
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "blocks": {b: {c: blk.columns[c] for c in COLUMNS} for b, blk in self.blocks.items()},
+            "program": [[s.block, s.mb, s.chunk] for s in self.program],
+            "groups": [[g.gid, list(g.ranks), g.family, g.dim] for g in self.groups],
+            "layout": self.layout,
+            "model": self.model,
+            "iterations": self.iterations,
+            "torch_version": self.torch_version,
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "RankCapture":
+        return RankCapture(
+            rank=d["rank"],
+            world_size=d["world_size"],
+            blocks={b: Block(cols) for b, cols in d["blocks"].items()},
+            program=[Segment(b, mb, ch) for b, mb, ch in d["program"]],
+            groups=[GroupRecord(g, tuple(r), f, dim) for g, r, f, dim in d["groups"]],
+            layout=d["layout"],
+            model=d["model"],
+            iterations=d["iterations"],
+            torch_version=d["torch_version"],
+        )
+
+
+def _jsonable(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, (list, tuple)):
+            out[k] = [x if isinstance(x, (str, int, float, bool)) or x is None else str(x) for x in v]
+        else:
+            out[k] = str(v)
+    return out
+
+
+def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int) -> RankCapture:
+    """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure."""
+    os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
+    world = FakeWorld(rank=rank, world_size=world_size)
+    world.install()
+    undo_cuda = install_cuda_shims()
+    recorder = Recorder(world)
+    previous = set_annotator(recorder)
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), recorder:
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise ScriptError(
+                        f"{script} exited with status {e.code} as rank {rank}"
+                        + (f": {e.code}" if isinstance(e.code, str) else "")
+                    ) from None
+            except Exception as e:
+                tb = traceback.format_exc()
+                raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}") from e
+        blocks, program = recorder.finish()
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+        set_annotator(previous)
+        undo_cuda()
+        world.uninstall()
+    return RankCapture(
+        rank=rank,
+        world_size=world_size,
+        blocks=blocks,
+        program=program,
+        groups=list(world.groups),
+        layout=_jsonable(recorder.layout),
+        model=_jsonable(recorder.model),
+        iterations=recorder.iterations_seen,
+        torch_version=torch.__version__,
+    )
