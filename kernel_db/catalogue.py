@@ -1,0 +1,206 @@
+"""The GPU catalogue: datasheet peaks per dtype, memory, SMs, L2 and NVLink, loaded from YAML.
+
+The data lives in ``kernel_db/data/gpus.yaml`` (units in its keys, a source per entry); this module
+turns it into :class:`GpuSpec` records in SI units and resolves names. Names are matched case- and
+punctuation-insensitively against each entry's name and aliases, so ``"H100"``, ``"h100-sxm"`` and
+``"NVIDIA H100 80GB HBM3"`` (what ``torch.cuda.get_device_name`` says) all resolve.
+
+Example::
+
+    >>> from kernel_db.catalogue import get_gpu
+    >>> get_gpu("h100").peak_flops["bf16"]
+    989400000000000.0
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from heterosim.errors import ConfigError, UnknownGPUError
+
+__all__ = ["DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key"]
+
+SCHEMA_VERSION = 1
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Dtype keys of :attr:`GpuSpec.peak_flops`."""
+
+_DEFAULT_PATH = Path(__file__).with_name("data") / "gpus.yaml"
+_ENTRY_KEYS = {
+    "name", "aliases", "vendor", "arch", "compute_capability", "peak_TFLOPs", "hbm_bw_GBps",
+    "memory_GiB", "sm_count", "l2_MiB", "nvlink_bw_GBps", "pcie_bw_GBps", "tdp_W", "sources", "notes",
+    "launch_overhead_us",
+}
+_REQUIRED = _ENTRY_KEYS - {"aliases", "notes", "launch_overhead_us"}
+
+
+def canonical_key(name: str) -> str:
+    """Lower-case ``name`` and drop everything but letters and digits (``"H100-SXM"`` -> ``"h100sxm"``)."""
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU model, in SI units."""
+
+    name: str
+    """Canonical catalogue name, e.g. ``H100-SXM5-80GB``."""
+    vendor: str
+    """``nvidia``, ``amd`` or ``host`` (the CPU pseudo-device used to test the profiler)."""
+    arch: str
+    """Architecture family (``ampere``, ``hopper``, ``gfx942`` ...)."""
+    compute_capability: int
+    """CUDA compute capability times ten (80, 90, 100); 0 for non-NVIDIA devices."""
+    peak_flops: Mapping[str, float]
+    """Dense peak FLOP/s per dtype key of :data:`DTYPES`."""
+    hbm_bw: float
+    """Device-memory bandwidth, bytes/s."""
+    hbm_bytes: float
+    """Device-memory capacity, bytes."""
+    sm_count: int
+    """Streaming multiprocessors (compute units on AMD)."""
+    l2_bytes: float
+    """L2 cache size, bytes."""
+    nvlink_bw: float
+    """NVLink (Infinity Fabric on AMD) bandwidth per GPU per direction, bytes/s; 0 if none."""
+    pcie_bw: float
+    """Host-link bandwidth per direction, bytes/s."""
+    tdp_w: float
+    """Board power limit, watts."""
+    launch_overhead_s: float
+    """Fixed cost per kernel (launch plus ramp and tail), seconds."""
+    aliases: tuple[str, ...] = ()
+    """Other names that resolve to this GPU."""
+    sources: str = ""
+    """Where the figures come from."""
+    notes: str = ""
+    """Caveats (dtype fallbacks, bridges, ...)."""
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for a trace dtype; non-float dtypes (int64 ...) use the fp32 rate."""
+        return self.peak_flops.get(dtype, self.peak_flops["fp32"])
+
+    def ridge(self, dtype: str) -> float:
+        """Ridge point (FLOP/byte) of the roofline for ``dtype``: above it an op is compute-bound."""
+        return self.peak(dtype) / self.hbm_bw
+
+    @property
+    def is_gpu(self) -> bool:
+        """False for the CPU pseudo-device."""
+        return self.vendor != "host"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    """All GPUs of a catalogue file, with name resolution."""
+
+    gpus: tuple[GpuSpec, ...]
+    path: str = ""
+    _index: Mapping[str, GpuSpec] | None = None
+
+    def names(self) -> list[str]:
+        """Canonical names, in file order."""
+        return [g.name for g in self.gpus]
+
+    def get(self, name: "str | GpuSpec") -> GpuSpec:
+        """Resolve a name or alias (case/punctuation-insensitive); a :class:`GpuSpec` passes through."""
+        if isinstance(name, GpuSpec):
+            return name
+        index = self._index if self._index is not None else _build_index(self.gpus)
+        spec = index.get(canonical_key(str(name)))
+        if spec is None:
+            raise UnknownGPUError(
+                f"unknown GPU {name!r}; known GPUs: {', '.join(self.names())} "
+                f"(aliases such as 'H100' or 'a100-80gb' work too; add a GPU to {self.path or 'gpus.yaml'})"
+            )
+        return spec
+
+
+def _build_index(gpus: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
+    index: dict[str, GpuSpec] = {}
+    for g in gpus:
+        for n in (g.name, *g.aliases):
+            k = canonical_key(n)
+            other = index.get(k)
+            if other is not None and other is not g:
+                raise ConfigError(f"GPU catalogue: name {n!r} is used by both {other.name} and {g.name}")
+            index[k] = g
+    return index
+
+
+def _spec_from_entry(e: dict, defaults: dict, where: str) -> GpuSpec:
+    unknown = set(e) - _ENTRY_KEYS
+    missing = _REQUIRED - set(e)
+    if unknown or missing:
+        raise ConfigError(
+            f"{where}: GPU entry {e.get('name', '?')!r} has unknown keys {sorted(unknown)} / "
+            f"missing keys {sorted(missing)}; valid keys are {sorted(_ENTRY_KEYS)}"
+        )
+    peaks = e["peak_TFLOPs"]
+    if set(peaks) != set(DTYPES):
+        raise ConfigError(f"{where}: {e['name']}: peak_TFLOPs must give exactly {DTYPES}, got {sorted(peaks)}")
+    for k, v in peaks.items():
+        if not float(v) > 0:
+            raise ConfigError(f"{where}: {e['name']}: peak_TFLOPs.{k} must be > 0, got {v!r}")
+    for k in ("hbm_bw_GBps", "memory_GiB", "sm_count", "l2_MiB"):
+        if not float(e[k]) > 0:
+            raise ConfigError(f"{where}: {e['name']}: {k} must be > 0, got {e[k]!r}")
+    launch_us = float(e.get("launch_overhead_us", defaults.get("launch_overhead_us", 0.0)))
+    return GpuSpec(
+        name=str(e["name"]),
+        vendor=str(e["vendor"]),
+        arch=str(e["arch"]),
+        compute_capability=int(e["compute_capability"]),
+        peak_flops={k: float(peaks[k]) * 1e12 for k in DTYPES},
+        hbm_bw=float(e["hbm_bw_GBps"]) * 1e9,
+        hbm_bytes=float(e["memory_GiB"]) * 2**30,
+        sm_count=int(e["sm_count"]),
+        l2_bytes=float(e["l2_MiB"]) * 2**20,
+        nvlink_bw=float(e["nvlink_bw_GBps"]) * 1e9,
+        pcie_bw=float(e["pcie_bw_GBps"]) * 1e9,
+        tdp_w=float(e["tdp_W"]),
+        launch_overhead_s=launch_us * 1e-6,
+        aliases=tuple(str(a) for a in e.get("aliases", ())),
+        sources=str(e["sources"]),
+        notes=str(e.get("notes", "")),
+    )
+
+
+def load_catalogue(path: str | os.PathLike | None = None) -> Catalogue:
+    """Load a catalogue YAML (default: the one shipped in ``kernel_db/data/gpus.yaml``)."""
+    if path is None:
+        return _default_catalogue()
+    return _load(Path(path))
+
+
+@lru_cache(maxsize=1)
+def _default_catalogue() -> Catalogue:
+    return _load(_DEFAULT_PATH)
+
+
+def _load(path: Path) -> Catalogue:
+    if not path.is_file():
+        raise ConfigError(f"GPU catalogue {path} does not exist")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"GPU catalogue {path} is not valid YAML: {e}") from e
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        raise ConfigError(
+            f"GPU catalogue {path} has schema_version {doc.get('schema_version') if isinstance(doc, dict) else None!r}; "
+            f"this HeteroSim reads schema_version {SCHEMA_VERSION}"
+        )
+    defaults = doc.get("defaults", {}) or {}
+    gpus = tuple(_spec_from_entry(e, defaults, str(path)) for e in doc.get("gpus", []))
+    return Catalogue(gpus, str(path), _build_index(gpus))
+
+
+def get_gpu(name: "str | GpuSpec") -> GpuSpec:
+    """Resolve ``name`` in the default catalogue; unknown names raise :class:`UnknownGPUError`."""
+    return load_catalogue().get(name)

@@ -1,0 +1,211 @@
+"""The roofline tier of pricing: datasheet peaks times efficiency curves, plus a launch overhead.
+
+A kernel takes ``launch + max(compute, memory)`` (Williams, Waterman & Patterson, "Roofline",
+CACM 2009, with the launch term added for small kernels)::
+
+    compute = flops / (peak_flops[dtype] * eff(kernel class, shape))
+    memory  = bytes / (hbm_bw * mem_eff_max * mem_factor[kernel class])
+
+The efficiency curves are named parameters in ``kernel_db/data/efficiency.yaml`` (sources there):
+
+- GEMM: ``eff_max * tile_eff * wave_eff * k / (k + k_half)``. The output is cut into tiles; a
+  GPU runs ``sm_count`` tiles per wave, so a last partial wave idles SMs (wave quantization). As
+  cuBLAS does, the model picks the tile shape (and a split-K factor when the output has fewer tiles
+  than SMs) with the best efficiency. ``k_half`` is the prologue/epilogue cost in K steps.
+- Attention (flash kernels): ``eff_max[dir] * wave_eff(b*h*ceil(sq/block_m)) * sk/(sk+sk_half) *
+  (min(d, 128)/128) ** head_dim_exp``; ``flops`` are the executed ones (causal halves them).
+- Every other class is priced by its memory traffic; its math (on CUDA cores) rarely binds.
+
+Known limitations: no L2 residency (a kernel whose inputs sit in L2 runs faster than this says),
+no clock throttling beyond per-GPU ``eff_max`` overrides, no tensor-core shape alignment penalty.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from heterosim.errors import ConfigError
+
+from .catalogue import GpuSpec
+
+__all__ = ["EfficiencyModel", "load_efficiency", "RooflineTime", "roofline_time", "gemm_efficiency", "attention_efficiency"]
+
+SCHEMA_VERSION = 1
+_DEFAULT_PATH = Path(__file__).with_name("data") / "efficiency.yaml"
+MEMORY_CLASSES = ("elementwise", "copy", "reduction", "norm", "softmax", "cross_entropy", "embedding", "optimizer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RooflineTime:
+    """A roofline price: total seconds and how it splits."""
+
+    seconds: float
+    """launch + max(compute, memory), seconds."""
+    compute_s: float
+    """Math time at the modelled efficiency."""
+    memory_s: float
+    """Memory-traffic time at the modelled bandwidth efficiency."""
+    efficiency: float
+    """Fraction of the dtype's peak the math runs at (0 for memory-bound-only classes)."""
+
+    @property
+    def bound(self) -> str:
+        """``compute`` or ``memory``: which roof the kernel sits under."""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            if k not in out:
+                raise ConfigError(f"efficiency override names unknown parameter {k!r}; known: {sorted(out)}")
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EfficiencyModel:
+    """Efficiency parameters: defaults plus per-arch and per-GPU overrides (see the YAML)."""
+
+    default: Mapping[str, Any]
+    arch: Mapping[str, Any]
+    gpu: Mapping[str, Any]
+    path: str = ""
+
+    def params(self, gpu: GpuSpec) -> dict:
+        """Parameters for ``gpu``: default, then its arch's overrides, then its own."""
+        return _params_cached(self, gpu.name, gpu.arch)
+
+    def to_doc(self) -> dict:
+        """The YAML document of this model (what :func:`load_efficiency` reads)."""
+        return {"schema_version": SCHEMA_VERSION, "format": "heterosim-efficiency", "default": dict(self.default),
+                "arch": dict(self.arch), "gpu": dict(self.gpu)}
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+@lru_cache(maxsize=256)
+def _params_cached(model: EfficiencyModel, name: str, arch: str) -> dict:
+    p = _merge(dict(model.default), model.arch.get(arch, {}) or {})
+    return _merge(p, model.gpu.get(name, {}) or {})
+
+
+def load_efficiency(path: str | os.PathLike | None = None) -> EfficiencyModel:
+    """Load efficiency curves (default: ``kernel_db/data/efficiency.yaml``)."""
+    if path is None:
+        return _default_model()
+    return _load(Path(path))
+
+
+@lru_cache(maxsize=1)
+def _default_model() -> EfficiencyModel:
+    return _load(_DEFAULT_PATH)
+
+
+def _load(path: Path) -> EfficiencyModel:
+    if not path.is_file():
+        raise ConfigError(f"efficiency file {path} does not exist")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"efficiency file {path} is not valid YAML: {e}") from e
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        raise ConfigError(f"efficiency file {path}: schema_version must be {SCHEMA_VERSION}")
+    unknown = set(doc) - {"schema_version", "format", "default", "arch", "gpu"}
+    if unknown:
+        raise ConfigError(f"efficiency file {path}: unknown sections {sorted(unknown)}")
+    model = EfficiencyModel(doc["default"], doc.get("arch", {}) or {}, doc.get("gpu", {}) or {}, str(path))
+    for sect in ("arch", "gpu"):  # validate overrides now, not at first use
+        for key, over in getattr(model, sect).items():
+            try:
+                _merge(dict(model.default), over or {})
+            except ConfigError as e:
+                raise ConfigError(f"efficiency file {path}: {sect}.{key}: {e}") from None
+    return model
+
+
+def _wave_eff(tiles: int, sms: int) -> float:
+    # Fraction of SM-slots busy over all waves (wave quantization).
+    if tiles <= 0:
+        return 1.0
+    waves = -(-tiles // sms)
+    return tiles / (waves * sms)
+
+
+def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str, Any]) -> float:
+    """Fraction of peak of a (batch x) m x n x k GEMM: best tile/split-K, waves, K ramp, eff_max."""
+    m, n, k, batch = max(int(m), 1), max(int(n), 1), max(int(k), 1), max(int(batch), 1)
+    best = 0.0
+    for tm, tn, teff in p["tiles"]:
+        tiles = -(-m // tm) * -(-n // tn) * batch
+        # NB: a partial tile still costs a whole tile's time; count the padded area as waste.
+        fill = (m * n) / (-(-m // tm) * tm * -(-n // tn) * tn)
+        split = 1
+        if tiles < sms:
+            split = max(1, min(sms // tiles, k // int(p["split_k_min_k"])))
+        kk = -(-k // split)
+        eff = teff * fill * _wave_eff(tiles * split, sms) * kk / (kk + float(p["k_half"]))
+        if split > 1:  # NB: the partial-tile reduction is a flat factor, not a traffic model
+            eff *= float(p["split_k_eff"])
+        best = max(best, eff)
+    return float(p["eff_max"]) * best
+
+
+def attention_efficiency(dims: Mapping[str, Any], sms: int, p: Mapping[str, Any]) -> float:
+    """Fraction of peak of a flash-attention kernel with dims b, h, sq, sk, d, dir."""
+    b, h = int(dims.get("b", 1)), int(dims.get("h", 1))
+    sq = int(dims.get("sq", 1))
+    sk = int(dims.get("sk", sq))
+    d = int(dims.get("d", 128))
+    eff_max = float(p["eff_max_bwd"] if dims.get("dir", "fwd") == "bwd" else p["eff_max_fwd"])
+    blocks = b * h * -(-sq // int(p["block_m"]))
+    ramp = sk / (sk + float(p["sk_half"]))
+    dfac = (min(d, int(p["head_dim_ref"])) / int(p["head_dim_ref"])) ** float(p["head_dim_exp"])
+    return eff_max * _wave_eff(blocks, sms) * ramp * dfac
+
+
+def roofline_time(
+    kernel_class: str,
+    dtype: str,
+    dims: Mapping[str, Any],
+    flops: float,
+    nbytes: float,
+    gpu: GpuSpec,
+    params: Mapping[str, Any],
+) -> RooflineTime:
+    """Roofline time of one kernel on ``gpu`` with efficiency ``params`` (:meth:`EfficiencyModel.params`)."""
+    mem = params["memory"]
+    memory_s = nbytes / (gpu.hbm_bw * float(mem["mem_eff_max"]) * float(mem["mem_factor"].get(kernel_class, 1.0)))
+    if kernel_class == "gemm":
+        if dims:
+            eff = gemm_efficiency(dims.get("m", 1), dims.get("n", 1), dims.get("k", 1), dims.get("batch", 1),
+                                  gpu.sm_count, params["gemm"])
+        else:  # NB: no shape: assume a large GEMM (eff_max only)
+            eff = float(params["gemm"]["eff_max"])
+        compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
+    elif kernel_class == "attention":
+        eff = attention_efficiency(dims, gpu.sm_count, params["attention"])
+        compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
+    else:
+        # NB: non-GEMM math runs on CUDA cores, not tensor cores: fp32 vector rate x vector_eff.
+        eff = 0.0
+        compute_s = flops / (gpu.peak_flops["fp32"] * float(mem["vector_eff"])) if flops else 0.0
+    if math.isnan(compute_s) or math.isnan(memory_s):
+        raise ConfigError(f"roofline produced NaN for {kernel_class} {dtype} {dict(dims)} on {gpu.name}")
+    return RooflineTime(seconds=gpu.launch_overhead_s + max(compute_s, memory_s), compute_s=compute_s,
+                        memory_s=memory_s, efficiency=eff)

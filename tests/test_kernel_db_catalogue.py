@@ -1,0 +1,67 @@
+"""Tests for kernel_db.catalogue: datasheet figures, SI units, name resolution, errors."""
+
+import pytest
+
+from heterosim.errors import ConfigError, UnknownGPUError
+from kernel_db.catalogue import DTYPES, canonical_key, get_gpu, load_catalogue
+
+REQUIRED = ["V100", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB", "A800", "H100",
+            "H100-PCIe", "H800", "H20", "H200", "B200", "L40S", "MI300X"]
+
+
+def test_required_gpus_present():
+    """Every GPU the issue lists resolves, with all five dtype peaks and a source."""
+    for name in REQUIRED:
+        g = get_gpu(name)
+        assert set(g.peak_flops) == set(DTYPES)
+        assert g.sources
+        assert g.hbm_bw > 0 and g.hbm_bytes > 0 and g.sm_count > 0 and g.l2_bytes > 0
+
+
+def test_h100_datasheet_values_in_si():
+    """H100 SXM: 989.4 dense bf16 TFLOP/s, 3.35 TB/s, 80 GiB, 132 SMs, 50 MiB L2, 450 GB/s/dir NVLink."""
+    g = get_gpu("H100")
+    assert g.name == "H100-SXM5-80GB"
+    assert g.peak_flops["bf16"] == pytest.approx(989.4e12)
+    assert g.peak_flops["fp8"] == pytest.approx(1978.9e12)
+    assert g.hbm_bw == pytest.approx(3.35e12)
+    assert g.hbm_bytes == 80 * 2**30
+    assert g.sm_count == 132
+    assert g.l2_bytes == 50 * 2**20
+    assert g.nvlink_bw == pytest.approx(450e9)
+    assert g.compute_capability == 90
+    assert g.launch_overhead_s == pytest.approx(2.5e-6)
+    assert g.ridge("bf16") == pytest.approx(989.4e12 / 3.35e12)
+
+
+def test_aliases_case_and_punctuation_insensitive():
+    """'H100', 'h100-sxm' and the CUDA device name all resolve to the same entry."""
+    names = ["H100", "h100-sxm", "NVIDIA H100 80GB HBM3", "h100_sxm5", " H100 SXM5 "]
+    assert {get_gpu(n).name for n in names} == {"H100-SXM5-80GB"}
+    assert get_gpu("NVIDIA A100-PCIE-40GB").name == "A100-PCIe-40GB"
+    assert canonical_key("H100-SXM") == "h100sxm"
+
+
+def test_unknown_gpu_lists_known_names():
+    """An unknown name raises UnknownGPUError naming it and listing the catalogue."""
+    with pytest.raises(UnknownGPUError, match=r"unknown GPU 'Z9000'; known GPUs: V100-SXM2-32GB, .*H100-SXM5-80GB"):
+        get_gpu("Z9000")
+
+
+def test_export_variants_differ_only_in_nvlink():
+    """A800 and H800 keep A100/H100 compute and memory but have 400 GB/s bidir NVLink (200 per dir)."""
+    for cut, full in (("A800", "A100-SXM4-80GB"), ("H800", "H100")):
+        a, b = get_gpu(cut), get_gpu(full)
+        assert a.peak_flops == b.peak_flops and a.hbm_bw == b.hbm_bw
+        assert a.nvlink_bw == pytest.approx(200e9)
+
+
+def test_bad_catalogue_rejected(tmp_path):
+    """A catalogue with a missing key or a wrong schema_version fails naming the problem."""
+    p = tmp_path / "g.yaml"
+    p.write_text("schema_version: 2\ngpus: []\n")
+    with pytest.raises(ConfigError, match="schema_version 2; this HeteroSim reads schema_version 1"):
+        load_catalogue(p)
+    p.write_text("schema_version: 1\ngpus:\n  - {name: X, vendor: nvidia}\n")
+    with pytest.raises(ConfigError, match="GPU entry 'X' has unknown keys \\[\\] / missing keys"):
+        load_catalogue(p)
