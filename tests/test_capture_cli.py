@@ -1,0 +1,90 @@
+"""``python -m capture`` end to end on a tiny hand-written TP/DP script (tests/scripts/tiny_tp.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture.ir import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "tests" / "scripts" / "tiny_tp.py")
+
+
+def run(*args, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "capture", *args], capture_output=True, text=True, cwd=ROOT, env=e)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cap") / "tiny"
+    p = run("--world-size", "4", "-o", str(out), TINY)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_trace_contents(tiny):
+    """Hand-computed totals: 3 micro-batches of a 64-wide 2-GEMM MLP on 4 ranks, TP2 all-reduces, DP grad sync."""
+    t = load_trace(tiny)
+    assert t.world_size == 4 and len(t.roles) == 1 and t.roles[0].ranks == (0, 1, 2, 3)
+    assert {g.dim for g in t.groups.values()} == {"world", "tp", "dp"}
+    p = run("--inspect", str(tiny), "--json")
+    s = json.loads(p.stdout)
+    # per rank per micro-batch: fwd 2 GEMMs of 2*4*64*64, bwd 3 GEMMs; 3 micro-batches, 4 ranks
+    assert s["model_flops"] == 4 * 3 * 5 * 2 * 4 * 64 * 64
+    # TP: one all-reduce of y (4x64 bf16 = 512 B) per micro-batch; DP: w1.grad (64x64 bf16) once
+    assert s["comm_bytes_by_dim"] == {"dp": 4 * 8192, "tp": 4 * 3 * 512}
+    assert s["roles"][0]["comm_calls_by_dim"] == {"dp": 1, "tp": 3}
+
+
+def test_blocks_are_referenced_not_repeated(tiny):
+    """The first micro-batch's forward block is reused; the async DP all-reduce is waited later."""
+    role = load_trace(tiny).roles[0]
+    blocks = [s.block for s in role.program]
+    assert len(set(blocks)) < len(blocks)
+    ops = role.ops()
+    ar = [o for o in ops if o.phase == "grad_sync" and o.kind == "collective"]
+    waits = [o for o in ops if o.kind == "wait" and o.target == ar[0].id]
+    assert len(ar) == 1 and len(waits) == 1 and waits[0].id > ar[0].id
+    assert [o.mb for o in ops if o.kind == "collective" and o.phase == "fwd"] == [0, 1, 2]
+
+
+def test_captures_are_byte_identical(tiny, tmp_path):
+    """Two captures of the same command give byte-identical traces."""
+    p = run("--world-size", "4", "-o", str(tmp_path / "again"), TINY)
+    assert p.returncode == 0, p.stderr
+    for f in sorted(x.relative_to(tiny) for x in tiny.rglob("*") if x.is_file()):
+        assert (tiny / f).read_bytes() == (tmp_path / "again" / f).read_bytes(), f
+
+
+def test_ranks_all_matches_auto(tiny, tmp_path):
+    """--ranks all finds the same single role (identical programs up to group membership)."""
+    p = run("--world-size", "4", "--ranks", "all", "-o", str(tmp_path / "all"), TINY)
+    assert p.returncode == 0, p.stderr
+    a, b = load_trace(tiny), load_trace(tmp_path / "all")
+    assert [r.ranks for r in a.roles] == [r.ranks for r in b.roles]
+    assert [o.name for o in a.roles[0].ops()] == [o.name for o in b.roles[0].ops()]
+
+
+def test_failing_script_leaves_no_trace(tmp_path):
+    """A script that raises: non-zero exit, its traceback on stderr, nothing written."""
+    out = tmp_path / "never"
+    p = run("--world-size", "2", "-o", str(out), TINY, "--fail")
+    assert p.returncode == 1
+    assert "RuntimeError: tiny_tp was asked to fail" in p.stderr and "Traceback" in p.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_sizes_and_ranks(tmp_path):
+    """World sizes that do not divide and ranks outside the world get one clear error."""
+    p = run("--world-size", "6", "--nproc-per-node", "4", "-o", str(tmp_path / "x"), TINY)
+    assert p.returncode == 2
+    assert "world size 6 is not a multiple of --nproc-per-node 4" in p.stderr
+    p = run("--world-size", "4", "--ranks", "0,9", "-o", str(tmp_path / "x"), TINY)
+    assert p.returncode == 2 and "ranks [9] are outside the world (0..3)" in p.stderr
+    p = run("--world-size", "4", "-o", str(tmp_path / "x"), "no_such_script.py")
+    assert p.returncode == 2 and "script 'no_such_script.py' does not exist" in p.stderr
