@@ -1,0 +1,157 @@
+"""Tests for kernel_db.pricing: the measured -> interpolated -> scaled -> roofline order."""
+
+import pytest
+
+from capture.ir import Block, Op
+from heterosim.errors import UnknownGPUError, UnknownKernelError
+from kernel_db.catalogue import get_gpu
+from kernel_db.db import KernelDB, KernelRow, dims_key
+from kernel_db.pricing import Pricer, fusion_groups, price, scale_factor
+
+
+def gemm_op(m, n, k, dtype="bf16", name="aten.mm.default"):
+    it = 2 if dtype in ("bf16", "fp16") else 4
+    return Op(id=0, kind="compute", name=name, kernel_class="gemm", dtype=dtype,
+              dims={"m": m, "n": n, "k": k, "batch": 1}, flops=2.0 * m * n * k,
+              bytes_read=(m * k + k * n) * it, bytes_written=m * n * it,
+              signature=f"{name}:{dtype}:{m}x{k},{k}x{n}")
+
+
+def ew_op(numel, name="aten.add.Tensor"):
+    return Op(id=0, kind="compute", name=name, kernel_class="elementwise", dtype="bf16", dims={"numel": numel},
+              flops=float(numel), bytes_read=4 * numel, bytes_written=2 * numel, signature=f"{name}:bf16:{numel},{numel}")
+
+
+def row_for(op, gpu, t):
+    return KernelRow(gpu=gpu, kernel_class=op.kernel_class, signature=op.signature, dtype=op.dtype,
+                     dims=dims_key(op.dims), time_s=t, samples=10, spread_rel=0.01, flops=op.flops,
+                     bytes=op.bytes_read + op.bytes_written)
+
+
+H100 = "H100-SXM5-80GB"
+
+
+def test_measured_wins():
+    """An op whose exact kernel is in the DB for this GPU is priced from it (source measured)."""
+    op = gemm_op(4096, 4096, 4096)
+    p = price(op, "h100", KernelDB([row_for(op, H100, 1.234e-4)]))
+    assert (p.seconds, p.source) == (1.234e-4, "measured")
+    assert p.rel_err == pytest.approx(0.02)
+
+
+def test_cpu_signature_matches_cuda_row():
+    """A CPU-captured flash-attention op finds the row profiled under the CUDA kernel name."""
+    dims = {"b": 1, "h": 8, "hkv": 8, "sq": 1024, "sk": 1024, "d": 128, "causal": True, "dir": "fwd"}
+    cpu = Op(id=0, kind="compute", name="aten._scaled_dot_product_flash_attention_for_cpu.default",
+             kernel_class="attention", dtype="bf16", dims=dims, flops=1e10,
+             signature="aten._scaled_dot_product_flash_attention_for_cpu.default:bf16:1x8x1024x128,1x8x1024x128,1x8x1024x128")
+    row = KernelRow(gpu=H100, kernel_class="attention", dtype="bf16", dims=dims_key(dims), time_s=5e-5, samples=3,
+                    signature="aten._scaled_dot_product_flash_attention.default:bf16:1x8x1024x128,1x8x1024x128,1x8x1024x128")
+    assert price(cpu, "H100", KernelDB([row])).source == "measured"
+
+
+def test_scaling_follows_flops_and_bandwidth_ratios():
+    """Measured on H100 only: a compute-bound GEMM on A100 scales by 989.4/312, a memory-bound add by 3350/2039."""
+    g, e = gemm_op(8192, 8192, 8192), ew_op(2**26)
+    db = KernelDB([row_for(g, H100, 1.6e-3), row_for(e, H100, 1.2e-4)])
+    pg = price(g, "A100-SXM4-80GB", db)
+    pe = price(e, "A100-SXM4-80GB", db)
+    assert pg.source == pe.source == "scaled:H100-SXM5-80GB"
+    assert pg.seconds == pytest.approx(1.6e-3 * 989.4 / 312.0)
+    assert pe.seconds == pytest.approx(1.2e-4 * 3350 / 2039)
+    assert pg.rel_err == pytest.approx((0.15**2 + 0.02**2) ** 0.5)
+
+
+def test_scale_factor_crossing_ridge():
+    """An op compute-bound on one GPU and memory-bound on the other scales by the ratio of roofline maxima."""
+    old, new = get_gpu("H20"), get_gpu("H100")  # H20: ridge 37 FLOP/B; H100: 295 FLOP/B
+    f, b = 100.0 * 1e9, 1e9  # intensity 100
+    expect = max(f / new.peak("bf16"), b / new.hbm_bw) / max(f / old.peak("bf16"), b / old.hbm_bw)
+    assert scale_factor("gemm", "bf16", f, b, old, new) == pytest.approx(expect)
+    assert expect == pytest.approx((1e9 / 3.35e12) / (100e9 / 148e12))
+
+
+def test_nearest_gpu_is_preferred():
+    """With rows on H100 and V100, an H800 op scales from H100 (same arch), not V100."""
+    op = gemm_op(4096, 4096, 4096)
+    db = KernelDB([row_for(op, H100, 2e-4), row_for(op, "V100-SXM2-32GB", 3e-3)])
+    assert price(op, "H800", db).source == "scaled:H100-SXM5-80GB"
+
+
+def test_interpolation_between_measured_shapes_is_monotone():
+    """Between measured GEMMs m=1024 and m=8192 (n=k=4096), prices rise with m and stay inside the bracket."""
+    lo, hi = gemm_op(1024, 4096, 4096), gemm_op(8192, 4096, 4096)
+    db = KernelDB([row_for(lo, H100, 3.0e-5), row_for(hi, H100, 2.0e-4)])
+    pr = Pricer(db)
+    ts = []
+    for m in (1024, 1536, 2048, 3000, 4096, 6000, 8192):
+        p = pr.price(gemm_op(m, 4096, 4096), "H100")
+        assert p.source == ("measured" if m in (1024, 8192) else "interpolated")
+        ts.append(p.seconds)
+    assert ts == sorted(ts) and ts[0] == 3.0e-5 and ts[-1] == 2.0e-4
+    # log-log in FLOPs: m=2048 is 1/3 of the way from 1024 to 8192 in log2 -> t = 3e-5 * (2e-4/3e-5)**(1/3)
+    assert ts[2] == pytest.approx(3.0e-5 * (2.0e-4 / 3.0e-5) ** (1 / 3))
+
+
+def test_outside_bracket_falls_to_roofline():
+    """A shape above every measured one is not extrapolated: roofline on that GPU."""
+    db = KernelDB([row_for(gemm_op(1024, 1024, 1024), H100, 1e-5)])
+    assert price(gemm_op(2048, 2048, 2048), "H100", db).source == "roofline"
+
+
+def test_unknown_kernel_class_and_gpu():
+    """An op with no class and an unknown name raises naming the op; an unknown GPU lists names."""
+    op = {"kind": "compute", "name": "aten.weird_op.default", "kernel_class": "", "flops": 1.0}
+    with pytest.raises(UnknownKernelError, match="op 'aten.weird_op.default' has no kernel class"):
+        price(op, "H100")
+    with pytest.raises(UnknownGPUError, match="unknown GPU 'H1000'"):
+        price(gemm_op(8, 8, 8), "H1000")
+
+
+def test_op_with_nothing_to_price_by_errors():
+    """A compute op without signature, FLOPs or bytes is an error, never 0 s."""
+    op = {"kind": "compute", "name": "aten.add.Tensor", "kernel_class": "elementwise"}
+    with pytest.raises(UnknownKernelError, match="has no signature, FLOPs or bytes"):
+        price(op, "H100")
+
+
+def _block_rows():
+    e = 2**24
+    return [
+        {"kind": "compute", "name": "aten.mm.default", "kernel_class": "gemm", "dtype": "bf16", "module": "mlp",
+         "dims": {"m": 4096, "n": 4096, "k": 4096, "batch": 1}, "flops": 2.0 * 4096**3,
+         "bytes_read": 2 * 4096 * 4096 * 2, "bytes_written": 4096 * 4096 * 2, "signature": "aten.mm.default:bf16:4096x4096,4096x4096"},
+        {"kind": "compute", "name": "aten.add.Tensor", "kernel_class": "elementwise", "dtype": "bf16", "module": "mlp",
+         "dims": {"numel": e}, "flops": e, "bytes_read": 2 * e * 2, "bytes_written": 2 * e, "deps": [1],
+         "signature": f"aten.add.Tensor:bf16:{e},{e}"},
+        {"kind": "compute", "name": "aten.gelu.default", "kernel_class": "elementwise", "dtype": "bf16", "module": "mlp",
+         "dims": {"numel": e}, "flops": 8 * e, "bytes_read": 2 * e, "bytes_written": 2 * e, "deps": [1],
+         "signature": f"aten.gelu.default:bf16:{e}"},
+        {"kind": "collective", "name": "all_reduce", "kernel_class": "comm", "collective": "all_reduce", "group": "0",
+         "comm_bytes": 1 << 20, "stream": "comm:0"},
+        {"kind": "wait", "name": "wait", "kernel_class": "comm", "target": 1},
+    ]
+
+
+def test_price_block_matches_price_and_fuses_bias_gelu():
+    """price_block = price per op, except bias-add -> gelu which runs as one kernel; comm/wait cost 0."""
+    blk = Block.from_rows(_block_rows())
+    pr = Pricer()
+    secs, srcs, errs = pr.price_block(blk, "H100")
+    assert srcs == ["roofline", "roofline", "roofline", "comm", "comm"]
+    assert secs[3] == secs[4] == 0.0
+    one = Pricer(fuse=False).price_block(blk, "H100")[0]
+    assert secs[0] == one[0]
+    e, g = 2**24, get_gpu("H100")
+    fused_bytes = 2 * e * 2 + 2 * e  # add's two inputs + gelu's output; the intermediate stays on chip
+    assert secs[1] == pytest.approx(g.launch_overhead_s + fused_bytes / (3.35e12 * 0.85))
+    assert secs[2] == 0.0 and one[2] > 0
+    assert fusion_groups(blk) == [[1, 2]]
+    assert list(errs[:3]) == [0.15, 0.3, 0.3]
+
+
+def test_cache_reuses_prices():
+    """The second price of the same op comes from the cache (same object)."""
+    pr = Pricer()
+    op = gemm_op(512, 512, 512)
+    assert pr.price(op, "A100") is pr.price(op, "A100-SXM4-80GB")

@@ -1,0 +1,92 @@
+"""Tests for kernel_db.roofline: hand-checked roofline cases and the efficiency curves' shape."""
+
+import math
+
+import pytest
+import yaml
+
+from heterosim.errors import ConfigError
+from kernel_db.catalogue import get_gpu
+from kernel_db.roofline import attention_efficiency, gemm_efficiency, load_efficiency, roofline_time
+
+EFF = load_efficiency()
+
+
+def test_large_bf16_gemm_on_h100_is_compute_bound():
+    """8192^3 bf16 on H100: 2048 tiles of 256x128 on 132 SMs = 16 waves; eff = 0.75 * 2048/2112 * 8192/8320."""
+    g = get_gpu("H100")
+    n = 8192
+    r = roofline_time("gemm", "bf16", {"m": n, "n": n, "k": n, "batch": 1}, 2.0 * n**3, 3 * n * n * 2, g, EFF.params(g))
+    eff = 0.75 * (2048 / (16 * 132)) * (8192 / (8192 + 128))
+    assert r.bound == "compute"
+    assert r.efficiency == pytest.approx(eff)
+    assert r.seconds == pytest.approx(2.5e-6 + 2.0 * n**3 / (989.4e12 * eff))
+
+
+def test_large_elementwise_is_bandwidth_bound():
+    """A 1 GiB-in / 1 GiB-out bf16 add on H100 runs at 0.85 x 3.35 TB/s plus the launch overhead."""
+    g = get_gpu("H100")
+    numel = 2**29
+    nbytes = 2 * numel * 2
+    r = roofline_time("elementwise", "bf16", {"numel": numel}, float(numel), nbytes, g, EFF.params(g))
+    assert r.bound == "memory"
+    assert r.seconds == pytest.approx(2.5e-6 + nbytes / (3.35e12 * 0.85))
+
+
+def test_gemm_efficiency_rises_with_size():
+    """Square GEMM efficiency is non-decreasing from 256 to 16384 on A100 (beyond wave jitter) and < eff_max."""
+    p = EFF.params(get_gpu("A100"))["gemm"]
+    effs = [gemm_efficiency(n, n, n, 1, 108, p) for n in (256, 512, 1024, 4096, 16384)]
+    assert effs == sorted(effs)
+    assert effs[-1] < p["eff_max"] and effs[-1] > 0.95 * p["eff_max"]
+
+
+def test_split_k_fills_sms_for_small_outputs():
+    """A 128x128 output with K=8192 uses split-K: far better than one tile on one SM."""
+    p = EFF.params(get_gpu("H100"))["gemm"]
+    one_tile = p["eff_max"] * 0.95 * (1 / 132) * 8192 / (8192 + 128)
+    assert gemm_efficiency(128, 128, 8192, 1, 132, p) > 10 * one_tile
+
+
+def test_attention_efficiency_hand_checked():
+    """FA fwd b=1,h=16,sq=sk=4096,d=128 on A100: 512 blocks on 108 SMs (5 waves), ramp 4096/4224."""
+    p = EFF.params(get_gpu("A100"))["attention"]
+    e = attention_efficiency({"b": 1, "h": 16, "sq": 4096, "sk": 4096, "d": 128, "dir": "fwd"}, 108, p)
+    assert e == pytest.approx(0.70 * (512 / 540) * (4096 / 4224))
+    bwd = attention_efficiency({"b": 1, "h": 16, "sq": 4096, "sk": 4096, "d": 64, "dir": "bwd"}, 108, p)
+    assert bwd == pytest.approx(0.60 * (512 / 540) * (4096 / 4224) * 0.5**0.25)
+
+
+def test_overrides_layer_default_arch_gpu():
+    """gpu overrides beat arch overrides beat defaults (A100-PCIe-40GB gemm eff_max 0.745, A100 0.80)."""
+    assert EFF.params(get_gpu("A100-PCIe-40GB"))["gemm"]["eff_max"] == 0.745
+    assert EFF.params(get_gpu("A100"))["gemm"]["eff_max"] == 0.80
+    assert EFF.params(get_gpu("L40S"))["gemm"]["eff_max"] == 0.75
+
+
+def test_public_a100_pcie_gemm_case_within_10_percent():
+    """public_cases.yaml kernel-a100-pcie40: square bf16 GEMMs of 4096..10240 priced within 10% of published TFLOP/s."""
+    g = get_gpu("A100-PCIe-40GB")
+    published = {4096: 234.14, 8192: 215.26, 10240: 211.72}
+    for n, tflops in published.items():
+        r = roofline_time("gemm", "bf16", {"m": n, "n": n, "k": n, "batch": 1}, 2.0 * n**3, 3 * n * n * 2, g,
+                          EFF.params(g))
+        measured_s = 2.0 * n**3 / (tflops * 1e12)
+        assert abs(r.seconds / measured_s - 1) < 0.10, n
+
+
+def test_unknown_override_parameter_rejected(tmp_path):
+    """An override naming a parameter the defaults lack fails at load, naming it."""
+    doc = EFF.to_doc()
+    doc["gpu"] = {"H100-SXM5-80GB": {"gemm": {"eff_maxx": 0.5}}}
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="gpu.H100-SXM5-80GB: efficiency override names unknown parameter 'eff_maxx'"):
+        load_efficiency(p)
+
+
+def test_memory_model_is_not_nan_for_zero_work():
+    """A zero-byte, zero-FLOP kernel costs exactly the launch overhead."""
+    g = get_gpu("B200")
+    r = roofline_time("copy", "bf16", {"numel": 0}, 0.0, 0, g, EFF.params(g))
+    assert r.seconds == pytest.approx(g.launch_overhead_s) and not math.isnan(r.seconds)
