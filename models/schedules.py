@@ -1,0 +1,460 @@
+"""Forward-backward schedules of one training iteration: no pipelining, 1F1B, interleaved 1F1B.
+
+The three schedules follow Megatron-LM's ``megatron/core/pipeline_parallel/schedules.py``
+(``forward_backward_no_pipelining``, ``forward_backward_pipelining_without_interleaving``,
+``forward_backward_pipelining_with_interleaving``) and its ``p2p_communication.py``: the same
+warm-up / steady / cool-down counts, the same virtual-stage order, the same p2p pairs issued with
+``batch_isend_irecv`` and waited at once, grad sync switched on only for the last micro-batch of
+each model chunk, and ``finalize`` (DP reduction, tied embeddings, SP norms) at the end.
+
+A schedule knows nothing about the model: it calls ``forward_step(chunk, mb, input)`` which
+returns the chunk's output (hidden states, or the mean loss on the last virtual stage) and runs
+autograd itself. Every micro-batch's forward and backward is wrapped in the annotator's
+``scope`` and ``block``; block keys are equal exactly when the ops would be equal (see
+``_Runner.forward``).
+
+Example::
+
+    comm = PipelineComm(group=ps.pp_group, rank=ps.pp_rank, size=ps.pp_size,
+                        shape=model.hidden_shape(mbs), dtype=torch.bfloat16)
+    losses = forward_backward(step, num_microbatches=8, num_chunks=1, comm=comm, grad_sync=gs)
+
+Known limitations: no forward-only (evaluation) mode, no ``--overlap-p2p-communication`` (p2p
+is waited right after issue, Megatron's ``batch_p2p_sync`` default), no variable sequence lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Protocol
+
+import torch
+import torch.distributed as dist
+
+from heterosim.errors import ConfigError
+from models.annotate import get_annotator
+
+__all__ = [
+    "ForwardStep",
+    "GradSync",
+    "PipelineComm",
+    "forward_backward",
+    "interleaved_order",
+    "one_f_one_b_order",
+]
+
+Tensor = torch.Tensor
+ForwardStep = Callable[[int, int, "Tensor | None"], Tensor]
+"""``forward_step(chunk, mb, input)``: input is None on the first virtual stage (the step makes
+its own token ids); returns the chunk output, or the mean loss on the last virtual stage."""
+
+
+class GradSync(Protocol):
+    """What the schedules need from data parallelism (see :class:`models.distributed.ModelGradSync`)."""
+
+    overlap_grad_reduce: bool
+    """True when a backward with grad sync enabled issues collectives from grad hooks."""
+
+    def param_sync_pending(self, chunk: int) -> bool:
+        """True when the next forward of ``chunk`` waits for overlapped parameter all-gathers."""
+        ...
+
+    def param_sync_done(self, chunk: int) -> None:
+        """Called after that forward: its hooks waited the all-gathers (or a capture replayed it)."""
+        ...
+
+    def set_grad_sync(self, enabled: bool) -> None:
+        """Megatron's ``no_sync`` switch: grad hooks reduce buckets only while enabled."""
+        ...
+
+    def finalize(self) -> None:
+        """Megatron's ``finalize_model_grads``: finish DP sync, tied-embedding and SP-norm grads."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineComm:
+    """Point-to-point exchange of activations and gradients between neighbouring pipeline stages.
+
+    ``rank``/``size`` are this rank's place in ``group`` (the pipeline); neighbours wrap around as
+    Megatron's ``get_pipeline_model_parallel_next_rank`` does (needed by the interleaved schedule,
+    where the last stage feeds chunk c+1 of the first stage).
+    """
+
+    group: Any
+    rank: int
+    size: int
+    shape: tuple[int, ...]
+    """Shape of every activation / gradient exchanged ([s_local, b, h])."""
+    dtype: torch.dtype
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.size - 1
+
+    def communicate(
+        self,
+        *,
+        send_next: Tensor | None = None,
+        send_prev: Tensor | None = None,
+        recv_prev: bool = False,
+        recv_next: bool = False,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Megatron ``_communicate`` (batched path): returns (tensor from prev, tensor from next).
+
+        Op order is Megatron's ``_batched_p2p_ops``: send prev, recv prev, send next, recv next;
+        all requests are waited at once (``batch_p2p_sync``). Peers are group-relative ranks.
+        """
+        prev, nxt = (self.rank - 1) % self.size, (self.rank + 1) % self.size
+        # Received activations need grad: the stage's backward returns d(loss)/d(input).
+        from_prev = torch.empty(self.shape, dtype=self.dtype, requires_grad=True) if recv_prev else None
+        from_next = torch.empty(self.shape, dtype=self.dtype) if recv_next else None
+        ops = []
+        if send_prev is not None:
+            ops.append(dist.P2POp(dist.isend, send_prev, group=self.group, group_peer=prev))
+        if from_prev is not None:
+            ops.append(dist.P2POp(dist.irecv, from_prev, group=self.group, group_peer=prev))
+        if send_next is not None:
+            ops.append(dist.P2POp(dist.isend, send_next, group=self.group, group_peer=nxt))
+        if from_next is not None:
+            ops.append(dist.P2POp(dist.irecv, from_next, group=self.group, group_peer=nxt))
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        return from_prev, from_next
+
+    # Megatron's 1F1B helpers: the first stage receives no activations, the last no gradients.
+    def recv_forward(self) -> Tensor | None:
+        return None if self.is_first else self.communicate(recv_prev=True)[0]
+
+    def recv_backward(self) -> Tensor | None:
+        return None if self.is_last else self.communicate(recv_next=True)[1]
+
+    def send_forward(self, out: Tensor | None) -> None:
+        if not self.is_last:
+            self.communicate(send_next=out)
+
+    def send_backward(self, grad: Tensor | None) -> None:
+        if not self.is_first:
+            self.communicate(send_prev=grad)
+
+    def send_forward_recv_backward(self, out: Tensor | None) -> Tensor | None:
+        return None if self.is_last else self.communicate(send_next=out, recv_next=True)[1]
+
+    def send_backward_recv_forward(self, grad: Tensor | None) -> Tensor | None:
+        return None if self.is_first else self.communicate(send_prev=grad, recv_prev=True)[0]
+
+
+def one_f_one_b_order(pp: int, rank: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """The 1F1B compute order on stage ``rank``: [("F", mb) | ("B", mb)].
+
+    (pp - rank - 1) warm-up forwards, then forward/backward pairs, then the cool-down backwards
+    (Narayanan et al., SC'21, Fig. 4 top; Megatron ``forward_backward_pipelining_without_interleaving``).
+    """
+    warmup = min(pp - rank - 1, num_microbatches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(num_microbatches - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(num_microbatches - warmup, num_microbatches)]
+    return order
+
+
+def _chunk_id(k: int, pp: int, vpp: int, forward: bool) -> int:
+    """Model chunk of virtual micro-batch ``k`` (Megatron ``get_model_chunk_id``)."""
+    chunk = (k % (pp * vpp)) // pp
+    return chunk if forward else vpp - chunk - 1
+
+
+def _mb_in_chunk(k: int, pp: int, vpp: int) -> int:
+    """Micro-batch index within its chunk (Megatron ``get_microbatch_id_in_model_chunk``)."""
+    return k % pp + (k // (pp * vpp)) * pp
+
+
+def interleaved_order(pp: int, rank: int, num_microbatches: int, vpp: int) -> list[tuple[str, int, int]]:
+    """The interleaved compute order on stage ``rank``: [("F"|"B", chunk, mb)].
+
+    Warm-up = 2 (pp - rank - 1) + (vpp - 1) pp virtual micro-batches (all of them when
+    num_microbatches == pp), then one forward and one backward per step, then the cool-down.
+    Groups of ``pp`` micro-batches go through chunk 0, 1, ... forward and vpp-1, ..., 0 backward
+    (Narayanan et al., SC'21, Sec. 2.2; Megatron ``forward_backward_pipelining_with_interleaving``).
+    """
+    total = num_microbatches * vpp
+    warmup = total if num_microbatches == pp else min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+
+    def f(k: int) -> tuple[str, int, int]:
+        return ("F", _chunk_id(k, pp, vpp, True), _mb_in_chunk(k, pp, vpp))
+
+    def b(k: int) -> tuple[str, int, int]:
+        return ("B", _chunk_id(k, pp, vpp, False), _mb_in_chunk(k, pp, vpp))
+
+    order = [f(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [f(warmup + k), b(k)]
+    order += [b(k) for k in range(total - warmup, total)]
+    return order
+
+
+class _Runner:
+    """Per-iteration state shared by the three schedules: forward/backward steps with annotations."""
+
+    def __init__(self, forward_step: ForwardStep, num_microbatches: int, num_chunks: int,
+                 comm: PipelineComm | None, grad_sync: GradSync | None) -> None:
+        self.forward_step = forward_step
+        self.m = num_microbatches
+        self.vpp = num_chunks
+        self.comm = comm
+        self.gs = grad_sync
+        self.ann = get_annotator()
+        self.losses: list[Tensor] = []
+        self.pp_rank = comm.rank if comm else 0
+        self.pp = comm.size if comm else 1
+
+    def first_virtual(self, chunk: int) -> bool:
+        return self.pp_rank == 0 and chunk == 0
+
+    def last_virtual(self, chunk: int) -> bool:
+        return self.pp_rank == self.pp - 1 and chunk == self.vpp - 1
+
+    def syncs_in_backward(self, mb: int) -> bool:
+        """The last micro-batch's backward issues the overlapped grad reduction (a distinct block)."""
+        return bool(self.gs is not None and self.gs.overlap_grad_reduce and mb == self.m - 1)
+
+    def forward(self, chunk: int, mb: int, inp: Tensor | None) -> Tensor:
+        last = self.last_virtual(chunk)
+        # Equal keys <=> equal ops: the chunk, whether the forward waits for overlapped param
+        # all-gathers (first micro-batch), whether its backward is distinct (grad sync), the input.
+        gather = bool(self.gs is not None and mb == 0 and self.gs.param_sync_pending(chunk))
+        key = ("fwd", chunk, gather, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape))
+
+        def run(x: Tensor | None) -> Tensor:
+            out = self.forward_step(chunk, mb, x)
+            # Megatron divides each micro-batch loss by the number of micro-batches (schedules.forward_step).
+            return out / self.m if last else out
+
+        with self.ann.scope(phase="fwd", mb=mb, chunk=chunk):
+            out = self.ann.block(key, run, inp)
+        if gather:
+            self.gs.param_sync_done(chunk)
+        if last:
+            self.losses.append(out)
+        return out
+
+    def backward(self, chunk: int, mb: int, inp: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
+        def run(x: Tensor | None, y: Tensor, dy: Tensor | None) -> Tensor | None:
+            if x is not None:
+                x.retain_grad()
+            torch.autograd.backward(y, grad_tensors=dy)
+            return None if x is None else x.grad
+
+        key = ("bwd", chunk, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape))
+        with self.ann.scope(phase="bwd", mb=mb, chunk=chunk):
+            return self.ann.block(key, run, inp, out, grad)
+
+    def set_grad_sync(self, enabled: bool) -> None:
+        if self.gs is not None:
+            self.gs.set_grad_sync(enabled)
+
+    def finalize(self) -> None:
+        self.set_grad_sync(True)
+        if self.gs is not None:
+            with self.ann.scope(phase="grad_sync"):
+                self.gs.finalize()
+
+    def p2p(self, phase: str, mb: int, chunk: int, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
+            return call(*args, **kw)
+
+
+def _no_pipelining(r: _Runner) -> None:
+    """Megatron ``forward_backward_no_pipelining``: F,B per micro-batch; sync only on the last."""
+    r.set_grad_sync(False)
+    for mb in range(r.m):
+        if mb == r.m - 1:
+            r.set_grad_sync(True)
+        out = r.forward(0, mb, None)
+        r.backward(0, mb, None, out, None)
+
+
+def _one_f_one_b(r: _Runner) -> None:
+    """Megatron ``forward_backward_pipelining_without_interleaving``."""
+    c = r.comm
+    assert c is not None
+    m = r.m
+    warmup = min(c.size - c.rank - 1, m)
+    remaining = m - warmup
+    inputs: list[Tensor | None] = []
+    outputs: list[Tensor] = []
+    r.set_grad_sync(False)
+    for i in range(warmup):
+        x = r.p2p("fwd", i, 0, c.recv_forward)
+        y = r.forward(0, i, x)
+        r.p2p("fwd", i, 0, c.send_forward, y)
+        inputs.append(x)
+        outputs.append(y)
+    x = r.p2p("fwd", warmup, 0, c.recv_forward) if remaining > 0 else None
+    for i in range(remaining):
+        fwd_mb, bwd_mb = warmup + i, i
+        last_iteration = i == remaining - 1
+        y = r.forward(0, fwd_mb, x)
+        dy = r.p2p("fwd", fwd_mb, 0, c.send_forward_recv_backward, y)
+        inputs.append(x)
+        outputs.append(y)
+        bx, by = inputs.pop(0), outputs.pop(0)
+        if warmup == 0 and last_iteration:
+            r.set_grad_sync(True)
+        dx = r.backward(0, bwd_mb, bx, by, dy)
+        if last_iteration:
+            x = None
+            r.p2p("bwd", bwd_mb, 0, c.send_backward, dx)
+        else:
+            x = r.p2p("bwd", bwd_mb, 0, c.send_backward_recv_forward, dx)
+    for i in range(warmup):
+        bwd_mb = remaining + i
+        if i == warmup - 1:
+            r.set_grad_sync(True)
+        dy = r.p2p("bwd", bwd_mb, 0, c.recv_backward)
+        dx = r.backward(0, bwd_mb, inputs.pop(0), outputs.pop(0), dy)
+        r.p2p("bwd", bwd_mb, 0, c.send_backward, dx)
+
+
+def _interleaved(r: _Runner) -> None:
+    """Megatron ``forward_backward_pipelining_with_interleaving`` (non-overlapped p2p path)."""
+    c = r.comm
+    assert c is not None
+    pp, rank, vpp, m = c.size, c.rank, r.vpp, r.m
+    total = m * vpp
+    all_warmup = m == pp
+    warmup = total if all_warmup else min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+    remaining = total - warmup
+    inputs: list[list[Tensor | None]] = [[] for _ in range(vpp)]
+    outputs: list[list[Tensor]] = [[] for _ in range(vpp)]
+    grads: list[list[Tensor | None]] = [[] for _ in range(vpp)]
+
+    def is_last_mb_of_chunk(k: int) -> bool:
+        group, in_group = divmod(k, pp * vpp)
+        return group == total // (pp * vpp) - 1 and in_group % pp == pp - 1
+
+    def fwd_helper(k: int) -> Tensor | None:
+        chunk, mb = _chunk_id(k, pp, vpp, True), _mb_in_chunk(k, pp, vpp)
+        if r.first_virtual(chunk) and len(inputs[chunk]) == len(outputs[chunk]):
+            inputs[chunk].append(None)
+        y = r.forward(chunk, mb, inputs[chunk][-1])
+        outputs[chunk].append(y)
+        return y
+
+    def bwd_helper(k: int) -> Tensor | None:
+        chunk, mb = _chunk_id(k, pp, vpp, False), _mb_in_chunk(k, pp, vpp)
+        if is_last_mb_of_chunk(k):
+            r.set_grad_sync(True)
+        if r.last_virtual(chunk) and not grads[chunk]:
+            grads[chunk].append(None)
+        dx = r.backward(chunk, mb, inputs[chunk].pop(0), outputs[chunk].pop(0), grads[chunk].pop(0))
+        r.set_grad_sync(False)
+        return dx
+
+    def tag(k: int, forward: bool) -> tuple[int, int]:
+        return _mb_in_chunk(k, pp, vpp), _chunk_id(k, pp, vpp, forward)
+
+    r.set_grad_sync(False)
+    inputs[0].append(r.p2p("fwd", 0, 0, c.recv_forward))
+    for k in range(warmup):
+        y = fwd_helper(k)
+        next_chunk = _chunk_id(k + 1, pp, vpp, True)
+        recv_prev = not (c.is_first and next_chunk == 0) and k != total - 1
+        if r.last_virtual(_chunk_id(k, pp, vpp, True)):
+            y = None
+        if k == warmup - 1 and not all_warmup:
+            x, dy = r.p2p("fwd", *tag(k, True), c.communicate, send_next=y,
+                          recv_prev=recv_prev, recv_next=not c.is_last)
+            grads[vpp - 1].append(dy)
+        else:
+            x, _ = r.p2p("fwd", *tag(k, True), c.communicate, send_next=y, recv_prev=recv_prev)
+        if recv_prev:
+            inputs[next_chunk].append(x)
+    for k in range(remaining):
+        fk, bk = k + warmup, k
+        y = fwd_helper(fk)
+        dx = bwd_helper(bk)
+        if r.last_virtual(_chunk_id(fk, pp, vpp, True)):
+            y = None
+        if r.first_virtual(_chunk_id(bk, pp, vpp, False)):
+            dx = None
+        recv_prev = True
+        if c.is_first:
+            next_f = _chunk_id(fk - (pp - 1), pp, vpp, True)
+            recv_prev = next_f != vpp - 1
+            next_f += 1
+        else:
+            next_f = _chunk_id(fk + 1, pp, vpp, True)
+        recv_next = True
+        if c.is_last:
+            next_b = _chunk_id(bk - (pp - 1), pp, vpp, False)
+            recv_next = next_b != 0
+            next_b -= 1
+        else:
+            next_b = _chunk_id(bk + 1, pp, vpp, False)
+        if k == remaining - 1:
+            recv_prev = False
+        x, dy = r.p2p("bwd", *tag(bk, False), c.communicate, send_next=y, send_prev=dx,
+                      recv_prev=recv_prev, recv_next=recv_next)
+        if recv_prev:
+            inputs[next_f].append(x)
+        if recv_next:
+            grads[next_b].append(dy)
+    if all_warmup:
+        grads[vpp - 1].append(r.p2p("bwd", 0, vpp - 1, c.recv_backward))
+    for k in range(remaining, total):
+        dx = bwd_helper(k)
+        if r.first_virtual(_chunk_id(k, pp, vpp, False)):
+            dx = None
+        next_b = _chunk_id(k + 1, pp, vpp, False)
+        recv_next = not (c.is_last and next_b == vpp - 1) and k != total - 1
+        _, dy = r.p2p("bwd", *tag(k, False), c.communicate, send_prev=dx, recv_next=recv_next)
+        if recv_next:
+            grads[next_b].append(dy)
+
+
+def forward_backward(
+    forward_step: ForwardStep,
+    *,
+    num_microbatches: int,
+    num_chunks: int = 1,
+    comm: PipelineComm | None = None,
+    grad_sync: GradSync | None = None,
+) -> list[Tensor]:
+    """Run one iteration's forwards and backwards, then ``grad_sync.finalize()``.
+
+    Picks Megatron's schedule: no pipelining when ``comm`` is None or has one stage, 1F1B for one
+    chunk, the interleaved schedule for ``num_chunks`` > 1 (``num_microbatches`` must then be a
+    multiple of the pipeline size). Returns the scaled losses of this rank's micro-batches
+    (empty unless this rank holds the last virtual stage).
+
+    Raises:
+        ConfigError: bad micro-batch or chunk counts.
+    """
+    if num_microbatches < 1:
+        raise ConfigError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    if num_chunks < 1:
+        raise ConfigError(f"number of model chunks must be >= 1, got {num_chunks}")
+    pp = comm.size if comm is not None else 1
+    if num_chunks > 1 and pp == 1:
+        raise ConfigError("the interleaved schedule (virtual pipeline stages) needs "
+                          "--pipeline-model-parallel-size > 1")
+    if num_chunks > 1 and num_microbatches % pp:
+        raise ConfigError(
+            f"the interleaved schedule needs num_microbatches ({num_microbatches}) to be a multiple "
+            f"of the pipeline-parallel size ({pp}); change --global-batch-size or --micro-batch-size"
+        )
+    runner = _Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync)
+    if pp == 1:
+        _no_pipelining(runner)
+    elif num_chunks == 1:
+        _one_f_one_b(runner)
+    else:
+        _interleaved(runner)
+    runner.finalize()
+    return runner.losses

@@ -1,0 +1,316 @@
+"""Pipeline schedules: compute order, p2p pairing and counts, block keys, deadlock freedom.
+
+Every rank of a small pipeline is run in this process in turn, in torch's fake process group
+under FakeTensorMode, with a dispatch mode that lists the c10d ops issued and an annotator that
+lists the scopes and blocks. The model is a stand-in (a couple of bf16 Linear layers per stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from heterosim.errors import ConfigError
+from models import annotate, schedules
+from models.schedules import PipelineComm, forward_backward, interleaved_order, one_f_one_b_order
+
+H, S, B, V = 16, 8, 2, 32
+SHAPE = (S, B, H)
+
+
+class Ann(annotate.Annotator):
+    """Counts blocks and scopes; with ``cache`` it replays blocks like a capture does."""
+
+    def __init__(self, cache: bool = False) -> None:
+        self.tags: dict = {}
+        self.blocks: list[tuple] = []
+        self.cache = cache
+        self.seen: dict = {}
+
+    @contextlib.contextmanager
+    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
+        old = dict(self.tags)
+        self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb), ("chunk", chunk)) if v is not None})
+        try:
+            yield
+        finally:
+            self.tags = old
+
+    def block(self, key, fn, *args):
+        self.blocks.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))
+        if self.cache and key in self.seen:
+            meta = self.seen[key]
+            return None if meta is None else torch.empty(meta[0], dtype=meta[1], requires_grad=meta[2])
+        out = fn(*args)
+        self.seen[key] = None if out is None else (out.shape, out.dtype, out.requires_grad)
+        return out
+
+
+class CommLog(TorchDispatchMode):
+    """Lists c10d ops: (op, global peer or group ranks, bytes, phase)."""
+
+    def __init__(self, ann: Ann) -> None:
+        super().__init__()
+        self.ann = ann
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            pg = next(dist.ProcessGroup.unbox(a) for a in args if isinstance(a, torch.ScriptObject))
+            ranks = tuple(dist.get_process_group_ranks(pg))
+            name = func._overloadpacket.__name__
+            first = args[0][0] if isinstance(args[0], list) else args[0]
+            nbytes = first.numel() * first.element_size()
+            who = ranks[args[2]] if name in ("send", "recv_") else ranks
+            self.ops.append((name, who, nbytes, self.ann.tags.get("phase")))
+        return func(*args, **(kwargs or {}))
+
+
+class Stage(nn.Module):
+    """Stand-in pipeline chunk: embedding on the first virtual stage, two bf16 Linear layers."""
+
+    def __init__(self, first: bool) -> None:
+        super().__init__()
+        self.emb = nn.Parameter(torch.randn(V, H, dtype=torch.bfloat16)) if first else None
+        self.l1 = nn.Linear(H, H, dtype=torch.bfloat16)
+        self.l2 = nn.Linear(H, H, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        if x is None:
+            x = self.emb[torch.randint(0, V, (B, S))].transpose(0, 1)  # [s, b, h]
+        return self.l2(torch.relu(self.l1(x)))
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world: int):
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+def run_rank(rank, pp, m, vpp=1, cache=False, batches=None, grad_sync_factory=None):
+    """Run one iteration on ``rank`` of a pure pipeline (world = pp); return (ann, comm log)."""
+    ann = Ann(cache=cache)
+    prev = annotate.set_annotator(ann)
+    try:
+        with fake_world(rank, pp):
+            chunks = [Stage(first=rank == 0 and c == 0) for c in range(vpp)]
+            gs = grad_sync_factory(chunks) if grad_sync_factory else None
+            comm = PipelineComm(group=dist.group.WORLD, rank=rank, size=pp, shape=SHAPE, dtype=torch.bfloat16)
+
+            def step(chunk, mb, x):
+                y = chunks[chunk](x)
+                return y.float().square().mean() if rank == pp - 1 and chunk == vpp - 1 else y
+
+            log = CommLog(ann)
+            orig = dist.batch_isend_irecv
+
+            def batched(ops):
+                if batches is not None:
+                    batches.setdefault(rank, []).append(
+                        [("send" if o.op is dist.isend else "recv", o.group_peer) for o in ops])
+                return orig(ops)
+
+            schedules.dist.batch_isend_irecv = batched
+            try:
+                with log:
+                    losses = forward_backward(step, num_microbatches=m, num_chunks=vpp, comm=comm, grad_sync=gs)
+            finally:
+                schedules.dist.batch_isend_irecv = orig
+    finally:
+        annotate.set_annotator(prev)
+    return ann, log, losses
+
+
+def compute_order(ann):
+    return [("F" if k[0] == "fwd" else "B", chunk, mb) for k, _, mb, chunk in ann.blocks]
+
+
+def test_one_f_one_b_order_hand_computed():
+    """Stage 1 of 4 with 8 micro-batches: 2 warm-up forwards, 1F1B pairs, 2 cool-down backwards."""
+    assert one_f_one_b_order(4, 1, 8) == [
+        ("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("F", 4), ("B", 2),
+        ("F", 5), ("B", 3), ("F", 6), ("B", 4), ("F", 7), ("B", 5), ("B", 6), ("B", 7)]
+    assert one_f_one_b_order(4, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+
+
+def test_interleaved_order_hand_computed():
+    """pp 2, vpp 2, 4 micro-batches, rank 0: warm-up 2*(2-0-1) + (2-1)*2 = 4, chunks as Megatron."""
+    assert interleaved_order(2, 0, 4, 2) == [
+        ("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1),
+        ("F", 0, 2), ("B", 1, 0), ("F", 0, 3), ("B", 1, 1),
+        ("F", 1, 2), ("B", 0, 0), ("F", 1, 3), ("B", 0, 1),
+        ("B", 1, 2), ("B", 1, 3), ("B", 0, 2), ("B", 0, 3)]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_1f1b_run_follows_order_and_sends_per_microbatch(rank):
+    """A real run issues blocks in 1F1B order, one activation send per micro-batch forward and
+    one gradient send per backward (none off the pipeline ends), each [s, b, h] bf16."""
+    pp, m = 4, 8
+    ann, log, losses = run_rank(rank, pp, m)
+    assert compute_order(ann) == [(d, 0, mb) for d, mb in one_f_one_b_order(pp, rank, m)]
+    sends = Counter(who for name, who, _, _ in log.ops if name == "send")
+    recvs = Counter(who for name, who, _, _ in log.ops if name == "recv_")
+    expect_next = m if rank < pp - 1 else 0
+    expect_prev = m if rank > 0 else 0
+    assert sends == Counter({k: v for k, v in {rank + 1: expect_next, rank - 1: expect_prev}.items() if v})
+    assert recvs == sends
+    assert {nbytes for name, _, nbytes, _ in log.ops} == {S * B * H * 2}
+    assert len(losses) == (m if rank == pp - 1 else 0)
+
+
+def test_sends_per_stage_boundary_are_twice_microbatches():
+    """Over the whole pipeline every boundary carries 2 x micro-batches messages (fwd + bwd)."""
+    pp, m = 4, 8
+    per_pair = Counter()
+    for rank in range(pp):
+        _, log, _ = run_rank(rank, pp, m)
+        for name, who, _, _ in log.ops:
+            if name == "send":
+                per_pair[tuple(sorted((rank, who)))] += 1
+    assert per_pair == Counter({(0, 1): 2 * m, (1, 2): 2 * m, (2, 3): 2 * m})
+
+
+def _deadlock_free(batches: dict[int, list[list[tuple]]]) -> bool:
+    """Replay blocking batches: a batch completes once all its ops' partners are posted."""
+    pos = {r: 0 for r in batches}
+    posted: dict[tuple, int] = Counter()   # (kind, src, dst) -> posted count
+    # Number every op: k-th send src->dst pairs with k-th recv on dst from src.
+    numbered = {}
+    for r, bl in batches.items():
+        seen = Counter()
+        numbered[r] = []
+        for b in bl:
+            nb = []
+            for kind, peer in b:
+                key = (r, peer) if kind == "send" else (peer, r)
+                nb.append((kind, key, seen[(kind, key)]))
+                seen[(kind, key)] += 1
+            numbered[r].append(nb)
+    progress = True
+    while progress:
+        progress = False
+        for r in batches:
+            if pos[r] == len(numbered[r]):
+                continue
+            batch = numbered[r][pos[r]]
+            for op in batch:
+                posted[op] = 1
+            ok = all(posted.get(("recv" if k == "send" else "send", key, i)) for k, key, i in batch)
+            if ok:
+                pos[r] += 1
+                progress = True
+    return all(pos[r] == len(numbered[r]) for r in batches)
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (4, 2, 4), (2, 3, 6)])
+def test_p2p_pairs_match_and_never_deadlock(pp, vpp, m):
+    """Sends and receives pair up across ranks with equal sizes, and the batched exchanges
+    complete when each batch blocks until its partners are posted (NCCL group semantics)."""
+    batches: dict[int, list] = {}
+    logs = {}
+    for rank in range(pp):
+        _, log, _ = run_rank(rank, pp, m, vpp=vpp, batches=batches)
+        logs[rank] = log.ops
+    for src in range(pp):
+        for dst in range(pp):
+            s = [n for name, who, n, _ in logs[src] if name == "send" and who == dst]
+            r = [n for name, who, n, _ in logs[dst] if name == "recv_" and who == src]
+            assert s == r, (src, dst)
+    assert _deadlock_free(batches)
+
+
+def test_interleaved_run_follows_order_and_boundary_counts():
+    """pp 2 x vpp 2: blocks in interleaved order; boundary 0->1 carries 2 x mb x vpp messages,
+    the wrap-around 1->0 (chunk c of the last stage feeds chunk c+1 of the first) 2 x mb x (vpp-1)."""
+    pp, vpp, m = 2, 2, 4
+    sends = Counter()
+    for rank in range(pp):
+        ann, log, _ = run_rank(rank, pp, m, vpp=vpp)
+        assert compute_order(ann) == [(d, c, mb) for d, c, mb in interleaved_order(pp, rank, m, vpp)]
+        for name, who, _, _ in log.ops:
+            if name == "send":
+                sends[(rank, who)] += 1
+    # 0->1: activations of chunks 0 and 1 (8) + grads of chunk 1 into rank 1's chunk 0 (4).
+    assert sends == Counter({(0, 1): 12, (1, 0): 12})
+
+
+def test_block_keys_with_eight_microbatches():
+    """Without a grad-sync object every forward of a stage shares one key and every backward
+    another: 8 + 8 occurrences; the first stage's keys carry no input shape."""
+    for rank, shape in ((0, None), (2, SHAPE)):
+        ann, _, _ = run_rank(rank, 4, 8)
+        counts = Counter(k for k, *_ in ann.blocks)
+        assert counts == Counter({("fwd", 0, False, False, shape): 8, ("bwd", 0, False, shape): 8})
+
+
+class _OverlapSync:
+    """Grad-sync stand-in that overlaps: records the enable switch at every backward."""
+
+    overlap_grad_reduce = True
+
+    def __init__(self, ann):
+        self.enabled, self.ann, self.at_bwd, self.finalized = True, ann, [], 0
+
+    def param_sync_pending(self, chunk):
+        return False
+
+    def param_sync_done(self, chunk):
+        pass
+
+    def set_grad_sync(self, enabled):
+        self.enabled = enabled
+
+    def finalize(self):
+        self.finalized += 1
+
+
+def test_overlapped_grad_sync_makes_last_microbatch_distinct():
+    """With overlapped grad reduction the last micro-batch's forward and backward get their own
+    keys (7 + 1 each), grad sync is on exactly for that backward, and finalize runs once."""
+    holder = {}
+
+    def factory(chunks):
+        holder["gs"] = _OverlapSync(None)
+        gs = holder["gs"]
+        real = gs.set_grad_sync
+        gs.set_grad_sync = lambda e: (real(e), gs.at_bwd.append(e))[0]
+        return gs
+
+    ann, _, _ = run_rank(1, 4, 8, grad_sync_factory=factory)
+    counts = Counter(k for k, *_ in ann.blocks)
+    assert counts == Counter({("fwd", 0, False, False, SHAPE): 7, ("fwd", 0, False, True, SHAPE): 1,
+                              ("bwd", 0, False, SHAPE): 7, ("bwd", 0, True, SHAPE): 1})
+    assert holder["gs"].finalized == 1
+    assert holder["gs"].at_bwd == [False, True, True]  # off at start, on before last bwd, on at finalize
+
+
+def test_capture_like_block_replay_runs_all_schedules():
+    """When blocks are replayed (fresh tensors instead of re-running), every schedule still runs
+    and issues the same p2p traffic as the real run."""
+    for pp, vpp, m in ((4, 1, 8), (2, 2, 4)):
+        for rank in range(pp):
+            _, real, _ = run_rank(rank, pp, m, vpp=vpp)
+            _, replay, _ = run_rank(rank, pp, m, vpp=vpp, cache=True)
+            assert [o[:3] for o in real.ops] == [o[:3] for o in replay.ops]
+
+
+def test_interleaved_needs_multiple_of_pp():
+    """The interleaved schedule rejects micro-batch counts that are not a multiple of pp."""
+    comm = PipelineComm(group=None, rank=0, size=4, shape=SHAPE, dtype=torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"num_microbatches \(6\) to be a multiple of the pipeline-parallel size \(4\)"):
+        forward_backward(lambda c, m, x: x, num_microbatches=6, num_chunks=2, comm=comm)
+    with pytest.raises(ConfigError, match="needs --pipeline-model-parallel-size > 1"):
+        forward_backward(lambda c, m, x: x, num_microbatches=6, num_chunks=2, comm=None)
