@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import traceback
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,6 +67,7 @@ class FakeWorld:
     """Called with True/False around ``batch_isend_irecv`` (the recorder tags the batch)."""
     _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
     _family_of_site: dict[str, list[str]] = field(default_factory=dict)
+    _family_members: dict[str, set[int]] = field(default_factory=dict)
     _last_site: str | None = None
 
     # ---- group bookkeeping -------------------------------------------------------------------
@@ -76,16 +77,22 @@ class FakeWorld:
         fams = self._family_of_site.setdefault(site, [])
         if fams and self._last_site == site:
             fam = fams[-1]
-            members = {r for g in self.groups if g.family == fam for r in g.ranks}
-            if not members.intersection(ranks):
+            members = self._family_members[fam]
+            if members.isdisjoint(ranks):
+                members.update(ranks)
                 return fam
-        fam = f"f{sum(len(v) for v in self._family_of_site.values())}"
+        fam = f"f{len(self._family_members) - 1}"
         fams.append(fam)
+        self._family_members[fam] = set(ranks)
         return fam
 
     def _register(self, ranks: tuple[int, ...], pg: Any, site: str) -> None:
         gid = str(len(self.groups))
-        fam = "world" if gid == "0" else self._family_for(site, ranks)
+        if gid == "0":
+            fam = "world"
+            self._family_members["world"] = set(ranks)
+        else:
+            fam = self._family_for(site, ranks)
         self._last_site = site
         self.groups.append(GroupRecord(gid, ranks, fam, "world" if gid == "0" else "other"))
         if isinstance(pg, dist.ProcessGroup):
@@ -115,11 +122,12 @@ class FakeWorld:
     @staticmethod
     def _call_site() -> str:
         # The first frame outside torch.distributed and this module names the loop creating groups.
-        for fr in traceback.extract_stack()[-3::-1]:
-            f = fr.filename
-            if "torch/distributed" in f or f == __file__:
-                continue
-            return f"{os.path.basename(f)}:{fr.lineno}"
+        f = sys._getframe(2)
+        while f is not None:
+            name = f.f_code.co_filename
+            if "torch/distributed" not in name and name != __file__:
+                return f"{os.path.basename(name)}:{f.f_lineno}"
+            f = f.f_back
         return "?"
 
     def install(self) -> None:
