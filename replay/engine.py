@@ -1,0 +1,620 @@
+"""The fast engine: the reference engine's semantics, run once per class of equivalent ranks.
+
+Ranks of one role on the same GPU type, whose groups hold ranks of the same classes and whose
+p2p peers are of the same class, run the same ops at the same times: the engine simulates one
+representative per *class* (found by colour refinement, Weisfeiler-Lehman style, over the process
+groups) and reports its times for every member. The network still carries every replica of every
+transfer (the 16 DP copies of a TP all-reduce are 16 transfers) so link sharing stays exact; if
+replicas of one class-level transfer end at different times (the network is not symmetric for
+them), the classes are split by that outcome and the simulation restarts, so the answer always
+equals the per-rank reference (:mod:`replay.reference`).
+
+Compute between two comm / wait ops is one *span*: its length comes from prefix sums of the
+block's prices (one ``price_block`` per distinct (block, GPU type)), computed with the array
+namespace of :mod:`replay.backend`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from capture.ir import Trace
+from heterosim.errors import ReplayError, TraceMismatchError
+
+from .expand import CommInstance, RankTimes, WaitRecord, Workload, role_comm_families
+from .flows import FluidNetwork, solo_time
+
+__all__ = ["RoleSkeleton", "FastRun", "run_fast", "rank_classes"]
+
+_SYM_TOL = 1e-10
+"""Replicas of one class-level transfer count as simultaneous within this relative spread."""
+
+
+# --------------------------------------------------------------------------------------------
+# Classes of equivalent ranks
+
+
+def _family(trace: Trace, g: str) -> str:
+    return trace.groups[g].family or g
+
+
+def rank_classes(trace: Trace, gpu_type: Sequence[str], extra: Sequence[Hashable] | None = None) -> list[int]:
+    """Class id of every rank (ids in order of first rank), by colour refinement.
+
+    Start: (role, GPU type, position in each group the role does p2p on, ``extra``). Refine until
+    stable: add the sorted classes of the members of each group the role's collectives use, and
+    the class of each p2p peer.
+    """
+    world = trace.world_size
+    role_of = [0] * world
+    for role in trace.roles:
+        for r in role.ranks:
+            role_of[r] = role.id
+    fams = [role_comm_families(trace, role.id) for role in trace.roles]
+    coll = [sorted(c) for c, _ in fams]
+    p2p = [sorted(p) for _, p in fams]
+    p2p_groups = [sorted({g for g, _ in p}) for p in p2p]
+    col: list[Hashable] = []
+    for r in range(world):
+        rid = role_of[r]
+        pos = tuple(trace.groups[trace.group_for(g, r)].ranks.index(r) for g in p2p_groups[rid])
+        col.append((rid, gpu_type[r], pos, extra[r] if extra is not None else None))
+    ids = _relabel(col)
+    while True:
+        memo: dict[str, tuple[int, ...]] = {}
+
+        def members(g: str) -> tuple[int, ...]:
+            v = memo.get(g)
+            if v is None:
+                v = tuple(sorted(ids[x] for x in trace.groups[g].ranks))
+                memo[g] = v
+            return v
+
+        new = []
+        for r in range(world):
+            rid = role_of[r]
+            new.append((
+                ids[r],
+                tuple(members(trace.group_for(g, r)) for g in coll[rid]),
+                tuple(ids[trace.peer_global(g, p, r)] for g, p in p2p[rid]),
+            ))
+        new_ids = _relabel(new)
+        if max(new_ids) == max(ids):
+            return new_ids
+        ids = new_ids
+
+
+def _relabel(colors: Sequence[Hashable]) -> list[int]:
+    seen: dict[Hashable, int] = {}
+    return [seen.setdefault(c, len(seen)) for c in colors]
+
+
+# --------------------------------------------------------------------------------------------
+# Role skeletons: the comm / wait ops of a role's program, with compute spans between them
+
+
+@dataclass(slots=True, kw_only=True)
+class RoleSkeleton:
+    """The non-compute ops ("points") of a role's expanded program, in order."""
+
+    role: int
+    op_id: list[int]
+    kind: list[str]
+    name: list[str]
+    phase: list[str]
+    mb: list[int]
+    stream: list[str]
+    group: list[str]
+    collective: list[str]
+    nbytes: list[int]
+    dtype: list[str]
+    peer: list[int]
+    target: list[int]
+    """Wait points: point index of the awaited comm op."""
+    coalesced: list[int]
+    """Comm points: point index of the first op of their coalesced launch (own index if none)."""
+    num_ops: int
+    spans: dict[str, np.ndarray] = field(default_factory=dict)
+    """GPU type -> compute seconds before each point (len points + 1; the last is the tail)."""
+    phase_compute: dict[str, dict[str, float]] = field(default_factory=dict)
+    """GPU type -> phase -> compute seconds of the whole program."""
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np) -> RoleSkeleton:
+    """Collect a role's points and, for each GPU type, its compute spans (prefix sums)."""
+    role = w.trace.roles[role_id]
+    sk = RoleSkeleton(role=role_id, op_id=[], kind=[], name=[], phase=[], mb=[], stream=[], group=[],
+                      collective=[], nbytes=[], dtype=[], peer=[], target=[], coalesced=[],
+                      num_ops=role.num_ops)
+    pos_cache: dict[str, np.ndarray] = {}
+    for b, blk in role.blocks.items():
+        pos_cache[b] = np.fromiter((i for i, k in enumerate(blk.columns["kind"]) if k != "compute"), dtype=np.int64)
+    point_of_op: dict[int, int] = {}
+    base = 0
+    for seg in role.program:
+        cols = role.blocks[seg.block].columns
+        for i in pos_cache[seg.block].tolist():
+            oid = base + i
+            p = len(sk.kind)
+            point_of_op[oid] = p
+            kind = cols["kind"][i]
+            sk.op_id.append(oid)
+            sk.kind.append(kind)
+            sk.name.append(cols["name"][i])
+            sk.phase.append(cols["phase"][i])
+            sk.mb.append(seg.mb)
+            sk.stream.append(cols["stream"][i])
+            sk.group.append(cols["group"][i])
+            sk.collective.append(cols["collective"][i])
+            sk.nbytes.append(int(cols["comm_bytes"][i]))
+            sk.dtype.append(cols["dtype"][i])
+            sk.peer.append(int(cols["peer"][i]))
+            sk.target.append(point_of_op[oid - cols["target"][i]] if kind == "wait" else -1)
+            coal = cols["coalesced"][i]
+            sk.coalesced.append(point_of_op.get(oid - coal, p) if coal and kind != "wait" else p)
+        base += len(cols["kind"])
+    for gpu in dict.fromkeys(gpus):
+        block_spans: dict[str, np.ndarray] = {}
+        phase_tot: dict[str, float] = {}
+        for b, blk in role.blocks.items():
+            dur = xp.asarray(w.block_durations(role_id, b, gpu))
+            prefix = xp.concatenate([xp.zeros(1), xp.cumsum(dur)])
+            pos = xp.asarray(pos_cache[b])
+            starts = xp.concatenate([xp.zeros(1, dtype=pos.dtype), pos + 1])
+            ends = xp.concatenate([pos, xp.asarray([len(blk)], dtype=pos.dtype)])
+            block_spans[b] = _host(prefix[ends] - prefix[starts])
+        counts: dict[str, int] = {}
+        for seg in role.program:
+            counts[seg.block] = counts.get(seg.block, 0) + 1
+        for b, n in counts.items():
+            dur = w.block_durations(role_id, b, gpu)
+            for ph, d in zip(role.blocks[b].columns["phase"], dur.tolist()):
+                phase_tot[ph] = phase_tot.get(ph, 0.0) + d * n
+        spans = np.zeros(len(sk.kind) + 1)
+        k = 0
+        carry = 0.0
+        for seg in role.program:
+            bs = block_spans[seg.block]
+            n = bs.size - 1
+            if n == 0:
+                carry += float(bs[0])
+                continue
+            spans[k:k + n] = bs[:n]
+            spans[k] += carry
+            carry = float(bs[n])
+            k += n
+        spans[k] += carry
+        sk.spans[gpu] = spans
+        sk.phase_compute[gpu] = phase_tot
+    return sk
+
+
+def _host(a: Any) -> np.ndarray:
+    get = getattr(a, "get", None)  # cupy arrays copy to host with .get()
+    return np.asarray(get() if callable(get) else a, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# The class-level event simulation
+
+
+@dataclass(slots=True, kw_only=True)
+class FastRun:
+    """Result of :func:`run_fast`: per-class times, reported for every member rank."""
+
+    classes: list[tuple[int, ...]]
+    """Ranks of each class (the first is the representative)."""
+    class_of: list[int]
+    skeletons: dict[int, RoleSkeleton]
+    times: list[RankTimes]
+    """Per class."""
+    point_time: list[np.ndarray]
+    """Per class: compute-stream time when each point was reached (after the span before it)."""
+    comm_meta: list[list[tuple[str, int, CommInstance]]]
+    """Per class, per comm point: (class-level key label, replicas, the representative's instance)."""
+    restarts: int = 0
+    network_recomputes: int = 0
+
+    def rank_times(self, rank: int) -> RankTimes:
+        """Times of ``rank`` (those of its class)."""
+        return self.times[self.class_of[rank]]
+
+
+class _Asymmetric(Exception):
+    def __init__(self, groups: list[list[int]]):
+        super().__init__("replicas finished at different times")
+        self.groups = groups
+
+
+def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | None = None,
+             max_restarts: int = 32) -> FastRun:
+    """Simulate ``w`` class by class; equal to :func:`replay.reference.run_reference` per rank."""
+    trace = w.trace
+    world = trace.world_size
+    extra: list[tuple] = [() for _ in range(world)]
+    skeletons: dict[int, RoleSkeleton] = {}
+    for attempt in range(max_restarts + 1):
+        if attempt == max_restarts:
+            extra = [(r,) for r in range(world)]  # singletons: always symmetric
+        class_of = rank_classes(trace, w.gpu_type, extra)
+        try:
+            run = _Sim(w, class_of, skeletons, xp).run(progress)
+        except _Asymmetric as e:
+            for idx, ranks in enumerate(e.groups):
+                for r in ranks:
+                    extra[r] = extra[r] + (idx,)
+            continue
+        run.restarts = attempt
+        return run
+    raise AssertionError("unreachable: singleton classes are always symmetric")
+
+
+class _Class:
+    __slots__ = ("rep", "ranks", "sk", "spans", "pc", "tc", "blocked", "end", "start", "t_at",
+                 "stream_groups", "preds", "waits", "finish", "counters", "keys", "compute", "tail")
+
+    def __init__(self, rep: int, ranks: tuple[int, ...], sk: RoleSkeleton, gpu: str):
+        n = len(sk)
+        self.rep = rep
+        self.ranks = ranks
+        self.sk = sk
+        self.spans = sk.spans[gpu].tolist()
+        self.compute = float(sum(self.spans))
+        self.pc = 0
+        self.tc = 0.0
+        self.blocked = False
+        self.end = [math.nan] * n
+        self.start = [math.nan] * n
+        self.t_at = [math.nan] * n
+        self.stream_groups: dict[str, tuple[int, list[int], list[int]]] = {}
+        self.preds: dict[int, list[int]] = {}
+        self.waits: list[WaitRecord] = []
+        self.finish = 0.0
+        self.counters: dict = {}
+        self.keys: dict[int, tuple] = {}
+        self.tail = False
+
+
+class _Sim:
+    def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any):
+        self.w = w
+        self.trace = trace = w.trace
+        self.class_of = class_of
+        members: dict[int, list[int]] = {}
+        for r, c in enumerate(class_of):
+            members.setdefault(c, []).append(r)
+        role_of = {r: role.id for role in trace.roles for r in role.ranks}
+        gpus_by_role: dict[int, list[str]] = {}
+        for c, rs in members.items():
+            gpus_by_role.setdefault(role_of[rs[0]], []).append(w.gpu_type[rs[0]])
+        for rid, gpus in gpus_by_role.items():
+            sk = skeletons.get(rid)
+            if sk is None or any(g not in sk.spans for g in gpus):
+                skeletons[rid] = build_skeleton(w, rid, sorted(set(gpus) | set(sk.spans if sk else ())), xp)
+        self.skeletons = skeletons
+        self.classes = [
+            _Class(rs[0], tuple(rs), skeletons[role_of[rs[0]]], w.gpu_type[rs[0]])
+            for c, rs in sorted(members.items())
+        ]
+        # (family, member classes) -> groups of that family with those member classes
+        self.replica_groups: dict[tuple, list[str]] = {}
+        self.member_classes: dict[str, tuple[int, ...]] = {}
+        for g, info in trace.groups.items():
+            mc = tuple(sorted(class_of[r] for r in info.ranks))
+            self.member_classes[g] = mc
+            self.replica_groups.setdefault((_family(trace, g), mc), []).append(g)
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.arrivals: dict[tuple, list[tuple[int, int]]] = {}
+        self.need: dict[tuple, int] = {}
+        self.inst_members: dict[tuple, list[tuple[int, int]]] = {}
+        self.inst_start: dict[tuple, float] = {}
+        self.pending: dict[tuple, list[float]] = {}
+        self.replica_ranks: dict[tuple, list[tuple[int, ...]]] = {}
+        self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        self.net = FluidNetwork(w.capacity_Bps)
+        self.timers: list[tuple[float, int, tuple, int]] = []
+        self.comm_meta: list[dict[int, tuple[str, int, CommInstance]]] = [{} for _ in self.classes]
+
+    # -- keys ---------------------------------------------------------------------------------
+    def _key(self, ci: int, p: int) -> tuple[tuple, list[CommInstance], int]:
+        """Class-level key of point p of class ci, its replica instances and the needed arrivals."""
+        cl = self.classes[ci]
+        sk = cl.sk
+        trace = self.trace
+        rep = cl.rep
+        g = trace.group_for(sk.group[p], rep)
+        info = trace.groups[g]
+        fam = _family(trace, g)
+        coll = sk.collective[p]
+        nbytes, dtype = sk.nbytes[p], sk.dtype[p]
+        if coll in ("send", "recv"):
+            peer = sk.peer[p]
+            if not 0 <= peer < len(info.ranks):
+                raise TraceMismatchError(
+                    f"rank {rep}: {coll} op {sk.op_id[p]} ({sk.name[p]}) on group {g} names peer "
+                    f"{peer}, but the group has {len(info.ranks)} ranks: the p2p has no partner")
+            me = info.ranks.index(rep)
+            other = info.ranks[peer]
+            send = coll == "send"
+            src_pos, dst_pos = (me, peer) if send else (peer, me)
+            src, dst = (rep, other) if send else (other, rep)
+            ck = ("p", g, src, dst, send)
+            k = cl.counters.get(ck, 0)
+            cl.counters[ck] = k + 1
+            cs, cd = self.class_of[src], self.class_of[dst]
+            key = ("p", fam, cs, src_pos, cd, dst_pos, k)
+            if key not in self.replica_ranks:
+                self.replica_ranks[key] = [
+                    (trace.groups[h].ranks[src_pos], trace.groups[h].ranks[dst_pos])
+                    for h in self.replica_groups[(fam, self.member_classes[g])]
+                    if self.class_of[trace.groups[h].ranks[src_pos]] == cs
+                ]
+            insts = [CommInstance(collective="send", nbytes=nbytes, dtype=dtype, ranks=pair, group=g,
+                                  dim=info.dim) for pair in self.replica_ranks[key]]
+            return key, insts, 2
+        ck = ("c", g)
+        k = cl.counters.get(ck, 0)
+        cl.counters[ck] = k + 1
+        mc = self.member_classes[g]
+        key = ("c", fam, mc, k)
+        groups = self.replica_groups[(fam, mc)]
+        if key not in self.replica_ranks:
+            self.replica_ranks[key] = [trace.groups[h].ranks for h in groups]
+        insts = [CommInstance(collective=coll, nbytes=nbytes, dtype=dtype, ranks=trace.groups[h].ranks,
+                              group=h, dim=trace.groups[h].dim) for h in groups]
+        return key, insts, len(set(mc))
+
+    # -- event handling -------------------------------------------------------------------------
+    def push_ready(self, t: float, ci: int, p: int) -> None:
+        heapq.heappush(self.heap, (t, self.seq, ci, p))
+        self.seq += 1
+
+    def issue(self, ci: int, p: int, issue_t: float) -> None:
+        cl = self.classes[ci]
+        sk = cl.sk
+        stream = sk.stream[p]
+        cg = sk.coalesced[p]
+        cur = cl.stream_groups.get(stream)
+        if cur is None:
+            preds: list[int] = []
+            cl.stream_groups[stream] = (cg, [p], [])
+        elif cur[0] == cg:
+            preds = cur[2]
+            cur[1].append(p)
+        else:
+            preds = cur[1]
+            cl.stream_groups[stream] = (cg, [p], cur[1])
+        cl.preds[p] = preds
+        key, insts, need = self._key(ci, p)
+        rep_inst = next(i for i in insts if cl.rep in i.ranks)
+        cl.keys[p] = (key, rep_inst, insts, need)
+        self.try_ready(ci, p, issue_t)
+
+    def try_ready(self, ci: int, p: int, issue_t: float) -> None:
+        cl = self.classes[ci]
+        end = cl.end
+        t = issue_t
+        for q in cl.preds[p]:
+            e = end[q]
+            if e != e:  # nan: predecessor still running
+                self.stream_waiters.setdefault((ci, q), []).append((p, issue_t))
+                return
+            if e > t:
+                t = e
+        self.push_ready(t, ci, p)
+
+    def advance(self, ci: int) -> None:
+        cl = self.classes[ci]
+        sk = cl.sk
+        kinds = sk.kind
+        spans = cl.spans
+        n = len(kinds)
+        while cl.pc < n:
+            p = cl.pc
+            if not cl.blocked:
+                cl.tc += spans[p]
+                cl.t_at[p] = cl.tc
+            if kinds[p] == "wait":
+                tgt = sk.target[p]
+                te = cl.end[tgt]
+                if te != te:
+                    cl.blocked = True
+                    return
+                cl.blocked = False
+                if te > cl.tc:
+                    self._record_wait(cl, tgt, cl.tc, te)
+                    cl.tc = te
+            else:
+                self.issue(ci, p, cl.tc)
+            cl.pc += 1
+        if not cl.tail:
+            cl.tail = True
+            cl.tc += spans[n]
+        cl.finish = max(cl.finish, cl.tc)
+
+    def _record_wait(self, cl: _Class, tgt: int, t_block: float, t_end: float) -> None:
+        inst = cl.keys[tgt][1]
+        cl.waits.append(WaitRecord(t_block=t_block, t_end=t_end, t_start=cl.start[tgt], dim=inst.dim,
+                                   inter_node=self.w.crosses_nodes(inst.ranks)))
+
+    def arrive(self, t: float, ci: int, p: int) -> None:
+        cl = self.classes[ci]
+        key, rep_inst, insts, need = cl.keys[p]
+        got = self.arrivals.setdefault(key, [])
+        if got:
+            self._check(got[0], (ci, p), key)
+        got.append((ci, p))
+        if len(got) < need:
+            return
+        del self.arrivals[key]
+        self.inst_members[key] = got
+        self.inst_start[key] = t
+        label = f"{rep_inst.collective} {rep_inst.nbytes} B"
+        for cj, q in got:
+            self.comm_meta[cj][q] = (label, len(insts), self.classes[cj].keys[q][1])
+        if len(rep_inst.ranks) == 1 or len(set(rep_inst.ranks)) == 1:
+            self.complete(key, t)
+            return
+        self.pending[key] = []
+        if self.w.link_sharing:
+            done = self.net.start([((key, j), self.w.transfer_spec(inst)) for j, inst in enumerate(insts)], t)
+            for k in done:
+                self.replica_done(k, t)
+        else:
+            for j, inst in enumerate(insts):
+                d = self._solo(inst)
+                heapq.heappush(self.timers, (t + d, self.seq, key, j))
+                self.seq += 1
+
+    def _solo(self, inst: CommInstance) -> float:
+        ck = ("solo", inst)
+        v = self.w._cache.get(ck)
+        if v is None:
+            v = solo_time(self.w.transfer_spec(inst), self.w.capacity_Bps)
+            self.w._cache[ck] = v
+        return v
+
+    def replica_done(self, kj: tuple, t: float) -> None:
+        key, j = kj
+        ends = self.pending[key]
+        ends.append((t, j))
+        nrep = len(self.replica_ranks[key])
+        if len(ends) < nrep:
+            return
+        del self.pending[key]
+        times = [e for e, _ in ends]
+        lo, hi = min(times), max(times)
+        if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
+            order = sorted(set(times))
+            groups: list[list[int]] = [[] for _ in order]
+            reps = self.replica_ranks[key]
+            for e, jj in ends:
+                groups[order.index(e)].extend(reps[jj])
+            raise _Asymmetric(groups)
+        self.complete(key, hi)
+
+    def complete(self, key: tuple, t: float) -> None:
+        t0 = self.inst_start[key]
+        for ci, p in self.inst_members.pop(key):
+            cl = self.classes[ci]
+            cl.end[p] = t
+            cl.start[p] = t0
+            if t > cl.finish:
+                cl.finish = t
+            for q, issue_t in self.stream_waiters.pop((ci, p), ()):
+                self.try_ready(ci, q, issue_t)
+            if cl.blocked and cl.sk.target[cl.pc] == p:
+                if t > cl.tc:
+                    self._record_wait(cl, p, cl.tc, t)
+                    cl.tc = t
+                cl.blocked = False
+                cl.pc += 1
+                self.advance(ci)
+
+    def _check(self, first: tuple[int, int], this: tuple[int, int], key: tuple) -> None:
+        (c0, p0), (c1, p1) = first, this
+        a, b = self.classes[c0], self.classes[c1]
+        sa, sb = a.sk, b.sk
+        if key[0] == "p":
+            if sa.collective[p0] == sb.collective[p1]:
+                raise TraceMismatchError(
+                    f"p2p mismatch: ranks {a.rep} and {b.rep} both posted a {sa.collective[p0]} "
+                    f"(op {sa.op_id[p0]} ({sa.name[p0]}), op {sb.op_id[p1]} ({sb.name[p1]})) to each "
+                    f"other; each send needs a recv on the peer")
+            if sa.nbytes[p0] != sb.nbytes[p1]:
+                raise TraceMismatchError(
+                    f"p2p size mismatch between ranks {a.rep} and {b.rep} (#{key[6]}): op "
+                    f"{sa.op_id[p0]} ({sa.name[p0]}) moves {sa.nbytes[p0]} B but op {sb.op_id[p1]} "
+                    f"({sb.name[p1]}) moves {sb.nbytes[p1]} B")
+            return
+        if sa.collective[p0] != sb.collective[p1] or sa.nbytes[p0] != sb.nbytes[p1]:
+            g = self.trace.group_for(sa.group[p0], a.rep)
+            raise TraceMismatchError(
+                f"collective mismatch on group {g} sequence {key[3]}: rank {a.rep} issued "
+                f"{sa.collective[p0]} of {sa.nbytes[p0]} B (op {sa.op_id[p0]} ({sa.name[p0]})) but "
+                f"rank {b.rep} issued {sb.collective[p1]} of {sb.nbytes[p1]} B (op {sb.op_id[p1]} "
+                f"({sb.name[p1]})); the ranks of a group must issue the same collectives in the same order")
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None) -> FastRun:
+        for ci in range(len(self.classes)):
+            self.advance(ci)
+        heap, net, timers = self.heap, self.net, self.timers
+        steps = 0
+        while True:
+            t_heap = heap[0][0] if heap else math.inf
+            t_net = net.next_time()
+            t_tim = timers[0][0] if timers else math.inf
+            if t_heap == math.inf and t_net == math.inf and t_tim == math.inf:
+                break
+            if t_net <= t_heap and t_net <= t_tim:
+                t, done = net.step()
+                for k in done:
+                    self.replica_done(k, t)
+            elif t_tim <= t_heap:
+                t, _, key, j = heapq.heappop(timers)
+                self.replica_done((key, j), t)
+            else:
+                t, _, ci, p = heapq.heappop(heap)
+                self.arrive(t, ci, p)
+                steps += 1
+                if progress is not None and steps % 4096 == 0:
+                    progress(4096)
+        self._check_done()
+        times, point_time, meta = [], [], []
+        for ci, cl in enumerate(self.classes):
+            comm = [p for p, k in enumerate(cl.sk.kind) if k != "wait"]
+            times.append(RankTimes(
+                finish_s=cl.finish,
+                compute_s=cl.compute,
+                comm_start=np.array([cl.start[p] for p in comm], dtype=np.float64),
+                comm_end=np.array([cl.end[p] for p in comm], dtype=np.float64),
+                waits=cl.waits,
+            ))
+            point_time.append(np.array(cl.t_at, dtype=np.float64))
+            meta.append([self.comm_meta[ci][p] for p in comm])
+        return FastRun(classes=[cl.ranks for cl in self.classes], class_of=self.class_of,
+                       skeletons=self.skeletons, times=times, point_time=point_time, comm_meta=meta,
+                       network_recomputes=self.net.recomputes)
+
+    def _check_done(self) -> None:
+        stuck = [cl for cl in self.classes if cl.pc < len(cl.sk)]
+        if not stuck and not self.arrivals:
+            return
+        lines = []
+        for key, got in list(self.arrivals.items())[:4]:
+            ci, p = got[0]
+            cl = self.classes[ci]
+            sk = cl.sk
+            g = self.trace.group_for(sk.group[p], cl.rep)
+            if key[0] == "c":
+                have = sorted(r for cj, _ in got for r in self.classes[cj].ranks
+                              if r in self.trace.groups[g].ranks)
+                missing = sorted(set(self.trace.groups[g].ranks) - set(have))
+                lines.append(
+                    f"{sk.collective[p]} on group {g} sequence {key[3]}: ranks {have[:8]} issued it "
+                    f"(op {sk.op_id[p]} ({sk.name[p]})) but ranks {missing[:8]} never did")
+            else:
+                other = self.trace.groups[g].ranks[sk.peer[p]]
+                want = "recv" if sk.collective[p] == "send" else "send"
+                lines.append(
+                    f"p2p {sk.collective[p]} on group {g} by rank {cl.rep} (op {sk.op_id[p]} "
+                    f"({sk.name[p]})) has no matching {want} on rank {other}")
+        for cl in stuck[:4]:
+            sk = cl.sk
+            p = cl.pc
+            lines.append(f"rank {cl.rep} is blocked at op {sk.op_id[p]} ({sk.name[p]}) waiting for op "
+                         f"{sk.op_id[sk.target[p]]}" if sk.kind[p] == "wait" else f"rank {cl.rep} stopped at op {sk.op_id[p]}")
+        raise TraceMismatchError(
+            "the trace deadlocks: no rank can make progress. " + "; ".join(lines)
+            + ". Collectives must be issued in the same order on every member and every send needs a "
+            "matching recv.")

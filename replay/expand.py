@@ -1,0 +1,265 @@
+"""Expansion of captured roles to every rank: the job both engines simulate.
+
+A :class:`Workload` is a trace placed on a cluster: each rank's GPU type and node, a price per op
+(one ``Pricer.price_block`` call per distinct (block, GPU type)), and a function that turns one
+collective instance into the :class:`~replay.flows.TransferSpec` it puts on the network.
+
+Pairing rules (the same for both engines):
+
+- a collective is the ``k``-th op a rank issues on global group ``g``: key ``("c", g, k)``; every
+  rank of ``g`` takes part;
+- a send from ``src`` to ``dst`` in group ``g`` is the ``k``-th send ``src`` issues to ``dst`` in
+  ``g`` and pairs with the ``k``-th recv ``dst`` posts from ``src`` in ``g``: key
+  ``("p", g, src, dst, k)``. (Pairing is per group because each process group is its own NCCL
+  communicator; send/recv on different groups never match.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from capture.ir import Trace
+from heterosim.errors import ReplayError, TraceSchemaError
+
+from .flows import TransferSpec
+
+__all__ = [
+    "CommInstance",
+    "Workload",
+    "RankOp",
+    "RankTimes",
+    "WaitRecord",
+    "expand_rank",
+    "comm_instance",
+    "check_match",
+    "role_comm_families",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommInstance:
+    """One collective (or one send/recv pair) as the network sees it."""
+
+    collective: str
+    nbytes: int
+    dtype: str
+    ranks: tuple[int, ...]
+    """Global ranks in group order; for a p2p pair ``(src, dst)``."""
+    group: str
+    """Global process-group id."""
+    dim: str
+    """Parallel dimension of the group (tp, dp, pp, cp, ep, world, other)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Workload:
+    """A trace placed on hardware: what the engines need and nothing else.
+
+    ``durations(role_id, block, gpu_type)`` returns the seconds of every op of the block on that
+    GPU type (0 for comm and wait ops); ``transfer(inst)`` the network work of a comm instance;
+    ``capacity_Bps`` the bandwidth of every link index that transfers use.
+    """
+
+    trace: Trace
+    gpu_type: Sequence[str]
+    """GPU type of each rank."""
+    node: Sequence[int]
+    """Node of each rank (for intra- vs inter-node accounting)."""
+    durations: Callable[[int, str, str], np.ndarray]
+    transfer: Callable[[CommInstance], TransferSpec]
+    capacity_Bps: Sequence[float]
+    link_sharing: bool = True
+    """False: every transfer takes its uncontended time (no max-min sharing between transfers)."""
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        w = self.trace.world_size
+        if len(self.gpu_type) != w or len(self.node) != w:
+            raise ReplayError(
+                f"workload: {len(self.gpu_type)} GPU types and {len(self.node)} nodes given for a "
+                f"trace of world size {w}; give one per rank"
+            )
+
+    def block_durations(self, role_id: int, block: str, gpu: str) -> np.ndarray:
+        """Cached :attr:`durations`."""
+        k = ("dur", role_id, block, gpu)
+        v = self._cache.get(k)
+        if v is None:
+            v = np.asarray(self.durations(role_id, block, gpu), dtype=np.float64)
+            self._cache[k] = v
+        return v
+
+    def transfer_spec(self, inst: CommInstance) -> TransferSpec:
+        """Cached :attr:`transfer` (instances with equal fields share one spec)."""
+        k = ("tr", inst)
+        v = self._cache.get(k)
+        if v is None:
+            v = self.transfer(inst)
+            self._cache[k] = v
+        return v
+
+    def crosses_nodes(self, ranks: Sequence[int]) -> bool:
+        """True when ``ranks`` live on more than one node."""
+        n0 = self.node[ranks[0]]
+        return any(self.node[r] != n0 for r in ranks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankOp:
+    """One op of one rank, as the reference engine consumes it."""
+
+    index: int
+    """Position in the rank's expanded program (= the op id)."""
+    kind: str
+    name: str
+    phase: str
+    mb: int
+    duration_s: float = 0.0
+    stream: str = "compute"
+    key: Hashable = None
+    """Comm ops: the pairing key (see the module docstring)."""
+    inst: CommInstance | None = None
+    send: bool = False
+    """p2p ops: True for the sending side."""
+    target: int = -1
+    """Wait ops: index of the comm op waited for."""
+    coalesced: int = -1
+    """Index of the first op of the coalesced launch this op belongs to; -1 if none."""
+
+
+def role_comm_families(trace: Trace, role_id: int) -> tuple[set[str], set[tuple[str, int]]]:
+    """Captured group ids the role's collectives use, and the (group, peer) pairs of its p2p ops."""
+    role = trace.roles[role_id]
+    coll: set[str] = set()
+    p2p: set[tuple[str, int]] = set()
+    for b in {s.block for s in role.program}:
+        cols = role.blocks[b].columns
+        for kind, g, peer in zip(cols["kind"], cols["group"], cols["peer"]):
+            if kind == "collective":
+                coll.add(g)
+            elif kind == "p2p":
+                p2p.add((g, int(peer)))
+    return coll, p2p
+
+
+def comm_instance(trace: Trace, op_group: str, collective: str, nbytes: int, dtype: str,
+                  peer: int, rank: int, counters: dict) -> tuple[Hashable, CommInstance, bool]:
+    """Pairing key, instance and send flag of one comm op issued by ``rank``."""
+    g = trace.group_for(op_group, rank)
+    info = trace.groups[g]
+    if collective in ("send", "recv"):
+        if not 0 <= peer < len(info.ranks):
+            raise TraceSchemaError(
+                f"rank {rank}: {collective} on group {g} names peer {peer}, but the group has "
+                f"{len(info.ranks)} ranks"
+            )
+        other = info.ranks[peer]
+        send = collective == "send"
+        src, dst = (rank, other) if send else (other, rank)
+        ck = ("p", g, src, dst, send)
+        k = counters.get(ck, 0)
+        counters[ck] = k + 1
+        inst = CommInstance(collective="send", nbytes=int(nbytes), dtype=dtype, ranks=(src, dst),
+                            group=g, dim=info.dim)
+        return ("p", g, src, dst, k), inst, send
+    ck = ("c", g)
+    k = counters.get(ck, 0)
+    counters[ck] = k + 1
+    inst = CommInstance(collective=collective, nbytes=int(nbytes), dtype=dtype, ranks=info.ranks,
+                        group=g, dim=info.dim)
+    return ("c", g, k), inst, False
+
+
+def expand_rank(w: Workload, rank: int) -> list[RankOp]:
+    """The full op list of ``rank`` with its own durations and pairing keys (reference engine)."""
+    trace = w.trace
+    role = trace.role_of(rank)
+    gpu = w.gpu_type[rank]
+    out: list[RankOp] = []
+    counters: dict = {}
+    base = 0
+    for seg in role.program:
+        cols = role.blocks[seg.block].columns
+        dur = w.block_durations(role.id, seg.block, gpu)
+        for i, kind in enumerate(cols["kind"]):
+            oid = base + i
+            common = dict(index=oid, kind=kind, name=cols["name"][i], phase=cols["phase"][i], mb=seg.mb)
+            if kind == "compute":
+                out.append(RankOp(**common, duration_s=float(dur[i])))
+            elif kind == "wait":
+                out.append(RankOp(**common, target=oid - cols["target"][i]))
+            else:
+                key, inst, send = comm_instance(
+                    trace, cols["group"][i], cols["collective"][i], cols["comm_bytes"][i],
+                    cols["dtype"][i], cols["peer"][i], rank, counters)
+                coal = cols["coalesced"][i]
+                out.append(RankOp(**common, stream=cols["stream"][i], key=key, inst=inst, send=send,
+                                  coalesced=oid - coal if coal else -1))
+        base += len(cols["kind"])
+    return out
+
+
+def describe_op(op: RankOp) -> str:
+    """``op 12 (aten.mm.default)`` for error messages."""
+    return f"op {op.index} ({op.name})"
+
+
+def check_match(first: RankOp, first_rank: int, op: RankOp, rank: int, key: Hashable) -> None:
+    """Raise :class:`TraceMismatchError` unless ``op`` of ``rank`` pairs with ``first``."""
+    from heterosim.errors import TraceMismatchError
+
+    a, b = first.inst, op.inst
+    assert a is not None and b is not None
+    if key[0] == "p":
+        if first.send == op.send:
+            side = "send" if op.send else "recv"
+            raise TraceMismatchError(
+                f"p2p mismatch on group {key[1]} pair {key[2]}->{key[3]} #{key[4]}: ranks {first_rank} "
+                f"and {rank} both posted a {side} ({describe_op(first)}, {describe_op(op)}); each "
+                f"send needs a recv on the peer"
+            )
+        if a.nbytes != b.nbytes:
+            raise TraceMismatchError(
+                f"p2p size mismatch on group {key[1]} pair {key[2]}->{key[3]} #{key[4]}: rank "
+                f"{first_rank} {describe_op(first)} moves {a.nbytes} B but rank {rank} "
+                f"{describe_op(op)} moves {b.nbytes} B"
+            )
+        return
+    if a.collective != b.collective or a.nbytes != b.nbytes:
+        raise TraceMismatchError(
+            f"collective mismatch on group {key[1]} sequence {key[2]}: rank {first_rank} issued "
+            f"{a.collective} of {a.nbytes} B ({describe_op(first)}) but rank {rank} issued "
+            f"{b.collective} of {b.nbytes} B ({describe_op(op)}); the ranks of a group must issue "
+            f"the same collectives in the same order"
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class WaitRecord:
+    """The compute stream of a rank blocked at a wait op from ``t_block`` to ``t_end``."""
+
+    t_block: float
+    t_end: float
+    t_start: float
+    """When the awaited transfer started (all members had issued it)."""
+    dim: str
+    inter_node: bool
+
+
+@dataclass(slots=True, kw_only=True)
+class RankTimes:
+    """What one rank did, as both engines report it."""
+
+    finish_s: float
+    """When the rank's last op (on any stream) completed."""
+    compute_s: float
+    """Busy time of the compute stream."""
+    comm_start: np.ndarray
+    """Per comm op (program order): when its transfer started."""
+    comm_end: np.ndarray
+    """Per comm op (program order): when it completed."""
+    waits: list[WaitRecord]
+    """Waits that blocked (t_end > t_block), in program order."""
