@@ -1,0 +1,89 @@
+"""Max-min fair link sharing (replay.flows): hand-computed rates and completion times."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from heterosim.errors import ReplayError
+from replay.flows import FlowSpec, FluidNetwork, PhaseSpec, TransferSpec, maxmin_rates, solo_time
+
+
+def one(links, nbytes, latency=0.0, cap=math.inf):
+    return TransferSpec(phases=(PhaseSpec(latency_s=latency, flows=(FlowSpec(links=links, nbytes=nbytes, max_rate_Bps=cap),)),))
+
+
+def run_all(net, items, t=0.0):
+    """Start items at t and run the network dry; returns {key: completion time}."""
+    out = {k: t for k in net.start(items, t)}
+    while not net.idle():
+        t, done = net.step()
+        out.update({k: t for k in done})
+    return out
+
+
+def test_single_flow_time_is_latency_plus_bytes_over_bandwidth():
+    """1e9 B over a 1e9 B/s link after 1 ms of latency: 1.001 s."""
+    assert solo_time(one((0,), 1e9, latency=1e-3), [1e9]) == pytest.approx(1.001, rel=1e-12)
+
+
+def test_two_flows_on_one_link_each_get_half():
+    """Two transfers of 1e9 B sharing a 1e9 B/s link (a NIC) both finish at 2 s."""
+    net = FluidNetwork([1e9, 5e9])
+    assert run_all(net, [("a", one((0, 1), 1e9)), ("b", one((0,), 1e9))]) == {"a": 2.0, "b": 2.0}
+
+
+def test_maxmin_classic_three_flows_two_links():
+    """Links of 1 and 2 B/s; f0 on L0, f1 on L0+L1, f2 on L1: rates 0.5, 0.5, 1.5 (max-min fair)."""
+    rates = maxmin_rates([(0,), (0, 1), (1,)], [math.inf] * 3, np.array([1.0, 2.0]))
+    np.testing.assert_allclose(rates, [0.5, 0.5, 1.5])
+
+
+def test_short_flow_finishing_frees_bandwidth():
+    """0.5e9 B and 1e9 B share 1e9 B/s: the short one ends at 1 s, the long one at 1.5 s."""
+    net = FluidNetwork([1e9])
+    assert run_all(net, [("s", one((0,), 0.5e9)), ("l", one((0,), 1e9))]) == {"s": 1.0, "l": 1.5}
+
+
+def test_late_arrival_slows_a_running_flow():
+    """A 1e9 B flow alone for 0.5 s, then shared with a second: ends at 0.5 + 0.5e9/0.5e9 = 1.5 s."""
+    net = FluidNetwork([1e9])
+    net.start([("a", one((0,), 1e9))], 0.0)
+    net.start([("b", one((0,), 1e9))], 0.5)
+    done = {}
+    while not net.idle():
+        t, keys = net.step()
+        done.update({k: t for k in keys})
+    assert done == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
+
+
+def test_phases_run_in_sequence_with_their_latencies():
+    """Two phases of (1 us + 1 s): 2.000002 s; a per-flow cap of 0.25e9 B/s makes a phase 4 s."""
+    ph = PhaseSpec(latency_s=1e-6, flows=(FlowSpec(links=(0,), nbytes=1e9),))
+    assert solo_time(TransferSpec(phases=(ph, ph)), [1e9]) == pytest.approx(2.000002, rel=1e-12)
+    assert solo_time(one((0,), 1e9, cap=0.25e9), [1e9]) == pytest.approx(4.0)
+
+
+def test_empty_and_zero_byte_transfers_complete_at_once():
+    """No phases, or zero-byte flows: complete at the start time."""
+    net = FluidNetwork([1e9])
+    assert net.start([("e", TransferSpec()), ("z", one((0,), 0))], 3.0) == ["e", "z"]
+
+
+def test_disjoint_components_are_solved_separately():
+    """Flows on disjoint links do not disturb each other's completion times."""
+    net = FluidNetwork([1e9, 2e9])
+    assert run_all(net, [("a", one((0,), 1e9)), ("b", one((1,), 1e9))]) == {"a": 1.0, "b": 0.5}
+
+
+def test_bad_capacities_and_time_travel_are_errors():
+    """Non-positive capacities and starting a transfer in the past are refused."""
+    with pytest.raises(ReplayError, match="positive bytes/s"):
+        FluidNetwork([1e9, 0.0])
+    net = FluidNetwork([1e9])
+    net.start([("a", one((0,), 1e9))], 0.0)
+    net.step()
+    with pytest.raises(ReplayError, match="before its time"):
+        net.start([("b", one((0,), 1.0))], 0.5)
