@@ -1,0 +1,111 @@
+"""Build ncclshim's :class:`~ncclshim.topology.TopologyView` from a :class:`~replay.cluster.Cluster`.
+
+The view carries every GPU (type, compute capability, PCIe switch, socket, local NICs), node
+(fabric kind, NVLS, NVLink lanes, PCIe generation, CPU vendor), NIC (rail = its index in the node)
+and directed link of the cluster's network, with link ids equal to the cluster's link ids, so
+flows that ncclshim plans index straight into ``cluster.links``. Routes come from
+:class:`ClusterRouter`, which follows NCCL's transport choices on top of the cluster's routing:
+
+- same node: the cluster's intra-node route (NVLink/NVSwitch, else the PCIe tree);
+- across nodes (``ncclTopoGetNetDev`` with ``NCCL_P2P_PXN_LEVEL=2``; research/nccl.md §3.4): the
+  destination receives on its NIC ``dst.nics[channel % len]``, whose rail is ``r``. The source
+  sends through its own node's rail-``r`` NIC when that NIC is on its PCIe switch; otherwise, with
+  ``pxn`` and an NVLink path to the GPU that owns that NIC, it relays over NVLink to that GPU
+  (PXN); otherwise it sends through its own NIC ``src.nics[channel % len]`` and the packet
+  changes rail inside the fabric (through a spine on a rail-optimized fabric).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ncclshim.topology import GPU, NIC, Link, Node, NodeFabric, TopologyView
+
+from replay.cluster_network import LINK_KINDS
+
+if TYPE_CHECKING:
+    from replay.cluster import Cluster
+
+__all__ = ["ClusterRouter", "build_view"]
+
+
+class ClusterRouter:
+    """ncclshim :class:`~ncclshim.topology.Router` over a cluster (see the module docstring)."""
+
+    __slots__ = ("_c", "_cache")
+
+    def __init__(self, cluster: "Cluster") -> None:
+        self._c = cluster
+        self._cache: dict[tuple[int, int, int, bool], tuple[int, ...]] = {}
+
+    def __call__(self, src: int, dst: int, channel: int, *, pxn: bool) -> tuple[int, ...]:
+        key = (src, dst, channel, pxn)
+        path = self._cache.get(key)
+        if path is None:
+            path = self._route(src, dst, channel, pxn)
+            self._cache[key] = path
+        return path
+
+    def _route(self, src: int, dst: int, channel: int, pxn: bool) -> tuple[int, ...]:
+        c, net = self._c, self._c.network
+        na, nb = int(c.gpu_node[src]), int(c.gpu_node[dst])
+        ga, gb = int(c.gpu_local[src]), int(c.gpu_local[dst])
+        if na == nb:
+            return c.route(src, dst, channel)
+        dst_nics = net._need_nics(nb, gb)
+        rail = dst_nics[channel % len(dst_nics)]
+        own = net._need_nics(na, ga)
+        t = net.node_type(na)
+        if rail < len(t.nics):
+            sw_of = {k: j for j, s in enumerate(t.switches) for k in s.nics}
+            gsw = next(j for j, s in enumerate(t.switches) if ga in s.gpus)
+            if rail in own or sw_of[rail] == gsw:
+                return c.route(src, dst, channel, src_nic=rail, dst_nic=rail)
+            owners = t.nics[rail].gpus
+            if pxn and owners:
+                relay = net.intra_path(na, f"gpu{ga}", f"gpu{owners[0]}", channel)
+                if net.path_type(relay) == "NVL":
+                    proxy = int(c.node_gpu_base[na]) + owners[0]
+                    return relay + c.route(proxy, dst, channel, src_nic=rail, dst_nic=rail)
+        return c.route(src, dst, channel, src_nic=own[channel % len(own)], dst_nic=rail)
+
+
+def build_view(cluster: "Cluster") -> TopologyView:
+    """The :class:`~ncclshim.topology.TopologyView` of ``cluster`` (use ``cluster.topology_view()``,
+    which caches it)."""
+    net = cluster.network
+    nodes: list[Node] = []
+    gpus: list[GPU] = []
+    nics: list[NIC] = []
+    for n in range(cluster.num_nodes):
+        t = net.node_type(n)
+        gpu_ids = tuple(cluster.gpus_of_node(n))
+        nic_base = len(nics)
+        sw_of_nic = {k: j for j, s in enumerate(t.switches) for k in s.nics}
+        for k, spec in enumerate(t.nics):
+            nics.append(NIC(index=nic_base + k, node=n, rail=k, bw=spec.bw, nccl_bw=spec.bw,
+                            pcie_switch=sw_of_nic[k]))
+        for g in gpu_ids:
+            local = int(cluster.gpu_local[g])
+            sw = next(j for j, s in enumerate(t.switches) if local in s.gpus)
+            gpus.append(GPU(index=g, node=n, local_index=local, gpu_type=cluster.gpu_type(g),
+                            sm=cluster.sm(g), pcie_switch=sw, cpu_socket=t.switches[sw].socket,
+                            nics=tuple(nic_base + k for k in net.nics_of_gpu(n, local))))
+        lanes = t.nvlink_lanes if t.intra == "nvswitch" else max(
+            (sum(p[2] for p in t.nvlink_pairs if g in p[:2]) for g in range(t.gpus_per_node)),
+            default=0)
+        fabric = NodeFabric(kind=t.intra, nvls=t.nvls, nvlink_lanes=lanes, pcie_gen=t.pcie_gen,
+                            pcie_width=t.pcie_width, cpu_vendor=t.cpu_vendor)
+        nodes.append(Node(index=n, fabric=fabric, gpus=gpu_ids,
+                          nics=tuple(range(nic_base, len(nics)))))
+    L = net.links
+    names = net.vertices
+    src, dst, kind = L.src.tolist(), L.dst.tolist(), L.kind.tolist()
+    bw, lat, nccl = L.bw.tolist(), L.latency.tolist(), L.nccl_bw.tolist()
+    links = tuple(
+        Link(id=i, src=names[src[i]], dst=names[dst[i]], kind=LINK_KINDS[kind[i]], bw=bw[i],
+             latency=lat[i], nccl_bw=nccl[i])
+        for i in range(len(L))
+    )
+    return TopologyView(name=cluster.name, gpus=tuple(gpus), nodes=tuple(nodes), nics=tuple(nics),
+                        links=links, router=ClusterRouter(cluster))
