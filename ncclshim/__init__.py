@@ -2,10 +2,20 @@
 
 Public names:
 
+- :func:`plan` -> :class:`Plan` (algo, proto, nchannels, time_s, latency_s, efficiency, flows,
+  algbw, busbw, bottleneck) made of :class:`Flow` (src, dst, bytes, channel, path, phase);
+  :class:`Planner` holds the caches for one view; :func:`is_trivial` tells one-rank groups;
+  :func:`busbw_factor` gives nccl-tests' factors; :data:`COLLECTIVES` lists what is planned.
 - :class:`TopologyView` and its records (:class:`GPU`, :class:`NIC`, :class:`Node`,
-  :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it; ``replay/`` builds it.
+  :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it; ``replay/`` builds it,
+  ``TopologyView.simple(preset, nodes=N)`` builds standard servers.
+- :func:`bench`: an nccl-tests-like sweep (``python -m ncclshim bench``).
 """
 
+from ncclshim.planner import COLLECTIVES, Flow, Plan, Planner, busbw_factor, is_trivial, plan
 from ncclshim.topology import GPU, NIC, Link, Node, NodeFabric, Router, TopologyView
 
-__all__ = ["GPU", "NIC", "Link", "Node", "NodeFabric", "Router", "TopologyView"]
+__all__ = [
+    "plan", "Plan", "Flow", "Planner", "is_trivial", "busbw_factor", "COLLECTIVES",
+    "GPU", "NIC", "Link", "Node", "NodeFabric", "Router", "TopologyView",
+]

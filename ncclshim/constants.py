@@ -1,0 +1,126 @@
+"""NCCL v2.30.7 tuning constants (``src/graph/tuning.cc``, ``search.cc``, ``comm.h``).
+
+Values and indices as transcribed in ``research/nccl.md`` §0-§2. Latencies are in microseconds
+and bandwidths in GB/s here because that is how NCCL writes them; the planner converts to SI.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALGOS",
+    "PROTOS",
+    "COST_COLLECTIVES",
+    "BASE_LAT_US",
+    "HW_LAT_US",
+    "LL_MAX_BW",
+    "PER_CH_MAX_RING_LL128_BW",
+    "PER_CH_MAX_TREE_LL128_BW",
+    "PER_CH_MAX_TREE_BW",
+    "PER_CH_MAX_NVLS_TREE_BW",
+    "NVLS_EFFICIENCY",
+    "TREE_CORRECTION",
+    "INTRA_SPEEDS",
+    "INTER_SPEEDS",
+    "PROTO_EFFICIENCY",
+    "SUPPORT",
+    "NET_OVERHEAD_US",
+    "MAX_CHANNELS",
+    "THREAD_THRESHOLD",
+]
+
+ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+"""NCCL's algorithm order (``nccl_tuner.h``); selection scans in this order, ties keep the first."""
+PROTOS: tuple[str, ...] = ("LL", "LL128", "SIMPLE")
+COST_COLLECTIVES: tuple[str, ...] = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
+"""Collectives with a cost model (``nccl_common.h``); the others are grouped send/recv."""
+
+MAX_CHANNELS = 64
+NET_OVERHEAD_US = {"intel": 1.0, "other": 1.0, "arm": 1.0, "amd": 2.0}
+"""``NCCL_NET_OVERHEAD``: per-step network overhead, x3 for Simple (``tuning.cc``)."""
+
+BASE_LAT_US: dict[str, tuple[float, float, float]] = {
+    "TREE": (6.8, 14.0, 8.4),
+    "RING": (6.6, 14.0, 8.4),
+    "COLLNET_DIRECT": (0.0, 0.0, 0.0),
+    "COLLNET_CHAIN": (0.0, 0.0, 0.0),
+    "NVLS": (0.0, 0.0, 0.0),
+    "NVLS_TREE": (0.0, 0.0, 0.0),
+    "PAT": (8.0, 8.0, 8.0),
+}
+
+# hwLatencies[hw][algo] = (LL, LL128, Simple), hw in NVLINK / PCI / NET.
+HW_LAT_US: dict[str, dict[str, tuple[float, float, float]]] = {
+    "NVLINK": {
+        "TREE": (0.6, 1.25, 4.0), "RING": (0.6, 1.9, 3.4), "COLLNET_DIRECT": (0.0, 0.0, 3.7),
+        "COLLNET_CHAIN": (0.0, 0.0, 2.8), "NVLS": (0.0, 0.0, 25.0), "NVLS_TREE": (0.0, 0.0, 25.0),
+        "PAT": (0.0, 0.0, 4.0),
+    },
+    "PCI": {
+        "TREE": (1.0, 1.9, 4.0), "RING": (1.0, 2.5, 5.7), "COLLNET_DIRECT": (0.0, 0.0, 3.7),
+        "COLLNET_CHAIN": (0.0, 0.0, 2.8), "NVLS": (0.0, 0.0, 0.0), "NVLS_TREE": (0.0, 0.0, 0.0),
+        "PAT": (0.0, 0.0, 4.0),
+    },
+    "NET": {
+        "TREE": (5.0, 8.5, 14.0), "RING": (2.7, 4.0, 14.0), "COLLNET_DIRECT": (0.0, 0.0, 31.0),
+        "COLLNET_CHAIN": (0.0, 0.0, 30.0), "NVLS": (0.0, 0.0, 18.0), "NVLS_TREE": (0.0, 0.0, 20.9),
+        "PAT": (0.0, 0.0, 14.0),
+    },
+}
+
+# Tables indexed [arch][scale]: arch Volta/Ampere/Hopper/Blackwell, scale N1 / N2 / N4 (>=3 nodes).
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+"""NB: for N2/N4 the first index is the CPU vendor (0 Intel/other, 1 AMD), not the arch."""
+PER_CH_MAX_RING_LL128_BW = ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, (40.0,) * 3)
+PER_CH_MAX_TREE_LL128_BW = ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
+
+TREE_CORRECTION: dict[str, tuple[float, ...]] = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
+    "SIMPLE": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+"""``treeCorrectionFactor[proto][log2(nBytes/64)]``."""
+
+# Channel-search speeds, GB/s per channel (``search.cc``), by arch index.
+INTRA_SPEEDS = {
+    0: (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
+    1: (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
+    2: (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
+    3: (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18),
+}
+INTER_SPEEDS = {
+    0: (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+    1: (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+    2: (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+    3: (96, 86, 80, 48, 45.1, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+}
+
+PROTO_EFFICIENCY = {"LL": 0.5, "LL128": 120 / 128, "SIMPLE": 1.0}
+"""Payload fraction of what a protocol puts on the wire: LL 8 B data per 16 B line, LL128 120 of
+128 B, Simple all (``research/nccl.md`` §1.2). Flows carry wire bytes = payload / efficiency."""
+
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "SIMPLE": 64}
+"""Bytes per thread below which NCCL drops a channel (``comm.h``); RING+LL multiplies by nRanks."""
+
+# (collective, algorithm) -> protocols NCCL implements (research/nccl.md §1.1).
+_ALL3 = ("LL", "LL128", "SIMPLE")
+SUPPORT: dict[tuple[str, str], tuple[str, ...]] = {
+    ("all_reduce", "RING"): _ALL3,
+    ("all_reduce", "TREE"): _ALL3,
+    ("all_reduce", "NVLS"): ("SIMPLE",),
+    ("all_reduce", "NVLS_TREE"): ("SIMPLE",),
+    ("all_reduce", "COLLNET_DIRECT"): ("SIMPLE",),
+    ("all_reduce", "COLLNET_CHAIN"): ("SIMPLE",),
+    ("all_gather", "RING"): _ALL3,
+    ("all_gather", "NVLS"): ("SIMPLE",),
+    ("all_gather", "COLLNET_DIRECT"): ("SIMPLE",),
+    ("all_gather", "PAT"): ("SIMPLE",),
+    ("reduce_scatter", "RING"): _ALL3,
+    ("reduce_scatter", "NVLS"): ("SIMPLE",),
+    ("reduce_scatter", "COLLNET_DIRECT"): ("SIMPLE",),
+    ("reduce_scatter", "PAT"): ("SIMPLE",),
+    ("broadcast", "RING"): _ALL3,
+    ("reduce", "RING"): _ALL3,
+}

@@ -1,0 +1,273 @@
+"""``plan()``: NCCL's choice for one collective call, its uncontended time, and its flows.
+
+Semantics the replay engine relies on (checked by ``tests/test_ncclshim_planner.py``):
+
+- ``Plan.time_s`` is NCCL's own estimate for the call alone (``ncclTopoGetAlgoTime``) for the
+  NCCL algorithms; for send/recv and all_to_all (no NCCL cost model) it is the same form,
+  ``latency + max over links(bytes on link / NCCL link bandwidth)``.
+- ``Plan.flows`` move ``Flow.bytes`` *payload* bytes each. Phases run in order; flows of one phase
+  start together. Run on an idle network, with every flow moving ``bytes / Plan.efficiency`` wire
+  bytes and links shared max-min fairly between the plan's own flows (equivalently: each flow at
+  its fair share of ``Link.bw`` times ``efficiency``), the phases take
+  ``sum over phases of max over links(phase bytes on link / (Link.bw * efficiency))`` and
+  ``Plan.latency_s + that == Plan.time_s``. ``efficiency`` folds the protocol's payload fraction
+  (LL 1/2, LL128 120/128) and NCCL's achieved-vs-wire ratio into one number in (0, 1]; when
+  NCCL's estimate beats the wires (it can for 2-node trees) it is clamped to 1 and
+  ``Plan.flow_time_s`` exceeds ``time_s``. ``latency_s`` already holds NCCL's hardware latencies:
+  the engine should not add link latencies on top.
+- Plans are cached by (collective, size, ranks, dtype, env, root); the NCCL decision by
+  (collective, size, group-topology signature), so every TP group of a cluster shares one.
+- One-rank groups are not collectives: ``plan`` raises, and callers skip them (``is_trivial``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Mapping, Sequence
+
+from heterosim.errors import UnsupportedCollectiveError
+from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
+from ncclshim.flows import FlowSpec, template
+from ncclshim.graph import GroupGraph, analyze
+from ncclshim.topology import TopologyView
+from ncclshim.tuning import Choice, Settings, parse_env, select
+
+__all__ = ["COLLECTIVES", "DTYPE_BYTES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
+
+COLLECTIVES: tuple[str, ...] = COST_COLLECTIVES + ("all_to_all", "send", "recv")
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+               "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
+_P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD, bytes per channel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flow:
+    """Payload bytes from GPU ``src`` to GPU ``dst`` over ``path`` (link ids) in ``phase``."""
+
+    src: int
+    dst: int
+    bytes: float
+    channel: int
+    """Distinct ring/tree (or NVLS head, PAT dimension) the flow belongs to."""
+    path: tuple[int, ...]
+    phase: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """NCCL's plan for one call (see the module docstring for the time semantics)."""
+
+    collective: str
+    nbytes: int
+    """nccl-tests' size (whole buffer; gathered output; unscattered input; one rank's a2a send)."""
+    ranks: tuple[int, ...]
+    algo: str
+    proto: str
+    nchannels: int
+    """Runtime channels (CTAs) NCCL would launch for this size."""
+    time_s: float
+    latency_s: float
+    efficiency: float
+    flows: tuple[Flow, ...]
+    algbw: float
+    """``nbytes / time_s``, B/s."""
+    busbw: float
+    """``algbw`` times the nccl-tests factor (``busbw_factor``), B/s."""
+    bottleneck: int | None
+    """Link id with the most bytes per B/s of hardware bandwidth (None when nothing moves)."""
+    flow_time_s: float
+    """``latency_s`` plus the flows' alone time at ``efficiency`` (equals ``time_s`` unless clamped)."""
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw/algbw factor (``doc/PERFORMANCE.md``; ``research/nccl.md`` §4)."""
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce", "send", "recv"):
+        return 1.0
+    raise UnsupportedCollectiveError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+
+
+def is_trivial(ranks: Sequence[int]) -> bool:
+    """True for a one-rank group: nothing moves; callers skip it with zero time."""
+    return len(ranks) <= 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    specs: tuple[FlowSpec, ...]
+    wire_per_byte: float
+    """Alone time of the flows per byte of nbytes at efficiency 1, s/B."""
+    load_per_byte: tuple[tuple[int, float], ...]
+    """(link, bytes on it per byte of nbytes), for the NCCL-bandwidth time of p2p operations."""
+    bottleneck: int | None
+
+
+class Planner:
+    """Plans for one topology view, with its caches. ``plan()`` keeps one per view."""
+
+    def __init__(self, view: TopologyView) -> None:
+        self.view = view
+        self._graphs: dict[tuple, GroupGraph] = {}
+        self._choices: dict[tuple, Choice] = {}
+        self._templates: dict[tuple, _Template] = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._settings: dict[tuple, Settings] = {}
+        self._nvswitch = all(n.fabric.kind == "nvswitch" for n in view.nodes)
+
+    def plan(self, collective: str, nbytes: int, ranks: Sequence[int], *, env: Mapping[str, str] | None = None,
+             dtype: str = "bf16", root: int = 0) -> Plan:
+        """See :func:`ncclshim.plan`."""
+        ranks_t = ranks if type(ranks) is tuple else tuple(ranks)
+        env_key = tuple(sorted(env.items())) if env else ()
+        key = (collective, nbytes, ranks_t, dtype, env_key, root)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        self._validate(collective, nbytes, ranks_t, dtype, root)
+        settings = self._settings.get(env_key)
+        if settings is None:
+            settings = self._settings[env_key] = parse_env(env)
+        result = self._make(collective, int(nbytes), ranks_t, settings, dtype, ranks_t[root])
+        self._plans[key] = result
+        return result
+
+    def _validate(self, coll: str, nbytes: int, ranks: tuple[int, ...], dtype: str, root: int) -> None:
+        if coll not in COLLECTIVES:
+            raise UnsupportedCollectiveError(f"unknown collective {coll!r}; valid: {', '.join(COLLECTIVES)}")
+        if dtype not in DTYPE_BYTES:
+            raise UnsupportedCollectiveError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
+        if len(ranks) < 2:
+            raise UnsupportedCollectiveError(
+                f"{coll} on a group of {len(ranks)} rank(s) moves nothing; skip one-rank groups "
+                "(ncclshim.is_trivial(ranks)) instead of planning them")
+        if coll in ("send", "recv") and len(ranks) != 2:
+            raise UnsupportedCollectiveError(f"{coll} takes ranks=(src, dst), got {len(ranks)} ranks")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, Integral) or nbytes < 0:
+            raise UnsupportedCollectiveError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+        n = len(ranks)
+        if coll in ("all_gather", "reduce_scatter", "all_to_all") and nbytes % (n * DTYPE_BYTES[dtype]):
+            raise UnsupportedCollectiveError(
+                f"{coll} of {nbytes} bytes over {n} ranks: the size must be a multiple of ranks x element size "
+                f"({n} x {DTYPE_BYTES[dtype]} B for {dtype}); pass the total (gathered / unscattered) buffer size")
+        if not 0 <= root < n:
+            raise UnsupportedCollectiveError(f"root {root} is not a position in the group of {n} ranks")
+
+    def graph(self, ranks: tuple[int, ...], pxn: bool = True) -> GroupGraph:
+        """The communicator analysis for ``ranks`` (cached)."""
+        key = (ranks, pxn)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = analyze(ranks, self.view, pxn=pxn)
+        return g
+
+    def _template(self, coll: str, algo: str, g: GroupGraph, pxn: bool, root: int) -> _Template:
+        key = (coll, algo, g.ranks, pxn, root if coll in ("broadcast", "reduce") else 0)
+        t = self._templates.get(key)
+        if t is None:
+            specs = template(coll, algo, g, self.view, pxn=pxn, root=root)
+            links = self.view.links
+            load: dict[int, float] = {}
+            phases: dict[int, dict[int, float]] = {}
+            for _, _, frac, _, path, phase in specs:
+                per = phases.setdefault(phase, {})
+                for link in path:
+                    per[link] = per.get(link, 0.0) + frac
+                    load[link] = load.get(link, 0.0) + frac
+            wire = sum(max((b / links[i].bw for i, b in per.items()), default=0.0) for per in phases.values())
+            bottleneck = min(load, key=lambda i: (-round(load[i] / links[i].bw * 1e12, 3), i)) if load else None
+            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck)
+        return t
+
+    def _p2p_choice(self, coll: str, nbytes: int, g: GroupGraph, t: _Template, s: Settings) -> Choice:
+        """send/recv and all_to_all: NCCL has no cost model; same form, per-peer protocol rule (§1.6)."""
+        links = self.view.links
+        per_peer = nbytes if coll in ("send", "recv") else nbytes / len(g.ranks)
+        net = any(links[i].kind == "net" for i, _ in t.load_per_byte)
+        nvl = all(links[i].kind == "nvlink" for i, _ in t.load_per_byte)
+        peer_ch = 2 if not nvl else 16
+        proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
+        hw = "NET" if net else "NVLINK" if nvl else "PCI"
+        p = PROTOS.index(proto)
+        lat = (BASE_LAT_US["RING"][p] + HW_LAT_US[hw]["RING"][p]) * 1e-6
+        slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
+        time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
+        return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
+                      alg_bw=nbytes / max(time - lat, 1e-30), nchannels=peer_ch)
+
+    def _make(self, coll: str, nbytes: int, ranks: tuple[int, ...], s: Settings, dtype: str, root: int) -> Plan:
+        g = self.graph(ranks, s.pxn)
+        n = len(ranks)
+        if nbytes == 0:
+            return Plan(collective=coll, nbytes=0, ranks=ranks, algo="NONE", proto="NONE", nchannels=0, time_s=0.0,
+                        latency_s=0.0, efficiency=1.0, flows=(), algbw=0.0, busbw=0.0, bottleneck=None,
+                        flow_time_s=0.0)
+        if coll in COST_COLLECTIVES:
+            sig = _signature(g)
+            key = (coll, nbytes, sig, dtype, s, self.view.collnet, self._nvswitch)
+            choice = self._choices.get(key)
+            if choice is None:
+                choice = self._choices[key] = select(coll, nbytes, g, s, dtype=dtype, collnet=self.view.collnet,
+                                                     nvswitch=self._nvswitch,
+                                                     net_latency_us=self.view.net_latency * 1e6)
+            t = self._template(coll, choice.algo, g, s.pxn, root)
+        else:
+            t = self._template(coll, "P2P", g, s.pxn, root)
+            choice = self._p2p_choice(coll, nbytes, g, t, s)
+        bw_time = choice.time_s - choice.latency_s
+        wire = t.wire_per_byte * nbytes
+        eff = min(1.0, wire / bw_time) if bw_time > 0 and wire > 0 else 1.0
+        flows = tuple(Flow(src=a, dst=b, bytes=f * nbytes, channel=c, path=path, phase=ph)
+                      for a, b, f, c, path, ph in t.specs)
+        algbw = nbytes / choice.time_s
+        return Plan(collective=coll, nbytes=nbytes, ranks=ranks, algo=choice.algo, proto=choice.proto,
+                    nchannels=choice.nchannels, time_s=choice.time_s, latency_s=choice.latency_s, efficiency=eff,
+                    flows=flows, algbw=algbw, busbw=algbw * busbw_factor(coll, n), bottleneck=t.bottleneck,
+                    flow_time_s=choice.latency_s + wire / eff)
+
+
+def _signature(g: GroupGraph) -> tuple:
+    """Everything the NCCL cost model reads from a group: groups with equal signatures tune alike."""
+    return (len(g.ranks), g.n_nodes, g.ppn, g.arch, g.same_sm, g.cpu_vendor, g.n_channels, g.bw_intra, g.bw_inter,
+            g.runtime_channels, g.type_intra, g.type_inter, g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter,
+            g.coherent)
+
+
+_PLANNERS: dict[int, Planner] = {}
+
+
+def plan(collective: str, nbytes: int, ranks: Sequence[int], topology: TopologyView, *,
+         env: Mapping[str, str] | None = None, dtype: str = "bf16", root: int = 0) -> Plan:
+    """NCCL's plan for ``collective`` of ``nbytes`` over GPUs ``ranks`` of ``topology``.
+
+    Args:
+        collective: one of :data:`COLLECTIVES`.
+        nbytes: nccl-tests' size (see :class:`Plan`).
+        ranks: GPU indices of the group members in rank order (send/recv: ``(src, dst)``).
+        topology: the view; one :class:`Planner` (and its caches) is kept per view object.
+        env: NCCL environment overrides (NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS,
+            NCCL_NVLS_ENABLE, NCCL_PXN_DISABLE).
+        dtype: element type; sizes of all_gather / reduce_scatter / all_to_all must divide into
+            ranks x element size.
+        root: position in ``ranks`` of the broadcast / reduce root.
+
+    Raises:
+        UnsupportedCollectiveError: unknown collective/dtype/algorithm, a one-rank group, a size
+            that does not divide, or no algorithm left by the environment.
+        TopologyError: ranks that are not GPUs of the view, or repeat one.
+
+    Example:
+        >>> from ncclshim import TopologyView, plan
+        >>> p = plan("all_reduce", 1 << 30, range(8), TopologyView.simple("dgx-a100"))
+        >>> p.algo, p.proto, round(p.busbw / 1e9)
+        ('RING', 'SIMPLE', 238)
+    """
+    planner = _PLANNERS.get(id(topology))
+    if planner is None or planner.view is not topology:
+        if len(_PLANNERS) >= 16:
+            _PLANNERS.pop(next(iter(_PLANNERS)))
+        planner = _PLANNERS[id(topology)] = Planner(topology)
+    return planner.plan(collective, nbytes, ranks, env=env, dtype=dtype, root=root)
