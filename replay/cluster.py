@@ -87,8 +87,7 @@ def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:
             "count; pass num_gpus (the trace's world size) or give nodes: in the spec"
         )
     rest = num_gpus - fixed
-    shares = sum(spec.node_groups[i].share for i in flex)
-    # Whole "share units": every flexible group i gets share_i units of (gpn_i * k) GPUs.
+    # The flexible groups grow together in steps of `unit` GPUs: group i gets share_i * k nodes.
     unit = sum(spec.node_groups[i].share * gpn[i] for i in flex)
     if rest <= 0 or rest % unit:
         shape = " + ".join(f"{spec.node_groups[i].share}x{gpn[i]}" for i in flex)
@@ -99,7 +98,6 @@ def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:
             f"{unit} ({shape}); use a world size that is a multiple of {unit}"
         )
     k = rest // unit
-    del shares
     return [g.nodes if g.nodes is not None else g.share * k for g in spec.node_groups]
 
 
@@ -260,10 +258,11 @@ class Cluster:
                                  + (" (NVLS)" if t.nvls else ""),
                      "nvlink_mesh": f"NVLink mesh ({len(t.nvlink_pairs)} pairs)",
                      "pcie": f"PCIe Gen{t.pcie_gen} x{t.pcie_width} only"}[t.intra]
-            nics = ", ".join(f"{c}x {bw:g} Gb/s" for bw, c in sorted(
-                {n_.bw * 8 / 1e9: sum(1 for m in t.nics if m.bw == n_.bw) for n_ in t.nics}.items()))
-            lines.append(f"  group {g.name}: {n} nodes x {t.gpus_per_node} {self.gpu_types[self.gpu_type_ids[self.group_gpus[g.name][0]]] if n else g.gpu}"
-                         f" ({t.name}; {intra}; NICs {nics or 'none'})")
+            speeds = [nic.bw * 8 / 1e9 for nic in t.nics]
+            nics = ", ".join(f"{speeds.count(bw)}x {bw:g} Gb/s" for bw in sorted(set(speeds)))
+            gpu = self.gpu_type(self.group_gpus[g.name][0]) if n else g.gpu
+            lines.append(f"  group {g.name}: {n} nodes x {t.gpus_per_node} {gpu} "
+                         f"({t.name}; {intra}; NICs {nics or 'none'})")
         f = self.spec.fabric
         if f.kind in ("rail_optimized", "leaf_spine"):
             lines.append(f"  fabric: {f.kind}, {f.nodes_per_leaf} nodes per leaf, "

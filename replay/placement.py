@@ -145,7 +145,8 @@ def _load_file(path: Path) -> Mapping[str, Any]:
                           f"not supported; write schema_version: {PLACEMENT_SCHEMA_VERSION}")
     extra = sorted(set(raw) - {"schema_version", "placement"})
     if extra:
-        raise ConfigError(f"placement file {path}: unknown key {extra[0]!r}; valid: placement, schema_version")
+        raise ConfigError(f"placement file {path}: unknown key {extra[0]!r}; "
+                          "valid: placement, schema_version")
     return raw["placement"]
 
 
