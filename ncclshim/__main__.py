@@ -1,0 +1,75 @@
+"""``python -m ncclshim bench --cluster PRESET|FILE [--nodes N] --op OP --min-bytes 8 --max-bytes 8G [--json]``.
+
+Thin over :mod:`ncclshim.bench`. The cluster resolves through ``replay``'s presets and YAML
+files when ``replay`` is importable (an optional, lazy import: the one place ncclshim touches
+replay), else through ncclshim's built-in presets. NCCL_* variables of the environment apply,
+as they would to nccl-tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from heterosim.errors import HeteroSimError
+
+__all__ = ["main", "resolve_cluster"]
+
+
+def resolve_cluster(name: str, nodes: int):
+    """A TopologyView for a replay preset / cluster file, else an ncclshim built-in preset."""
+    from ncclshim.presets import PRESETS
+    from ncclshim.topology import TopologyView
+
+    try:
+        from replay.cluster import load_cluster, read_spec  # optional: replay may be absent
+        from replay.cluster_presets import preset_names, preset_path
+    except ImportError:
+        load_cluster = None
+    if load_cluster is not None and (name in preset_names() or os.path.isfile(name)):
+        spec = read_spec(preset_path(name) if name in preset_names() else name)
+        gpn = spec.node_type(spec.node_groups[0].node_type).gpus_per_node
+        has_nodes = all(getattr(g, "nodes", None) for g in spec.node_groups)
+        return load_cluster(spec, num_gpus=None if has_nodes else nodes * gpn).topology_view()
+    if name in PRESETS:
+        return TopologyView.simple(name, nodes=nodes)
+    raise HeteroSimError(f"cluster {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a cluster file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ncclshim.bench import format_table, parse_size, rows_to_json, sweep
+
+    ap = argparse.ArgumentParser(prog="python -m ncclshim", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="nccl-tests-like table of NCCL's predicted times")
+    b.add_argument("--cluster", required=True, help="preset name or cluster YAML file")
+    b.add_argument("--nodes", type=int, default=1)
+    b.add_argument("--op", default="all_reduce")
+    b.add_argument("--min-bytes", default="8")
+    b.add_argument("--max-bytes", default="8G")
+    b.add_argument("--step-factor", type=int, default=2)
+    b.add_argument("--dtype", default="bf16")
+    b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    try:
+        if args.nodes < 1:
+            raise HeteroSimError(f"--nodes must be >= 1, got {args.nodes}")
+        view = resolve_cluster(args.cluster, args.nodes)
+        env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        rows = sweep(view, args.op, parse_size(args.min_bytes), parse_size(args.max_bytes),
+                     step_factor=args.step_factor, dtype=args.dtype, env=env)
+    except HeteroSimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"schema_version": 1, "cluster": view.name, "gpus": len(view.gpus), "op": args.op,
+                          "env": env, "rows": rows_to_json(rows)}, indent=1))
+    else:
+        print(format_table(rows, title=f"{args.op} on {view.name}: {len(view.gpus)} GPUs"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
