@@ -220,6 +220,8 @@ class FastRun:
     """Per class: compute-stream time when each point was reached (after the span before it)."""
     comm_meta: list[list[tuple[str, int, CommInstance]]]
     """Per class, per comm point: (class-level key label, replicas, the representative's instance)."""
+    blocker: list[dict[int, tuple[int, int]]] = field(default_factory=list)
+    """Per class: comm point -> (class, point) of the member that issued it last (it set the start)."""
     restarts: int = 0
     network_recomputes: int = 0
 
@@ -323,6 +325,8 @@ class _Sim:
         self.net = FluidNetwork(w.capacity_Bps)
         self.timers: list[tuple[float, int, tuple, int]] = []
         self.comm_meta: list[dict[int, tuple[str, int, CommInstance]]] = [{} for _ in self.classes]
+        self.last_arrival: dict[tuple, tuple[int, int]] = {}
+        self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
 
     # -- keys ---------------------------------------------------------------------------------
     def _key(self, ci: int, p: int) -> tuple[tuple, list[CommInstance], int]:
@@ -444,7 +448,7 @@ class _Sim:
     def _record_wait(self, cl: _Class, tgt: int, t_block: float, t_end: float) -> None:
         inst = cl.keys[tgt][1]
         cl.waits.append(WaitRecord(t_block=t_block, t_end=t_end, t_start=cl.start[tgt], dim=inst.dim,
-                                   inter_node=self.w.crosses_nodes(inst.ranks)))
+                                   inter_node=self.w.crosses_nodes(inst.ranks), point=tgt))
 
     def arrive(self, t: float, ci: int, p: int) -> None:
         cl = self.classes[ci]
@@ -458,6 +462,7 @@ class _Sim:
         del self.arrivals[key]
         self.inst_members[key] = got
         self.inst_start[key] = t
+        self.last_arrival[key] = got[-1]
         label = f"{rep_inst.collective} {rep_inst.nbytes} B"
         for cj, q in got:
             self.comm_meta[cj][q] = (label, len(insts), self.classes[cj].keys[q][1])
@@ -504,8 +509,10 @@ class _Sim:
 
     def complete(self, key: tuple, t: float) -> None:
         t0 = self.inst_start[key]
+        last = self.last_arrival.pop(key)
         for ci, p in self.inst_members.pop(key):
             cl = self.classes[ci]
+            self.blocker[ci][p] = last
             cl.end[p] = t
             cl.start[p] = t0
             if t > cl.finish:
@@ -584,6 +591,7 @@ class _Sim:
             meta.append([self.comm_meta[ci][p] for p in comm])
         return FastRun(classes=[cl.ranks for cl in self.classes], class_of=self.class_of,
                        skeletons=self.skeletons, times=times, point_time=point_time, comm_meta=meta,
+                       blocker=self.blocker,
                        network_recomputes=self.net.recomputes)
 
     def _check_done(self) -> None:

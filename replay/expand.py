@@ -247,6 +247,8 @@ class WaitRecord:
     """When the awaited transfer started (all members had issued it)."""
     dim: str
     inter_node: bool
+    point: int = -1
+    """Fast engine: the point index of the awaited comm op (for the critical path)."""
 
 
 @dataclass(slots=True, kw_only=True)
