@@ -46,6 +46,14 @@ class ModelConfig:
     """MoE experts per MoE layer (None: dense)."""
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None
+    hidden_dropout: float = 0.1
+    """Dropout after attention / MLP (bias-dropout-add) and on embeddings (``--hidden-dropout``)."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of LayerNorm / RMSNorm (``--norm-epsilon``)."""
+    init_method_std: float = 0.02
+    """Std of the normal weight init; output projections use std / sqrt(2 * num_layers)."""
+    rotary_base: float = 10000.0
+    """RoPE base (``--rotary-base``)."""
 
     @property
     def num_kv_heads(self) -> int:

@@ -1,0 +1,149 @@
+"""Megatron-style GPT / LLaMA for one pipeline chunk (Megatron-core ``models/gpt/gpt_model.py``).
+
+``GPTModel(..., layers=range(a, b), pre_process, post_process)`` holds the embedding (first
+stage), decoder layers ``a..b-1`` and the output layer + loss (last stage). Activations between
+stages are ``[s/cp (/tp with sequence parallelism), b, h]`` (:meth:`GPTModel.hidden_shape`).
+
+- Token ids ``[b, s]`` arrive whole; the model keeps this CP rank's two load-balanced chunks
+  (and the matching positions, RoPE angles and labels).
+- Tied embeddings (the default): with pp == 1 the output layer reuses the word-embedding weight;
+  with pp > 1 the last stage holds a copy that starts zeroed and is all-reduced over the
+  embedding group at construction (Megatron's ``setup_embeddings_and_output_layer``); the
+  schedules all-reduce its gradient through :meth:`GPTModel.shared_embedding_params`.
+- With ``labels`` the last stage returns the mean per-token loss of this rank's tokens (the loss
+  is computed in fp32 from the vocab-split logits, never gathering them); without, the logits.
+
+Example::
+
+    pstate = parallel_state.initialize(pcfg, rank)
+    chunks = pstate.stage_layers(mcfg.num_layers)[pstate.pp_rank]
+    model = GPTModel(mcfg, pcfg, tcfg, pstate, layers=chunks[0],
+                     pre_process=pstate.is_first_stage, post_process=pstate.is_last_stage)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from heterosim.errors import ConfigError
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.layers.context_chunks import cp_chunk_select
+from models.layers.embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from models.layers.linear import ColumnParallelLinear, init_normal
+from models.layers.mappings import scatter_to_sp
+from models.layers.rope import rotary_freqs
+from models.transformer import TransformerBlock, torch_dtype
+
+__all__ = ["GPTModel"]
+
+
+class GPTModel(nn.Module):
+    """One pipeline chunk of a decoder-only transformer language model."""
+
+    def __init__(self, mcfg: ModelConfig, pcfg: ParallelConfig, tcfg: TrainConfig, pstate: Any, *,
+                 layers: range, pre_process: bool, post_process: bool, chunk: int = 0) -> None:
+        super().__init__()
+        self.mcfg, self.pcfg, self.tcfg, self.pstate = mcfg, pcfg, tcfg, pstate
+        self.pre_process, self.post_process, self.chunk = pre_process, post_process, chunk
+        self.layer_range = layers
+        dtype = torch_dtype(tcfg.params_dtype)
+        self.dtype = dtype
+        s, cp, tp = mcfg.seq_length, pstate.cp_size, pstate.tp_size
+        if s % (2 * cp if cp > 1 else 1):
+            raise ConfigError(f"seq length {s} must be divisible by 2*context-parallel size {2 * cp}")
+        if pstate.sequence_parallel and (s // cp) % tp:
+            raise ConfigError(f"with sequence parallelism seq length / cp = {s // cp} must be "
+                              f"divisible by tensor-parallel size {tp}")
+        std = mcfg.init_method_std
+        learned = mcfg.position_embedding_type == "learned_absolute"
+        self.sp = pstate.sequence_parallel
+        if pre_process:
+            self.word_embeddings = VocabParallelEmbedding(
+                mcfg.vocab_size, mcfg.hidden_size, tp_group=pstate.tp_group, dtype=dtype,
+                init_std=std, reduce_scatter=self.sp and not learned)
+            if learned:
+                max_pos = mcfg.max_position_embeddings or s
+                self.position_embeddings = nn.Parameter(torch.empty(max_pos, mcfg.hidden_size, dtype=dtype))
+                init_normal(std)(self.position_embeddings)
+            else:
+                self.position_embeddings = None
+        self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process)
+        if post_process:
+            tied = not mcfg.untie_embeddings_and_output_weights
+            shared = self.word_embeddings.weight if (tied and pre_process) else None
+            self.output_layer = ColumnParallelLinear(
+                mcfg.hidden_size, mcfg.vocab_size, tp_group=pstate.tp_group,
+                sequence_parallel=self.sp, bias=False, dtype=dtype, init_std=std, weight=shared)
+            if tied and not pre_process:
+                # Megatron zeroes the last stage's copy and sums it with the first stage's.
+                w = self.output_layer.weight
+                with torch.no_grad():
+                    w.zero_()
+                w.shared_embedding = True
+                if pstate.embedding_group is not None:
+                    dist.all_reduce(w.data, group=pstate.embedding_group)
+        if pre_process and pstate.pp_size > 1 and not mcfg.untie_embeddings_and_output_weights:
+            self.word_embeddings.weight.shared_embedding = True
+
+    # ---- shapes and shared parameters -------------------------------------------------------
+    def hidden_shape(self, micro_batch_size: int) -> tuple[int, int, int]:
+        """Shape of the activation sent between pipeline stages: ``(s/cp[/tp], b, h)``."""
+        s = self.mcfg.seq_length // self.pstate.cp_size
+        if self.sp:
+            s //= self.pstate.tp_size
+        return (s, micro_batch_size, self.mcfg.hidden_size)
+
+    def shared_embedding_params(self) -> list[nn.Parameter]:
+        """Params whose grads the embedding group all-reduces (tied embeddings with pp > 1)."""
+        if self.mcfg.untie_embeddings_and_output_weights or self.pstate.pp_size == 1:
+            return []
+        out = []
+        if self.pre_process:
+            out.append(self.word_embeddings.weight)
+        if self.post_process:
+            out.append(self.output_layer.weight)
+        return out
+
+    # ---- forward ----------------------------------------------------------------------------
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        pstate = self.pstate
+        ids = cp_chunk_select(ids, 1, pstate.cp_size, pstate.cp_rank)  # [b, s/cp]
+        x = self.word_embeddings(ids)  # [s/cp (/tp), b, h]
+        if self.position_embeddings is not None:
+            pos = torch.arange(self.mcfg.seq_length, device=ids.device)
+            pos = cp_chunk_select(pos, 0, pstate.cp_size, pstate.cp_rank)
+            x = x + F.embedding(pos, self.position_embeddings).unsqueeze(1)
+            if self.sp:
+                x = scatter_to_sp(x, pstate.tp_group)
+        if self.mcfg.hidden_dropout > 0.0 and self.training:
+            x = F.dropout(x, p=self.mcfg.hidden_dropout, training=True)
+        return x
+
+    def _rotary(self, device: torch.device) -> torch.Tensor | None:
+        if self.mcfg.position_embedding_type != "rope":
+            return None
+        return rotary_freqs(self.mcfg.seq_length, self.mcfg.head_dim, base=self.mcfg.rotary_base,
+                            cp_size=self.pstate.cp_size, cp_rank=self.pstate.cp_rank).to(device)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids ``[b, s]`` (first stage) or hidden states -> hidden states, logits or loss."""
+        if self.pre_process:
+            if x.dtype not in (torch.int64, torch.int32):
+                raise ConfigError(f"the first pipeline stage takes token ids [b, s] (int64), got "
+                                  f"{tuple(x.shape)} {x.dtype}")
+            x = self._embed(x)
+        h = self.decoder(x, self._rotary(x.device))
+        if not self.post_process:
+            return h
+        logits = self.output_layer(h)  # [s/cp, b, V/tp]
+        if labels is None:
+            return logits.transpose(0, 1).contiguous()
+        labels = cp_chunk_select(labels, 1, self.pstate.cp_size, self.pstate.cp_rank)
+        loss = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(),
+                                            self.pstate.tp_group)  # [s/cp, b]
+        return loss.mean()

@@ -1,0 +1,18 @@
+"""Megatron-style building blocks in plain PyTorch.
+
+==========================  ===========================================================
+module                      what
+==========================  ===========================================================
+``mappings``                TP / SP communication as autograd functions
+``linear``                  column / row parallel linears with async overlapped comm
+``embedding``               vocab-parallel embedding and cross-entropy
+``norms``                   fused LayerNorm / RMSNorm
+``rope``                    rotary position embedding
+``context_chunks``          load-balanced CP sequence chunks
+``attention``               self-attention (TP heads, GQA, RoPE, CP dispatch)
+``context_parallel``        CP core attention: p2p ring, all-gather, all-to-all
+``mlp``                     dense MLP (gelu, squared ReLU, SwiGLU)
+``moe``                     mixture of experts over the EP group
+``recompute``               activation checkpointing tagged "recompute"
+==========================  ===========================================================
+"""

@@ -1,0 +1,85 @@
+"""Self-attention with TP-split heads, GQA, RoPE and context parallelism (Megatron-core
+``transformer/attention.py`` + ``dot_product_attention``).
+
+Per TP rank: ``np = heads/tp`` query heads and ``ng = query_groups/tp`` K/V heads. The fused QKV
+projection is laid out per query group as ``[q * (np/ng), k, v] * d`` (Megatron's
+``linear_qkv``), then split. Core attention is ``F.scaled_dot_product_attention`` with
+``enable_gqa`` (no K/V expansion copy), which on CPU runs the fused
+``aten._scaled_dot_product_flash_attention_for_cpu`` kernel and its backward, the counterpart
+of the flash kernel a GPU run uses. Attention dropout is 0 (flash kernels in Megatron LLM
+recipes run without it). With context parallelism the core attention is one of
+:mod:`models.layers.context_parallel`'s three schemes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from heterosim.errors import ConfigError
+from models.config import ModelConfig
+from models.layers.context_parallel import cp_attention
+from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
+from models.layers.recompute import recompute
+from models.layers.rope import apply_rotary
+
+__all__ = ["SelfAttention", "core_attention"]
+
+
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of ``q [s, b, np, d]`` over ``k, v [s, b, ng, d]`` -> ``[s, b, np*d]``."""
+    s, b, np_, d = q.shape
+    qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=kh.shape[1] != np_)
+    return out.permute(2, 0, 1, 3).reshape(s, b, np_ * d)
+
+
+class SelfAttention(nn.Module):
+    """``x [s(/tp), b, h] -> (out [s(/tp), b, h], bias)`` for one transformer layer."""
+
+    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, init_std: float,
+                 fp8: bool, selective_recompute: bool) -> None:
+        super().__init__()
+        tp = pstate.tp_size
+        heads, groups, d = mcfg.num_attention_heads, mcfg.num_kv_heads, mcfg.head_dim
+        if heads % groups:
+            raise ConfigError(f"num_attention_heads {heads} must be a multiple of "
+                              f"num_query_groups {groups}")
+        if heads % tp or groups % tp:
+            raise ConfigError(f"attention heads {heads} and query groups {groups} must both be "
+                              f"divisible by tensor-parallel size {tp}")
+        self.np, self.ng, self.d = heads // tp, groups // tp, d
+        self.pstate = pstate
+        self.selective_recompute = selective_recompute
+        sp = pstate.sequence_parallel
+        self.linear_qkv = ColumnParallelLinear(
+            mcfg.hidden_size, (heads + 2 * groups) * d, tp_group=pstate.tp_group,
+            sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=init_std, fp8=fp8)
+        self.linear_proj = RowParallelLinear(
+            heads * d, mcfg.hidden_size, tp_group=pstate.tp_group, sequence_parallel=sp,
+            bias=mcfg.add_bias_linear, dtype=dtype,
+            init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.pstate.cp_size > 1:
+            return cp_attention(q, k, v, self.pstate)
+        return core_attention(q, k, v)
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None):
+        mixed = self.linear_qkv(x)  # [s, b, ng * (np/ng + 2) * d]
+        s, b = mixed.shape[:2]
+        per = self.np // self.ng
+        mixed = mixed.view(s, b, self.ng, (per + 2) * self.d)
+        q, k, v = torch.split(mixed, [per * self.d, self.d, self.d], dim=-1)
+        q = q.reshape(s, b, self.np, self.d)  # [s, b, np, d]
+        if rotary is not None:
+            q = apply_rotary(q, rotary)
+            k = apply_rotary(k, rotary)
+        if self.selective_recompute:
+            ctx = recompute(self._core, q, k, v)
+        else:
+            ctx = self._core(q, k, v)
+        return self.linear_proj(ctx)

@@ -1,0 +1,185 @@
+"""Column- and row-parallel linear layers (Megatron ``tensor_parallel/layers.py``).
+
+The GEMMs run in :class:`LinearWithAsyncComm`, Megatron's
+``LinearWithGradAccumulationAndAsyncCommunication``: in backward the data-gradient GEMM comes
+first, then its TP all-reduce (or, with sequence parallelism, its reduce-scatter) is issued
+asynchronously and the weight-gradient GEMM runs while it is in flight. With sequence
+parallelism the forward all-gathers the sequence-split input and the backward re-gathers it
+(async, overlapped with the data-gradient GEMM) instead of keeping the gathered copy.
+
+Approximation: Megatron fuses the weight-gradient GEMM with fp32 accumulation into
+``param.main_grad`` (``--gradient-accumulation-fusion``); here the weight gradient is returned to
+autograd, which accumulates it into ``param.grad`` in the parameter dtype (same GEMM, one extra
+elementwise add from the second micro-batch on).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from heterosim.errors import ConfigError
+
+from models.annotate import get_annotator
+from models.layers.mappings import (
+    all_gather_dim0,
+    group_size,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+)
+
+__all__ = [
+    "LinearWithAsyncComm",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "gemm_scope",
+    "init_normal",
+    "scaled_init_std",
+]
+
+
+def gemm_scope(fp8: bool):
+    """Context marking the GEMMs inside as fp8 for the capture (a no-op without ``fp8``)."""
+    return get_annotator().scope(gemm_dtype="fp8") if fp8 else nullcontext()
+
+
+def scaled_init_std(std: float, num_layers: int) -> float:
+    """Megatron's ``scaled_init_method_normal``: std / sqrt(2 * num_layers) for output projections."""
+    return std / math.sqrt(2.0 * num_layers)
+
+
+def init_normal(std: float) -> Callable[[torch.Tensor], Any]:
+    return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+class LinearWithAsyncComm(torch.autograd.Function):
+    """``y = x @ W^T (+ b)`` with Megatron's overlapped TP communication in backward.
+
+    ``allreduce_dgrad``: all-reduce the input gradient over ``group`` (column-parallel without SP).
+    ``sequence_parallel``: the input is sequence-split; all-gather it in forward, re-gather it for
+    wgrad and reduce-scatter the input gradient in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8):
+        ctx.save_for_backward(x, weight)
+        ctx.use_bias = bias is not None
+        ctx.group, ctx.allreduce_dgrad, ctx.sp, ctx.fp8 = group, allreduce_dgrad, sequence_parallel, fp8
+        total = all_gather_dim0(x, group) if sequence_parallel else x
+        with gemm_scope(fp8):
+            out = torch.matmul(total, weight.t())
+        if bias is not None:
+            out = out + bias
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        group = ctx.group
+        if ctx.sp:
+            # Re-gather the input for wgrad while the dgrad GEMM runs.
+            total, gather = all_gather_dim0(x, group, async_op=True)
+        else:
+            total = x
+        with gemm_scope(ctx.fp8):
+            grad_in = grad_out.matmul(weight)
+        if ctx.sp:
+            gather.wait()
+        grad_out2 = grad_out.reshape(-1, grad_out.shape[-1])
+        total2 = total.reshape(-1, total.shape[-1])
+        handle = None
+        if ctx.sp:
+            sub = grad_in.new_empty((grad_in.shape[0] // group_size(group), *grad_in.shape[1:]))
+            handle = torch.distributed.reduce_scatter_tensor(
+                sub, grad_in.contiguous(), group=group, async_op=True)
+        elif ctx.allreduce_dgrad:
+            grad_in = grad_in.contiguous()
+            handle = torch.distributed.all_reduce(grad_in, group=group, async_op=True)
+        with gemm_scope(ctx.fp8):
+            grad_w = grad_out2.t().matmul(total2)  # wgrad overlaps the collective above
+        grad_b = grad_out2.sum(dim=0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """``Y = X A`` with ``A`` split by output columns over the TP group: ``[out/tp, in]`` per rank.
+
+    Input ``[s(/tp with SP), b, in]``, output ``[s, b, out/tp]`` (never gathered: Megatron's
+    ``gather_output=False``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
+                 bias: bool, dtype: torch.dtype, init_std: float, fp8: bool = False,
+                 weight: nn.Parameter | None = None) -> None:
+        super().__init__()
+        tp = group_size(tp_group)
+        if out_features % tp:
+            raise ConfigError(f"output size {out_features} not divisible by tensor-parallel size {tp}")
+        self.tp_group, self.tp = tp_group, tp
+        self.sequence_parallel = sequence_parallel and tp > 1
+        self.fp8 = fp8
+        if weight is None:
+            weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
+            init_normal(init_std)(weight)
+            weight.tensor_model_parallel = tp > 1
+            weight.partition_dim = 0
+            self.weight = weight
+        else:
+            self.weight = weight  # shared (tied) weight owned by another module
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features // tp, dtype=dtype))
+            self.bias.tensor_model_parallel = tp > 1
+        else:
+            self.bias = None
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.weight if weight is None else weight
+        allreduce_dgrad = self.tp > 1 and not self.sequence_parallel
+        return LinearWithAsyncComm.apply(x, w, self.bias, self.tp_group, allreduce_dgrad,
+                                         self.sequence_parallel, self.fp8)
+
+
+class RowParallelLinear(nn.Module):
+    """``Y = X A`` with ``A`` split by input rows: ``[out, in/tp]`` per rank.
+
+    Input ``[s, b, in/tp]``; output ``[s(/tp with SP), b, out]`` after the TP all-reduce (or
+    reduce-scatter with SP). With ``skip_bias_add`` the bias is returned for bias-dropout-add.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
+                 bias: bool, dtype: torch.dtype, init_std: float, skip_bias_add: bool = True,
+                 fp8: bool = False) -> None:
+        super().__init__()
+        tp = group_size(tp_group)
+        if in_features % tp:
+            raise ConfigError(f"input size {in_features} not divisible by tensor-parallel size {tp}")
+        self.tp_group, self.tp = tp_group, tp
+        self.sequence_parallel = sequence_parallel and tp > 1
+        self.skip_bias_add, self.fp8 = skip_bias_add, fp8
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
+        init_normal(init_std)(self.weight)
+        self.weight.tensor_model_parallel = tp > 1
+        self.weight.partition_dim = 1
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
+            # Megatron all-reduces this bias's gradient over TP when it is sequence-parallel.
+            self.bias.sequence_parallel = self.sequence_parallel
+        else:
+            self.bias = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8)
+        if self.sequence_parallel:
+            out = reduce_scatter_to_sp(out, self.tp_group)
+        else:
+            out = reduce_from_tp(out, self.tp_group)
+        if self.skip_bias_add:
+            return out, self.bias
+        return (out + self.bias if self.bias is not None else out), None
+

@@ -1,0 +1,141 @@
+"""Pre-norm transformer layers and the per-chunk stack of them (Megatron-core
+``transformer/transformer_layer.py`` and ``transformer_block.py``).
+
+A layer is::
+
+    x = x + dropout(attn(norm1(x)) + b_proj)     # bias-dropout-add
+    x = x + dropout(mlp(norm2(x)) + b_fc2)
+
+Activation recomputation follows Megatron's ``--recompute-granularity``:
+
+- ``full`` + ``uniform``: the chunk's layers are grouped ``recompute_num_layers`` at a time and
+  each group is checkpointed as a whole (only its input is kept);
+- ``full`` + ``block``: the first ``recompute_num_layers`` layers of the chunk are checkpointed
+  one by one, the rest keep their activations;
+- ``selective``: only core attention is checkpointed (inside :class:`SelfAttention`).
+
+Approximation: Megatron's bias-dropout-add is one jit-fused kernel; here it is separate add,
+dropout and add ops (same bytes moved, more launches).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from heterosim.errors import ConfigError
+from models.config import ModelConfig, TrainConfig
+from models.layers.attention import SelfAttention
+from models.layers.linear import scaled_init_std
+from models.layers.mlp import MLP
+from models.layers.moe import MoELayer
+from models.layers.norms import build_norm
+from models.layers.recompute import recompute
+
+__all__ = ["TransformerLayer", "TransformerBlock", "bias_dropout_add", "torch_dtype"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``params_dtype`` name (bf16, fp16, fp32)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown params dtype {name!r}; valid: {sorted(_DTYPES)}") from None
+
+
+def bias_dropout_add(out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                     p: float, training: bool) -> torch.Tensor:
+    """``residual + dropout(out + bias)`` (Megatron's ``bias_dropout_add``)."""
+    if bias is not None:
+        out = out + bias
+    if p > 0.0 and training:
+        out = F.dropout(out, p=p, training=True)
+    return residual + out
+
+
+class TransformerLayer(nn.Module):
+    """One decoder layer; ``layer_number`` is its global index (0-based)."""
+
+    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, layer_number: int) -> None:
+        super().__init__()
+        dtype = torch_dtype(tcfg.params_dtype)
+        sp = pstate.sequence_parallel
+        fp8 = tcfg.fp8 is not None
+        self.layer_number = layer_number
+        self.hidden_dropout = mcfg.hidden_dropout
+        std = mcfg.init_method_std
+        norm = dict(eps=mcfg.norm_epsilon, dtype=dtype, sequence_parallel=sp)
+        self.input_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
+        self.self_attention = SelfAttention(
+            mcfg, pstate, dtype=dtype, init_std=std, fp8=fp8,
+            selective_recompute=tcfg.recompute_granularity == "selective")
+        self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
+        if mcfg.num_experts:
+            self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8)
+        else:
+            self.mlp = MLP(
+                mcfg.hidden_size, mcfg.ffn_size, activation=mcfg.activation, tp_group=pstate.tp_group,
+                sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=std,
+                out_init_std=scaled_init_std(std, mcfg.num_layers), fp8=fp8)
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
+        out, bias = self.self_attention(self.input_layernorm(x), rotary)
+        x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+        out, bias = self.mlp(self.pre_mlp_layernorm(x))
+        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+
+
+class TransformerBlock(nn.Module):
+    """The layers ``layers`` (global indices) of one pipeline chunk, plus the final norm when
+    ``post_process``. Input and output ``[s/cp (/tp with SP), b, h]``."""
+
+    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, *, layers: range,
+                 post_process: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerLayer(mcfg, tcfg, pstate, i) for i in layers)
+        self.recompute_method = None
+        self.recompute_num_layers = 0
+        if tcfg.recompute_granularity == "full":
+            if tcfg.recompute_method not in ("uniform", "block"):
+                raise ConfigError("--recompute-granularity full needs --recompute-method uniform "
+                                  f"or block, got {tcfg.recompute_method!r}")
+            n = tcfg.recompute_num_layers
+            if n is None or n < 1:
+                raise ConfigError("--recompute-granularity full needs --recompute-num-layers >= 1")
+            self.recompute_method, self.recompute_num_layers = tcfg.recompute_method, n
+        self.final_layernorm = None
+        if post_process:
+            self.final_layernorm = build_norm(
+                mcfg.normalization, mcfg.hidden_size, eps=mcfg.norm_epsilon,
+                dtype=torch_dtype(tcfg.params_dtype), sequence_parallel=pstate.sequence_parallel)
+
+    def _run(self, start: int, end: int):
+        def fn(x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+            for layer in self.layers[start:end]:
+                x = layer(x, rotary)
+            return x
+        return fn
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
+        n = len(self.layers)
+        if self.recompute_method == "uniform":
+            k = self.recompute_num_layers
+            for start in range(0, n, k):
+                x = recompute(self._run(start, min(start + k, n)), x, rotary)
+        elif self.recompute_method == "block":
+            for i in range(n):
+                if i < self.recompute_num_layers:
+                    x = recompute(self._run(i, i + 1), x, rotary)
+                else:
+                    x = self.layers[i](x, rotary)
+        else:
+            for layer in self.layers:
+                x = layer(x, rotary)
+        if self.final_layernorm is not None:
+            x = self.final_layernorm(x)
+        return x

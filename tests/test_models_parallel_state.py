@@ -1,0 +1,74 @@
+"""Tests of ``models.parallel_state``: Megatron rank order, groups, labels and stage layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterosim.errors import ConfigError
+from models.config import ParallelConfig
+from models.parallel_state import rank_coords, split_stage_layers
+from test_models_mappings import run_fake
+
+
+def test_rank_coords_follow_tp_cp_ep_dp_pp_order():
+    """rank = tp + tp*(cp + cp*(dp + dp*pp)); ep folds into dp*cp with tp fastest."""
+    pcfg = ParallelConfig(world_size=32, tp=2, cp=2, pp=2, ep=2)  # dp = 4
+    assert rank_coords(pcfg, 0) == {"tp": 0, "cp": 0, "dp": 0, "pp": 0, "ep": 0, "expert_dp": 0}
+    # 27 = 1 + 2*(1 + 2*(2 + 4*1)) -> tp 1, cp 1, dp 2, pp 1; ep = (27//2) % 2 = 1, edp = 27//4 % 4 = 2
+    assert rank_coords(pcfg, 27) == {"tp": 1, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "expert_dp": 2}
+
+
+def test_initialize_groups_and_labels_in_fake_world():
+    """Rank 13 of 32 (tp2 cp2 pp2 dp4 ep2) gets Megatron's groups, each labelled once."""
+    res = run_fake("""
+        from models import parallel_state
+        from models.config import ParallelConfig
+        ann = PhaseAnnotator(); set_annotator(ann)
+        ps = parallel_state.initialize(ParallelConfig(world_size=32, tp=2, cp=2, pp=2, ep=2), 13)
+        rk = lambda g: dist.get_process_group_ranks(g)
+        result = dict(tp=rk(ps.tp_group), cp=rk(ps.cp_group), dp=rk(ps.dp_group), dp_cp=rk(ps.dp_cp_group),
+                      pp=rk(ps.pp_group), ep=rk(ps.ep_group), edp=rk(ps.expert_dp_group),
+                      emb=rk(ps.embedding_group), ranks=[ps.tp_rank, ps.cp_rank, ps.dp_rank, ps.pp_rank, ps.ep_rank],
+                      first=ps.is_first_stage, last=ps.is_last_stage, nxt=ps.next_rank, prv=ps.prev_rank,
+                      pp_ranks=list(ps.pp_ranks), labels=sorted([list(k), v] for k, v in ann.labels.items()))
+    """, rank=13, world=32)
+    # 13 = 1 + 2*(0 + 2*(3 + 4*0)): tp 1, cp 0, dp 3, pp 0
+    assert res["ranks"] == [1, 0, 3, 0, 0]
+    assert res["tp"] == [12, 13]
+    assert res["cp"] == [13, 15]
+    assert res["dp"] == [1, 5, 9, 13]
+    assert res["dp_cp"] == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert res["pp"] == res["pp_ranks"] == [13, 29]
+    assert res["emb"] == [13, 29]
+    assert res["ep"] == [13, 15]
+    assert res["edp"] == [1, 5, 9, 13]
+    assert res["first"] and not res["last"] and res["nxt"] == 29 and res["prv"] == 29
+    labels = dict((tuple(k), v) for k, v in res["labels"])
+    assert labels[(12, 13)] == "tp" and labels[(13, 15)] in ("cp", "ep")
+    assert labels[(1, 3, 5, 7, 9, 11, 13, 15)] == "dp" and labels[(13, 29)] == "pp"
+
+
+def test_split_stage_layers_even_uneven_and_interleaved():
+    """Even, first/last, explicit and vpp splits number layers as Megatron does."""
+    assert split_stage_layers(8, 4) == [[range(0, 2)], [range(2, 4)], [range(4, 6)], [range(6, 8)]]
+    assert split_stage_layers(10, 4, first=1, last=3) == [
+        [range(0, 1)], [range(1, 4)], [range(4, 7)], [range(7, 10)]]
+    assert split_stage_layers(6, 2, explicit=[2, 4]) == [[range(0, 2)], [range(2, 6)]]
+    # vpp 2: virtual stages visited chunk-major: (c0,s0) (c0,s1) (c1,s0) (c1,s1)
+    assert split_stage_layers(8, 2, vpp=2) == [[range(0, 2), range(4, 6)], [range(2, 4), range(6, 8)]]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_layers=10, pp=4), "10 layers do not split over 4 pipeline stages with first=None, last=None: "
+                                "the remaining 10 layers must divide evenly over 4 stages"),
+    (dict(num_layers=6, pp=2, explicit=[2, 3]), "explicit stage layers (2, 3) sum to 5, but --num-layers is 6; "
+                                                "make them add up"),
+    (dict(num_layers=6, pp=2, vpp=2), "stage 0 has 3 layers, not divisible by the 2 virtual pipeline chunks; "
+                                      "adjust --num-layers-per-virtual-pipeline-stage"),
+])
+def test_split_stage_layers_errors(kwargs, message):
+    """Impossible splits raise ConfigError naming the numbers and the fix."""
+    n, pp = kwargs.pop("num_layers"), kwargs.pop("pp")
+    with pytest.raises(ConfigError) as exc:
+        split_stage_layers(n, pp, **kwargs)
+    assert str(exc.value) == message

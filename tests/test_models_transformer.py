@@ -1,0 +1,122 @@
+"""Tests of ``models.transformer``: one layer's TP traffic, GEMM FLOPs, fused attention and
+recomputation, listed by a dispatch mode in a fake 4-rank TP world."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_models_mappings import run_fake
+
+B, S, H, HEADS, TP = 2, 64, 256, 8, 4
+
+CASES = """
+from models import parallel_state
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.transformer import TransformerBlock
+ann = PhaseAnnotator(); set_annotator(ann)
+B, S, H = {B}, {S}, {H}
+states = {{}}
+for sp in (False, True):
+    states[sp] = parallel_state.initialize(ParallelConfig(world_size=4, tp=4, sequence_parallel=sp), 1)
+
+def run(sp=False, groups=None, act="gelu", bias=True, layers=1, **tkw):
+    mcfg = ModelConfig(num_layers=layers, hidden_size=H, num_attention_heads={HEADS}, num_query_groups=groups,
+                       seq_length=S, activation=act, add_bias_linear=bias, hidden_dropout=0.0,
+                       normalization="RMSNorm" if act == "swiglu" else "LayerNorm")
+    block = TransformerBlock(mcfg, TrainConfig(**tkw), states[sp], layers=range(layers), post_process=False)
+    x = torch.randn(S // ({TP} if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)
+    log = OpLog(ann)
+    with log:
+        y = block(x)
+        n_fwd = len(log.ops)
+        with ann.scope(phase="bwd"):
+            y.backward(torch.ones_like(y))
+    weights = sum(p.numel() for n, p in block.named_parameters() if p.dim() == 2)
+    return dict(fwd=log.ops[:n_fwd], bwd=log.ops[n_fwd:], weights=weights)
+
+def summary(r):
+    return dict(fwd_comm=comm_ops(r["fwd"]), bwd_comm=comm_ops(r["bwd"]), weights=r["weights"],
+                fwd_gemm=gemm_flops(r["fwd"]),
+                attn=[[o["name"], o["shapes"][:3], o["phase"]] for o in r["fwd"] + r["bwd"] if "attention" in o["name"] or "math" in o["name"]],
+                recompute_ops=sorted({{o["name"] for o in r["bwd"] if o["phase"] == "recompute"}}),
+                gemm_dtypes=sorted({{str(o["gemm_dtype"]) for o in r["fwd"] + r["bwd"] if o["name"].startswith("aten.mm")}}))
+
+result = dict(
+    plain=summary(run()),
+    sp=summary(run(sp=True)),
+    gqa=summary(run(groups=4, act="swiglu", bias=False)),
+    full=summary(run(layers=2, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)),
+    block=summary(run(layers=2, recompute_granularity="full", recompute_method="block", recompute_num_layers=1)),
+    selective=summary(run(recompute_granularity="selective")),
+    fp8=summary(run(fp8="hybrid")),
+)
+""".format(B=B, S=S, H=H, HEADS=HEADS, TP=TP)
+
+
+@pytest.fixture(scope="module")
+def res():
+    return run_fake(CASES, rank=1, world=4)
+
+
+def test_tp_all_reduce_bytes_per_layer(res):
+    """Without SP a layer all-reduces 2*b*s*h bytes (bf16) twice forward, twice backward."""
+    nb = 2 * B * S * H
+    assert res["plain"]["fwd_comm"] == [["allreduce_", nb, "fwd"]] * 2
+    assert res["plain"]["bwd_comm"] == [["allreduce_", nb, "bwd"]] * 2
+
+
+def test_sequence_parallel_traffic_per_layer(res):
+    """With SP: forward 2 all-gathers (output 2bsh bytes) and 2 reduce-scatters (input 2bsh);
+    backward re-gathers the input for wgrad (2), gathers the reduce-scattered grads (2) and
+    reduce-scatters the dgrads (2)."""
+    nb = 2 * B * S * H
+    ag, rs = ["_allgather_base_", nb], ["_reduce_scatter_base_", nb]
+    fwd = [c[:2] for c in res["sp"]["fwd_comm"]]
+    assert fwd == [ag, rs, ag, rs]
+    bwd = [c[:2] for c in res["sp"]["bwd_comm"]]
+    # fc2 (row): AG of the output grad; fc1 (column): re-gather input, then RS of dgrad; same for attention.
+    assert bwd == [ag, ag, rs, ag, ag, rs]
+
+
+def test_forward_gemm_flops_match_weights(res):
+    """Forward GEMM FLOPs = 2*b*s*(per-rank GEMM weights of the layer); attention is a separate kernel."""
+    for case in ("plain", "gqa", "sp"):
+        r = res[case]
+        assert r["fwd_gemm"] == 2 * B * S * r["weights"], case
+    # per-rank weights: qkv 3h*h/tp + proj h*h/tp + fc1 4h*h/tp + fc2 4h*h/tp = 12 h^2 / tp
+    assert res["plain"]["weights"] == 12 * H * H // TP
+    # GQA (8 heads, 4 groups, d 32) + SwiGLU: qkv (8+2*4)*32*h/tp + proj h*h/tp + fc1 2*4h*h/tp + fc2 4h*h/tp
+    assert res["gqa"]["weights"] == ((8 + 8) * 32 * H + H * H + 8 * H * H + 4 * H * H) // TP
+
+
+def test_fused_cpu_flash_attention_runs(res):
+    """SDPA runs the CPU flash kernel and its backward, also with GQA (K/V keep their heads)."""
+    d, np_ = H // HEADS, HEADS // TP
+    assert res["plain"]["attn"] == [
+        ["aten._scaled_dot_product_flash_attention_for_cpu.default", [[B, np_, S, d]] * 3, "fwd"],
+        ["aten._scaled_dot_product_flash_attention_for_cpu_backward.default", [[B, np_, S, d]] * 3, "bwd"]]
+    gqa = res["gqa"]["attn"]
+    assert [a[0].split(".")[1] for a in gqa] == ["_scaled_dot_product_flash_attention_for_cpu",
+                                                 "_scaled_dot_product_flash_attention_for_cpu_backward"]
+    assert gqa[0][1] == [[B, np_, S, d], [B, 1, S, d], [B, 1, S, d]]
+
+
+def test_recompute_reruns_forward_tagged_recompute(res):
+    """Full recompute re-runs the forward (GEMMs, attention, TP all-reduces) in phase
+    "recompute"; selective re-runs only core attention."""
+    full = res["full"]["recompute_ops"]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in full
+    assert "aten.mm.default" in full and "c10d.allreduce_.default" in full
+    assert res["block"]["recompute_ops"] == full
+    assert sum(c[2] == "recompute" for c in res["full"]["bwd_comm"]) == 4  # 2 layers x 2 all-reduces
+    assert sum(c[2] == "recompute" for c in res["block"]["bwd_comm"]) == 2  # only the first layer
+    sel = res["selective"]["recompute_ops"]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in sel
+    assert not any(n.startswith(("aten.mm", "c10d.")) for n in sel)
+    assert res["plain"]["recompute_ops"] == []
+
+
+def test_fp8_marks_gemms(res):
+    """With --fp8-format every GEMM of the layer (fwd and bwd) runs under gemm_dtype fp8."""
+    assert res["fp8"]["gemm_dtypes"] == ["fp8"]
+    assert res["plain"]["gemm_dtypes"] == ["None"]
