@@ -279,8 +279,8 @@ class Cluster:
 
 def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
                  num_gpus: int | None = None,
-                 placement: Placement | Mapping[str, Any] | str | os.PathLike | None = None
-                 ) -> Cluster:
+                 placement: Placement | Mapping[str, Any] | str | os.PathLike | None = None,
+                 layout: Mapping[str, Any] | None = None) -> Cluster:
     """Build a :class:`Cluster`.
 
     Args:
@@ -290,6 +290,8 @@ def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
             sized from it (``num_gpus / gpus_per_node`` nodes for a one-group preset).
         placement: a :class:`Placement` (see :func:`replay.placement.placement_for`), a
             placement dict or file; None uses the spec's ``placement:`` section or rank r -> GPU r.
+        layout: the trace layout (``Trace.layout``); its ``pp`` gives each rank's pipeline stage
+            for a ``by_stage`` placement (without it, pp = the number of stages listed).
 
     Raises:
         TopologyError: unknown preset or file, a bad spec, or a GPU count that does not fit.
@@ -319,4 +321,4 @@ def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
     total = sum(n * parsed.node_type(g.node_type).gpus_per_node
                 for g, n in zip(parsed.node_groups, nodes))
     chosen = placement if placement is not None else parsed.placement
-    return Cluster(parsed, nodes, placement_for(None, total, chosen))
+    return Cluster(parsed, nodes, placement_for(layout, total, chosen))

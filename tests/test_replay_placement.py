@@ -136,3 +136,12 @@ def test_placement_world_mismatch():
     c = load_cluster("dgx-a100", num_gpus=8)
     with pytest.raises(ConfigError, match=r"rank 8 is not placed; the placement covers ranks 0..7"):
         c.rank_to_gpu(8)
+
+
+def test_load_cluster_checks_stages_against_layout():
+    """load_cluster(layout=...) checks a by_stage placement against the trace's pp."""
+    spec = {"by_stage": {0: "h100", 1: "a100"}}
+    c = load_cluster("mixed-a100-h100", num_gpus=32, placement=spec, layout={"pp": 2})
+    assert c.rank_to_gpu(0) == 16
+    with pytest.raises(ConfigError, match="stage 2 has no node group; the job has pp=4 stages"):
+        load_cluster("mixed-a100-h100", num_gpus=32, placement=spec, layout={"pp": 4})
