@@ -8,8 +8,8 @@ keys the op captured on a CPU. :func:`kernel_class_of` gives the kernel class of
 left it empty, from a registry of aten names; an op that it does not know raises
 :class:`UnknownKernelError` naming the op -- never a silent 0 s.
 
-Signatures are ``"<aten name>:<dtype>:<shape>,<shape>..."`` with shapes ``AxBxC`` (``""`` for a
-scalar); :func:`parse_signature` splits one.
+Signatures are ``"<aten name>:<dtype>:<shape>,<shape>..."`` with shapes ``AxBxC`` (``scalar`` for a
+0-d tensor); :func:`parse_signature` splits one.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def parse_signature(signature: str) -> tuple[str, str, tuple[tuple[int, ...], ..
     for s in shapes_s.split(",") if shapes_s else []:
         s = s.strip()
         try:
-            shapes.append(tuple(int(x) for x in s.split("x")) if s and s != "-" else ())
+            shapes.append(tuple(int(x) for x in s.split("x")) if s and s not in ("-", "scalar") else ())
         except ValueError:
             raise UnknownKernelError(f"signature {signature!r}: shape {s!r} is not like 2048x12288") from None
     return name, dtype, tuple(shapes)

@@ -44,7 +44,7 @@ SOURCES = ("measured", "interpolated", "scaled", "roofline")
 _ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "int32": 4, "bool": 1, "int8": 1}
 _TENSOR_CLASSES = ("gemm", "attention")
 _BRACKET_DIMS = {"gemm": ("m", "n", "k", "batch"), "attention": ("b", "h", "sq", "sk", "d")}
-_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal", "hkv_ratio")}
+_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,82 @@
+"""``python -m kernel_db`` end to end: gpus, show, price (table and --json), profile --device cpu, calibrate."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture.ir import write_trace
+
+from test_kernel_db_profile import small_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    env = dict(os.environ)
+    env.pop("HETEROSIM_KERNEL_DB", None)
+    return subprocess.run([sys.executable, "-m", "kernel_db", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    return str(write_trace(small_trace(), tmp_path_factory.mktemp("t") / "trace"))
+
+
+def test_gpus_lists_catalogue():
+    """`gpus` prints every catalogue GPU; --json gives datasheet figures with sources."""
+    p = run("gpus")
+    assert p.returncode == 0 and "H100-SXM5-80GB" in p.stdout and "MI300X" in p.stdout
+    doc = json.loads(run("gpus", "--json").stdout)
+    h100 = next(g for g in doc if g["name"] == "H100-SXM5-80GB")
+    assert h100["peak_TFLOPs"]["bf16"] == pytest.approx(989.4) and h100["sources"]
+
+
+def test_price_json_roofline_then_measured(trace_dir, tmp_path):
+    """Without a DB every second is roofline; after `profile --device cpu`, pricing on cpu is all measured."""
+    db = str(tmp_path / "k.csv")
+    doc = json.loads(run("price", trace_dir, "--gpu", "H100", "--db", db, "--json").stdout)
+    assert set(doc["seconds_by_source"]) == {"roofline"}
+    assert doc["compute_seconds_per_role"]["0"] == pytest.approx(doc["seconds_by_source"]["roofline"])
+    p = run("profile", trace_dir, "--device", "cpu", "--db", db, "--warmup", "1", "--repeats", "3")
+    assert p.returncode == 0, p.stderr
+    assert "CPU-host: measured 5, already in DB 0, failed 0" in p.stdout
+    doc = json.loads(run("price", trace_dir, "--gpu", "cpu", "--db", db, "--json").stdout)
+    assert doc["fraction_by_source"] == {"measured": pytest.approx(1.0)}
+    table = run("price", trace_dir, "--gpu", "cpu", "--db", db).stdout
+    assert "measured" in table and "aten.mm.default" in table
+    assert "CPU-host  profile:cpu" in run("show", "--db", db).stdout
+
+
+def test_profile_without_gpu_exits_nonzero(trace_dir, tmp_path):
+    """Profiling for CUDA on a CPU-only host says so and exits 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    p = run("profile", trace_dir, "--db", str(tmp_path / "k.csv"))
+    assert p.returncode == 2 and "error: no CUDA GPU is visible to torch" in p.stderr
+
+
+def test_bad_inputs(trace_dir):
+    """Unknown GPU and a profile without TRACE/--sweep each give one clear error and exit 2."""
+    p = run("price", trace_dir, "--gpu", "Q8000")
+    assert p.returncode == 2 and "error: unknown GPU 'Q8000'; known GPUs:" in p.stderr
+    p = run("profile")
+    assert p.returncode == 2 and "profile needs exactly one of TRACE or --sweep KIND" in p.stderr
+
+
+def test_calibrate_on_cpu_sweep(tmp_path):
+    """calibrate reads a DB, prints fits with k-fold error, and writes a loadable efficiency YAML."""
+    db = str(tmp_path / "k.csv")
+    assert run("profile", "--sweep", "gemm", "--sizes", "32,64", "--dtype", "fp32", "--device", "cpu", "--db", db,
+               "--warmup", "0", "--repeats", "2").returncode == 0
+    out = str(tmp_path / "eff.yaml")
+    p = run("calibrate", "--db", db, "--k", "2", "--out", out, "--json")
+    assert p.returncode == 0, p.stderr
+    fit = json.loads(p.stdout)["fits"][0]
+    assert (fit["gpu"], fit["kernel_class"], fit["rows"]) == ("CPU-host", "gemm", 8)
+    assert Path(out).read_text().startswith("arch:")
