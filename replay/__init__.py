@@ -1,1 +1,30 @@
-"""replay package."""
+"""replay: simulate a captured workload on a (heterogeneous) GPU cluster.
+
+Public names:
+
+- :func:`simulate` -> :class:`Result` (iteration time, breakdown, MFU, critical path; writers for
+  JSON, Perfetto timelines and plots).
+- :func:`run_fast` (class-level engine) and :func:`run_reference` (per-rank reference engine) over
+  a :class:`Workload`; :class:`FluidNetwork` shares links max-min fairly.
+- :func:`load_cluster`, :func:`list_presets` (cluster specs and presets).
+
+CLI: ``python -m replay simulate TRACE --cluster PRESET|FILE`` and ``python -m replay clusters``.
+"""
+
+from replay.engine import run_fast
+from replay.expand import CommInstance, Workload
+from replay.flows import FluidNetwork
+from replay.reference import run_reference
+from replay.result import Breakdown, Result
+from replay.simulate import simulate
+
+__all__ = ["simulate", "Result", "Breakdown", "run_fast", "run_reference", "Workload", "CommInstance",
+           "FluidNetwork", "load_cluster", "list_presets"]
+
+
+def __getattr__(name: str):
+    if name in ("load_cluster", "list_presets"):
+        from replay import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'replay' has no attribute {name!r}")

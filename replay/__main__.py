@@ -1,0 +1,105 @@
+"""``python -m replay``: simulate a captured trace on a cluster, or list cluster presets.
+
+    python -m replay simulate TRACE --cluster PRESET|FILE [--kernel-db DB] [--backend numpy|cupy]
+                              [--placement FILE] [--no-link-sharing] [--json] [--timeline F] [--plot F]
+    python -m replay clusters [--json]
+
+Thin over :func:`replay.simulate.simulate` and :func:`replay.cluster.list_presets`. Errors print
+one line (``error: ...``) and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m replay",
+                                 description="Simulate a training iteration of a captured trace on a GPU cluster.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("simulate", help="simulate one iteration of TRACE on a cluster")
+    s.add_argument("trace", help="trace directory written by python -m capture")
+    s.add_argument("--cluster", required=True, help="preset name (python -m replay clusters) or cluster YAML file")
+    s.add_argument("--kernel-db", help="kernel database CSV (python -m kernel_db profile); default: roofline only")
+    s.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array backend (default numpy)")
+    s.add_argument("--placement", help="placement YAML (rank -> GPU mapping per node group or stage)")
+    s.add_argument("--no-link-sharing", action="store_true",
+                   help="give every transfer its uncontended time (faster, ignores contention)")
+    s.add_argument("--engine", default="fast", choices=("fast", "reference"), help=argparse.SUPPRESS)
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    s.add_argument("--timeline", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    s.add_argument("--timeline-ranks", metavar="LIST", help="ranks on the timeline, e.g. 0,8-15 (default: "
+                   "all ranks up to 64, else one per class)")
+    s.add_argument("--plot", metavar="FILE", help="write a PNG with the breakdown and a timeline picture")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    c = sub.add_parser("clusters", help="list the cluster presets")
+    c.add_argument("--json", action="store_true", help="one JSON object")
+    return ap
+
+
+def _ranks(text: str) -> list[int]:
+    from replay.placement import parse_ranges
+
+    return list(parse_ranges(text, "--timeline-ranks"))
+
+
+def _simulate(a: argparse.Namespace) -> int:
+    from replay.simulate import simulate
+
+    bar = None
+    progress = None
+    if not a.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc="replay", unit=" ops", file=sys.stderr, leave=False)
+        progress = bar.update
+    try:
+        res = simulate(a.trace, a.cluster, a.kernel_db, backend=a.backend, placement=a.placement,
+                       link_sharing=not a.no_link_sharing, engine=a.engine, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    if a.timeline:
+        res.write_timeline(a.timeline, ranks=_ranks(a.timeline_ranks) if a.timeline_ranks else None)
+    if a.plot:
+        res.write_plot(a.plot)
+    print(res.to_json() if a.json else res.summary(), end="" if a.json else "\n")
+    return 0
+
+
+def _clusters(a: argparse.Namespace) -> int:
+    from replay.cluster import list_presets
+
+    presets = list_presets()
+    if a.json:
+        print(json.dumps({"schema_version": 1, "presets": [
+            {"name": p.name, "description": p.description, "gpus": list(p.gpus),
+             "gpus_per_node": list(p.gpus_per_node), "intra": list(p.intra), "nic_Gbps": list(p.nic_Gbps),
+             "nics_per_node": list(p.nics_per_node), "fabric": p.fabric} for p in presets]}, indent=1))
+        return 0
+    width = max(len(p.name) for p in presets)
+    for p in presets:
+        gpus = " + ".join(f"{g} x{n}" for g, n in zip(p.gpus, p.gpus_per_node))
+        print(f"{p.name:<{width}}  {gpus}/node  {'/'.join(p.intra)}  "
+              f"{'/'.join(f'{n}x{b:g}Gb/s' for n, b in zip(p.nics_per_node, p.nic_Gbps))}  {p.fabric}  "
+              f"- {p.description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    from heterosim.errors import HeteroSimError
+
+    try:
+        return _simulate(a) if a.cmd == "simulate" else _clusters(a)
+    except HeteroSimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
