@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
     from ncclshim.topology import TopologyView
 
-__all__ = ["Cluster", "load_cluster", "read_spec", "resolve_gpu", "list_presets", "PresetInfo"]
+__all__ = ["Cluster", "load_cluster", "read_spec", "write_spec", "resolve_gpu", "list_presets",
+           "PresetInfo"]
 
 
 def resolve_gpu(name: str) -> tuple[str, int]:
@@ -67,6 +68,18 @@ def read_spec(path: str | os.PathLike) -> ClusterSpec:
         return parse_spec(raw)
     except TopologyError as e:
         raise TopologyError(f"cluster file {path}: {e}") from None
+
+
+def write_spec(spec: ClusterSpec, path: str | os.PathLike) -> Path:
+    """Write ``spec`` as canonical YAML, atomically; the same spec always gives the same bytes and
+    ``read_spec(write_spec(s, p)) == s``."""
+    import yaml
+
+    from heterosim.atomic import atomic_write_text
+
+    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+    atomic_write_text(path, text)
+    return Path(path)
 
 
 def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:

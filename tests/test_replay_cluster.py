@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from heterosim.errors import TopologyError, UnknownGPUError
-from replay.cluster import load_cluster, read_spec
+from replay.cluster import load_cluster, read_spec, write_spec
 from replay.cluster_presets import list_presets, preset_names, preset_path
 from replay.cluster_spec import parse_spec
 
-PRESETS = ["dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
+PRESETS = ["dgx-2", "dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
 
 
 def tiny(**over):
@@ -35,7 +35,7 @@ def tiny(**over):
 
 
 def test_presets_listed():
-    """The five required presets exist and list_presets describes each from its YAML."""
+    """The required presets (and DGX-2) exist and list_presets describes each from its YAML."""
     assert preset_names() == PRESETS
     info = {p.name: p for p in list_presets()}
     assert info["dgx-a100"].gpus == ("A100-SXM4-80GB",)
@@ -111,8 +111,8 @@ def test_fixed_size_mismatch():
 
 def test_unknown_preset():
     """An unknown name is neither a preset nor a file; the error lists the presets."""
-    with pytest.raises(TopologyError, match=r"cluster 'dgx-z100' is neither a preset \(dgx-a100, "
-                                            r"dgx-h100, hgx-h20, l40s-pcie, mixed-a100-h100\)"):
+    with pytest.raises(TopologyError, match=r"cluster 'dgx-z100' is neither a preset \(dgx-2, "
+                                            r"dgx-a100, dgx-h100, hgx-h20, l40s-pcie, mixed-a100-h100\)"):
         load_cluster("dgx-z100", num_gpus=8)
 
 
@@ -225,3 +225,37 @@ def test_input_dict_not_mutated():
     b = load_cluster(spec, num_gpus=8)
     assert spec == before
     assert a.links.bw.tolist() == b.links.bw.tolist() and a.network.vertices == b.network.vertices
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_write_spec_byte_identical(name, tmp_path):
+    """write_spec is deterministic and read_spec(write_spec(s)) == s."""
+    spec = read_spec(preset_path(name))
+    a, b = write_spec(spec, tmp_path / "a.yaml"), write_spec(spec, tmp_path / "b.yaml")
+    assert a.read_bytes() == b.read_bytes()
+    assert read_spec(a) == spec
+    assert write_spec(read_spec(a), tmp_path / "c.yaml").read_bytes() == a.read_bytes()
+
+
+def test_random_values_round_trip():
+    """Unit conversions survive the round trip for arbitrary bandwidths and latencies."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        spec = tiny()
+        t = spec["node_types"]["box"]
+        t["pcie"].update(bw_GBps=rng.uniform(1, 100), latency_us=rng.uniform(0, 3))
+        t["nics"] = [{"bw_Gbps": rng.uniform(10, 800), "gpus": [0]}, {"bw_Gbps": 100, "gpus": [1]}]
+        t["nvlink"] = {"kind": "nvswitch", "lanes": rng.randint(1, 18), "lane_GBps": rng.uniform(5, 50)}
+        spec["fabric"].update(oversubscription=rng.uniform(1, 4), latency_us=rng.uniform(0, 2))
+        parsed = parse_spec(spec)
+        assert parse_spec(parsed.to_dict()) == parsed
+
+
+def test_dgx2_shares_nics():
+    """DGX-2: 16 V100s, 8 NICs each serving two GPUs; NCCL prices 6 Volta lanes at 20 GB/s."""
+    c = load_cluster("dgx-2", num_gpus=32)
+    v = c.topology_view()
+    assert (c.num_nodes, v.gpus[3].nics, v.gpus[19].nics) == (2, (1,), (9,))
+    assert v.links[c.route(0, 1)[0]].nccl_bw == 120e9 and c.sm(0) == 70
