@@ -134,6 +134,9 @@ class NodeType:
     socket_latency: float = DEFAULT_LATENCY_US["cpu"] * US
     switches: tuple[PcieSwitch, ...]
     nics: tuple[NicSpec, ...] = ()
+    coherent_memory: bool = False
+    """GPUs of the node share cache-coherent memory (CXL-style, seed 003); ncclshim then offers
+    its coherent ring all-reduce."""
 
     @property
     def nvlink_bw(self) -> float:
@@ -185,6 +188,8 @@ class Fabric:
     oversubscription: float = 1.0
     latency: float = DEFAULT_LATENCY_US["net"] * US
     """Per cable (NIC-leaf, leaf-spine), s."""
+    sharp: bool = False
+    """Switches reduce in the network (InfiniBand SHARP with NCCL's CollNet plugin)."""
     switches: tuple[str, ...] = ()
     edges: tuple[FabricEdge, ...] = ()
 
@@ -268,6 +273,12 @@ def _indices(v: Any, where: str, limit: int, what: str) -> tuple[int, ...]:
     return out
 
 
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise TopologyError(f"{where}: expected true or false, got {v!r}")
+    return v
+
+
 def _name(v: Any, where: str) -> str:
     if not isinstance(v, str) or not v:
         raise TopologyError(f"{where}: expected a non-empty string, got {v!r}")
@@ -325,9 +336,7 @@ def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
         d = _keys(raw, where, ("kind", "lanes"), ("lane_GBps", "nvswitches", "nvls", "latency_us"))
         kw: dict[str, Any] = dict(intra="nvswitch", nvlink_lanes=_int(d["lanes"], f"{where}.lanes"),
                                   nvswitches=_int(d.get("nvswitches", 1), f"{where}.nvswitches"))
-        if not isinstance(d.get("nvls", False), bool):
-            raise TopologyError(f"{where}.nvls: expected true or false, got {d['nvls']!r}")
-        kw["nvls"] = d.get("nvls", False)
+        kw["nvls"] = _bool(d.get("nvls", False), f"{where}.nvls")
     elif kind == "mesh":
         d = _keys(raw, where, ("kind", "pairs"), ("lane_GBps", "latency_us"))
         pairs = []
@@ -350,7 +359,7 @@ def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
 
 def _parse_node_type(name: str, raw: Any) -> NodeType:
     where = f"node_types.{name}"
-    d = _keys(raw, where, ("gpus_per_node", "pcie"), ("nvlink", "cpu", "nics"))
+    d = _keys(raw, where, ("gpus_per_node", "pcie"), ("nvlink", "cpu", "nics", "coherent_memory"))
     gpn = _int(d["gpus_per_node"], f"{where}.gpus_per_node")
     nics = _parse_nics(d.get("nics"), f"{where}.nics", gpn)
 
@@ -401,6 +410,7 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
                 )
     if "nvlink" in d:
         kw.update(_parse_nvlink(d["nvlink"], f"{where}.nvlink", gpn))
+    kw["coherent_memory"] = _bool(d.get("coherent_memory", False), f"{where}.coherent_memory")
     return NodeType(name=name, gpus_per_node=gpn, nics=nics, **kw)
 
 
@@ -421,6 +431,7 @@ def _node_type_dict(t: NodeType) -> dict[str, Any]:
     out["cpu"] = {"sockets": t.sockets, "vendor": t.cpu_vendor, "bw_GBps": t.socket_bw / GB,
                   "latency_us": t.socket_latency / US}
     out["nics"] = [{"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)} for n in t.nics]
+    out["coherent_memory"] = t.coherent_memory
     return out
 
 
@@ -452,14 +463,14 @@ def _parse_fabric(raw: Any) -> Fabric:
     if raw is None:
         return Fabric(kind="none")
     kind = _keys(raw, "fabric", ("kind",), ("nodes_per_leaf", "spines", "oversubscription",
-                                            "latency_us", "switches", "edges"))["kind"]
+                                            "latency_us", "sharp", "switches", "edges"))["kind"]
     if kind not in FABRIC_KINDS:
         raise TopologyError(f"fabric.kind: unknown {kind!r}; valid: {list(FABRIC_KINDS)}")
     if kind == "none":
         _keys(raw, "fabric", ("kind",))
         return Fabric(kind="none")
     if kind == "explicit":
-        d = _keys(raw, "fabric", ("kind", "edges"), ("switches", "latency_us"))
+        d = _keys(raw, "fabric", ("kind", "edges"), ("switches", "latency_us", "sharp"))
         lat = _num(d.get("latency_us", DEFAULT_LATENCY_US["net"]), "fabric.latency_us",
                    positive=False) * US
         edges = []
@@ -472,29 +483,32 @@ def _parse_fabric(raw: Any) -> Fabric:
                 latency=_num(ed.get("latency_us", lat / US), f"{w}.latency_us",
                              positive=False) * US))
         sw = tuple(_name(s, "fabric.switches") for s in d.get("switches", ()) or ())
-        return Fabric(kind="explicit", latency=lat, switches=sw, edges=tuple(edges))
+        return Fabric(kind="explicit", latency=lat, switches=sw, edges=tuple(edges),
+                      sharp=_bool(d.get("sharp", False), "fabric.sharp"))
     d = _keys(raw, "fabric", ("kind",), ("nodes_per_leaf", "spines", "oversubscription",
-                                         "latency_us"))
+                                         "latency_us", "sharp"))
     spines = d.get("spines")
     return Fabric(
         kind=kind, nodes_per_leaf=_int(d.get("nodes_per_leaf", 32), "fabric.nodes_per_leaf"),
         spines=None if spines is None else _int(spines, "fabric.spines"),
         oversubscription=_num(d.get("oversubscription", 1.0), "fabric.oversubscription"),
         latency=_num(d.get("latency_us", DEFAULT_LATENCY_US["net"]), "fabric.latency_us",
-                     positive=False) * US)
+                     positive=False) * US,
+        sharp=_bool(d.get("sharp", False), "fabric.sharp"))
 
 
 def _fabric_dict(f: Fabric) -> dict[str, Any]:
     if f.kind == "none":
         return {"kind": "none"}
     if f.kind == "explicit":
-        return {"kind": "explicit", "latency_us": f.latency / US, "switches": list(f.switches),
+        return {"kind": "explicit", "latency_us": f.latency / US, "sharp": f.sharp,
+                "switches": list(f.switches),
                 "edges": [{"a": e.a, "b": e.b, "bw_GBps": e.bw / GB, "latency_us": e.latency / US}
                           for e in f.edges]}
     out: dict[str, Any] = {"kind": f.kind, "nodes_per_leaf": f.nodes_per_leaf}
     if f.spines is not None:
         out["spines"] = f.spines
-    out.update(oversubscription=f.oversubscription, latency_us=f.latency / US)
+    out.update(oversubscription=f.oversubscription, latency_us=f.latency / US, sharp=f.sharp)
     return out
 
 

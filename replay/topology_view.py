@@ -95,7 +95,8 @@ def build_view(cluster: "Cluster") -> TopologyView:
             (sum(p[2] for p in t.nvlink_pairs if g in p[:2]) for g in range(t.gpus_per_node)),
             default=0)
         fabric = NodeFabric(kind=t.intra, nvls=t.nvls, nvlink_lanes=lanes, pcie_gen=t.pcie_gen,
-                            pcie_width=t.pcie_width, cpu_vendor=t.cpu_vendor)
+                            pcie_width=t.pcie_width, cpu_vendor=t.cpu_vendor,
+                            coherent=t.coherent_memory)
         nodes.append(Node(index=n, fabric=fabric, gpus=gpu_ids,
                           nics=tuple(range(nic_base, len(nics)))))
     L = net.links
@@ -108,4 +109,5 @@ def build_view(cluster: "Cluster") -> TopologyView:
         for i in range(len(L))
     )
     return TopologyView(name=cluster.name, gpus=tuple(gpus), nodes=tuple(nodes), nics=tuple(nics),
-                        links=links, router=ClusterRouter(cluster))
+                        links=links, router=ClusterRouter(cluster),
+                        collnet=cluster.spec.fabric.sharp and cluster.num_nodes > 1)

@@ -92,3 +92,18 @@ def test_parity_with_ncclshim_presets(name, nodes):
         a, b = graph.analyze(ranks, mine), graph.analyze(ranks, ref)
         key = ("n_channels", "bw_intra", "bw_inter", "type_intra", "type_inter", "nvls_channels")
         assert [getattr(a, k) for k in key] == [getattr(b, k) for k in key]
+
+
+def test_sharp_and_coherent_memory_reach_the_view():
+    """fabric.sharp turns on CollNet (multi-node only); coherent_memory marks the node fabric."""
+    spec = {
+        "schema_version": 1, "name": "cxl",
+        "node_types": {"b": {"gpus_per_node": 2, "pcie": {"gen": 5}, "coherent_memory": True,
+                             "nics": {"count": 2, "bw_Gbps": 400}}},
+        "node_groups": [{"name": "g", "gpu": "H100", "node_type": "b"}],
+        "fabric": {"kind": "rail_optimized", "sharp": True},
+    }
+    two = load_cluster(spec, num_gpus=4).topology_view()
+    assert two.collnet and two.nodes[0].fabric.coherent
+    assert not load_cluster(spec, num_gpus=2).topology_view().collnet
+    assert not load_cluster("dgx-h100", num_gpus=16).topology_view().collnet
