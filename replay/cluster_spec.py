@@ -21,7 +21,7 @@ Units: bandwidths are per direction, ``bw_GBps`` in 1e9 B/s, NIC ``bw_Gbps`` in 
 ``latency_us`` in microseconds; everything is stored in SI (B/s, s). Unknown keys, missing keys
 and out-of-range values raise one :class:`~heterosim.errors.TopologyError` that names the key
 path and the fix. ``ClusterSpec.to_dict()`` writes the canonical form: ``parse_spec(s.to_dict())
-== s`` for every spec.
+== s`` for every spec. The full reference is ``docs/clusters.md``.
 """
 
 from __future__ import annotations
@@ -177,8 +177,9 @@ class Fabric:
 
     ``rail_optimized``: NIC ``i`` of every node in a pod plugs into leaf ``(rail i, pod)``; leaves
     join through ``spines`` spine switches. ``leaf_spine``: all NICs of a node plug into their
-    pod's one leaf. Leaf uplink capacity is its downlink capacity / ``oversubscription``, split
-    evenly over the spines. ``explicit``: switches and cables listed by hand.
+    pod's one leaf. Leaf uplink capacity is its *design* downlink capacity (``nodes_per_leaf``
+    nodes, present or not) / ``oversubscription``, split evenly over the spines. ``explicit``:
+    switches and cables listed by hand.
     """
 
     kind: Literal["rail_optimized", "leaf_spine", "explicit", "none"]
