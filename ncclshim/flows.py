@@ -22,8 +22,10 @@ or tree edge, aggregated over NCCL's runtime channels (duplicated channels follo
   all nodes (same rail) carrying ``S / ppn / 2`` per tree per direction.
 - PAT (one GPU per node): dimension ``i`` pairs ``r`` with ``r +- 2^i`` and carries ``2^i/n * S``
   (all dimensions sum to ``(n-1)/n * S``).
-- COLLNET: heads exchange ``S/ppn`` with the SHARP switch (written as rail-neighbour flows);
-  Direct scatters/gathers inside the node all-to-all, Chain along a chain.
+- COLLNET: every GPU heads 1/ppn of the data and exchanges ``S/ppn`` with the SHARP switch
+  (written as rail-neighbour flows); Direct scatters/gathers inside the node all-to-all, Chain
+  runs one chain per head (``S/ppn`` per edge and direction); Direct all_gather/reduce_scatter
+  receive the other nodes' shards from the multicast and spread them over NVLink.
 - all_to_all: every ordered pair, ``S/n``, listed in NCCL's ``ncclP2pSchedule`` order.
 - send/recv: one flow of ``S``.
 """
@@ -191,16 +193,45 @@ def _collnet(g: GroupGraph, view: TopologyView, algo: str, pxn: bool) -> list[Fl
                 for b in members:
                     if a != b:  # scatter to head b, and head a's result gathered back to b
                         out.append((a, b, 2.0 / ppn, 0, view.route(a, b, 0, pxn=pxn), 0))
-        else:
-            for a, b in zip(members, members[1:]):
-                out.append((b, a, 1.0, 0, view.route(b, a, 0, pxn=pxn), 0))
-                out.append((a, b, 1.0, 0, view.route(a, b, 0, pxn=pxn), 0))
-    heads_per_node = ppn if algo == "COLLNET_DIRECT" else 1
+        else:  # one chain per channel, headed by a different GPU each, carrying S/ppn
+            for j in range(len(members)):
+                chain = members[j:] + members[:j]
+                for a, b in zip(chain, chain[1:]):
+                    out.append((b, a, 1.0 / len(members), j, view.route(b, a, 0, pxn=pxn), 0))
+                    out.append((a, b, 1.0 / len(members), j, view.route(a, b, 0, pxn=pxn), 0))
+    return out + _sharp_heads(g, view, ppn, pxn)
+
+
+def _collnet_gather(g: GroupGraph, view: TopologyView, pxn: bool) -> list[FlowSpec]:
+    """CollNet Direct all_gather / reduce_scatter: every GPU is a head for 1/ppn of the data.
+
+    all_gather: each node's NICs receive the other nodes' ``(n-ppn)/n * S`` from the SHARP
+    multicast (``(n-ppn)/(n*ppn) * S`` per head) and forward it over NVLink to the other local
+    GPUs, which also exchange their own node's shards (``1/n * S`` per pair). reduce_scatter is
+    the same traffic reversed; the loads per link are the same.
+    """
+    n, ppn = len(g.ranks), g.ppn
+    remote = (n - ppn) / (n * ppn)
+    out: list[FlowSpec] = []
+    for members in g.node_members:
+        for a in members:
+            for b in members:
+                if a != b:
+                    out.append((a, b, remote + 1.0 / n, 0, view.route(a, b, 0, pxn=pxn), 0))
+    return out + [(a, b, remote, c, path, ph) for a, b, _, c, path, ph in _sharp_heads(g, view, ppn, pxn)]
+
+
+def _sharp_heads(g: GroupGraph, view: TopologyView, heads: int, pxn: bool) -> list[FlowSpec]:
+    """Each of ``heads`` heads per node sends ``S/heads`` up to the SHARP switch and receives the
+    result: written as a flow to the same-rail head of the next node, which loads exactly one
+    NIC uplink and one NIC downlink per head."""
+    out: list[FlowSpec] = []
     nodes = g.node_members
-    for j in range(heads_per_node):
-        for k, members in enumerate(nodes):  # up to and down from the SHARP switch, rail j
-            a, b = members[j % len(members)], nodes[(k + 1) % len(nodes)][j % len(nodes[(k + 1) % len(nodes)])]
-            out.append((a, b, 1.0 / heads_per_node, j, view.route(a, b, 0, pxn=pxn), 0))
+    for j in range(heads):
+        for k, members in enumerate(nodes):
+            nxt = nodes[(k + 1) % len(nodes)]
+            a, b = members[j % len(members)], nxt[j % len(nxt)]
+            out.append((a, b, 1.0 / heads, j, view.route(a, b, 0, pxn=pxn), 0))
     return out
 
 
@@ -233,11 +264,16 @@ def template(coll: str, algo: str, g: GroupGraph, view: TopologyView, *, pxn: bo
     if algo == "TREE":
         return tuple(_tree(g, view, pxn))
     if algo == "NVLS":
-        return tuple(_nvls_intra(g, view))
+        if g.n_nodes == 1:
+            return tuple(_nvls_intra(g, view))
+        # Multi-node NVLS needs CollNet: each head exchanges S/ppn with the SHARP switch.
+        return tuple(_nvls_intra(g, view) + _sharp_heads(g, view, g.ppn, pxn))
     if algo == "NVLS_TREE":
         return tuple(_nvls_intra(g, view) + _heads_dtree(g, view, pxn, 0.5 / g.ppn))
     if algo == "PAT":
         return tuple(_pat(g, view, coll, pxn))
+    if algo == "COLLNET_DIRECT" and coll in ("all_gather", "reduce_scatter"):
+        return tuple(_collnet_gather(g, view, pxn))
     if algo.startswith("COLLNET"):
         return tuple(_collnet(g, view, algo, pxn))
     raise UnsupportedCollectiveError(f"no flow model for {coll} with {algo}")
