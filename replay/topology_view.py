@@ -101,12 +101,10 @@ def build_view(cluster: "Cluster") -> TopologyView:
                           nics=tuple(range(nic_base, len(nics)))))
     L = net.links
     names = net.vertices
-    src, dst, kind = L.src.tolist(), L.dst.tolist(), L.kind.tolist()
-    bw, lat, nccl = L.bw.tolist(), L.latency.tolist(), L.nccl_bw.tolist()
     links = tuple(
-        Link(id=i, src=names[src[i]], dst=names[dst[i]], kind=LINK_KINDS[kind[i]], bw=bw[i],
-             latency=lat[i], nccl_bw=nccl[i])
-        for i in range(len(L))
+        Link(id=i, src=names[a], dst=names[b], kind=LINK_KINDS[k], bw=w, latency=t, nccl_bw=m)
+        for i, a, b, k, w, t, m in zip(range(len(L)), L.src.tolist(), L.dst.tolist(), L.kind.tolist(),
+                                       L.bw.tolist(), L.latency.tolist(), L.nccl_bw.tolist())
     )
     return TopologyView(name=cluster.name, gpus=tuple(gpus), nodes=tuple(nodes), nics=tuple(nics),
                         links=links, router=ClusterRouter(cluster),
