@@ -221,7 +221,8 @@ class Cluster:
 
     def with_placement(self, placement: Placement | Mapping[str, Any] | str | os.PathLike | None,
                        *, layout: Mapping[str, Any] | None = None) -> "Cluster":
-        """The same cluster (network shared) with another placement."""
+        """The same cluster with another placement; the network and the (placement-independent)
+        topology view are shared, not rebuilt."""
         p = placement_for(layout, self.num_gpus, placement)
         other = object.__new__(Cluster)
         for k, v in self.__dict__.items():
@@ -229,7 +230,6 @@ class Cluster:
         other.placement = p
         other.rank_gpu = np.asarray(p.resolve(self.num_gpus, self.group_gpus), dtype=np.int64)
         other.rank_gpu.setflags(write=False)
-        other._view = None
         return other
 
     # ---- network --------------------------------------------------------------------------
