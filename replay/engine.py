@@ -319,11 +319,10 @@ class _Sim:
         self.need: dict[tuple, int] = {}
         self.inst_members: dict[tuple, list[tuple[int, int]]] = {}
         self.inst_start: dict[tuple, float] = {}
-        self.pending: dict[tuple, list[float]] = {}
         self.replica_ranks: dict[tuple, list[tuple[int, ...]]] = {}
         self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self.net = FluidNetwork(w.capacity_Bps)
-        self.timers: list[tuple[float, int, tuple, int]] = []
+        self.timers: list[tuple[float, int, tuple, list[float]]] = []
         self.comm_meta: list[dict[int, tuple[str, int, CommInstance]]] = [{} for _ in self.classes]
         self.last_arrival: dict[tuple, tuple[int, int]] = {}
         self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
@@ -469,16 +468,13 @@ class _Sim:
         if len(rep_inst.ranks) == 1 or len(set(rep_inst.ranks)) == 1:
             self.complete(key, t)
             return
-        self.pending[key] = []
         if self.w.link_sharing:
-            done = self.net.start([((key, j), self.w.transfer_spec(inst)) for j, inst in enumerate(insts)], t)
-            for k in done:
-                self.replica_done(k, t)
+            for k, ends in self.net.start(key, [self.w.transfer_spec(inst) for inst in insts], t):
+                self.batch_done(k, ends)
         else:
-            for j, inst in enumerate(insts):
-                d = self._solo(inst)
-                heapq.heappush(self.timers, (t + d, self.seq, key, j))
-                self.seq += 1
+            ends = [t + self._solo(inst) for inst in insts]
+            heapq.heappush(self.timers, (max(ends), self.seq, key, ends))
+            self.seq += 1
 
     def _solo(self, inst: CommInstance) -> float:
         ck = ("solo", inst)
@@ -488,22 +484,15 @@ class _Sim:
             self.w._cache[ck] = v
         return v
 
-    def replica_done(self, kj: tuple, t: float) -> None:
-        key, j = kj
-        ends = self.pending[key]
-        ends.append((t, j))
-        nrep = len(self.replica_ranks[key])
-        if len(ends) < nrep:
-            return
-        del self.pending[key]
-        times = [e for e, _ in ends]
-        lo, hi = min(times), max(times)
+    def batch_done(self, key: tuple, ends: list[float]) -> None:
+        """All replicas of a class-level transfer ended (at ``ends``): they must agree."""
+        lo, hi = min(ends), max(ends)
         if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
-            order = sorted(set(times))
+            order = sorted(set(ends))
             groups: list[list[int]] = [[] for _ in order]
             reps = self.replica_ranks[key]
-            for e, jj in ends:
-                groups[order.index(e)].extend(reps[jj])
+            for j, e in enumerate(ends):
+                groups[order.index(e)].extend(reps[j])
             raise _Asymmetric(groups)
         self.complete(key, hi)
 
@@ -565,11 +554,11 @@ class _Sim:
                 break
             if t_net <= t_heap and t_net <= t_tim:
                 t, done = net.step()
-                for k in done:
-                    self.replica_done(k, t)
+                for k, ends in done:
+                    self.batch_done(k, ends)
             elif t_tim <= t_heap:
-                t, _, key, j = heapq.heappop(timers)
-                self.replica_done((key, j), t)
+                _, _, key, ends = heapq.heappop(timers)
+                self.batch_done(key, ends)
             else:
                 t, _, ci, p = heapq.heappop(heap)
                 self.arrive(t, ci, p)

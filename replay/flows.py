@@ -71,46 +71,76 @@ class _Flow:
 
 
 class _Transfer:
-    __slots__ = ("key", "spec", "phase", "pending")
+    __slots__ = ("key", "spec", "phase", "pending", "t0")
 
-    def __init__(self, key: Hashable, spec: TransferSpec):
-        self.key = key
+    def __init__(self, key: Hashable, spec: TransferSpec, t0: float = 0.0):
+        self.key = key  # (batch id, replica index)
         self.spec = spec
         self.phase = -1
         self.pending = 0
+        self.t0 = t0
+
+
+class _Batch:
+    __slots__ = ("key", "left", "ends", "solo", "links", "t0", "specs", "version")
+
+    def __init__(self, key: Hashable, n: int):
+        self.key = key
+        self.left = n
+        self.ends: list[float] = [math.nan] * n
+        self.solo = False
+        self.links: np.ndarray | None = None
+        self.t0 = 0.0
+        self.specs: Sequence[TransferSpec] = ()
+        self.version = 0
 
 
 class FluidNetwork:
     """Flows sharing links max-min fairly; advance it event by event with :meth:`step`.
 
-    Usage: ``start(items, now)`` adds transfers ``(key, TransferSpec)`` at time ``now``;
-    :meth:`next_time` is the time of the next internal event (inf when idle); :meth:`step` handles
-    that instant and returns ``(time, keys of the transfers that completed)``.
+    Work arrives in *batches*: ``start(key, specs, now)`` starts one transfer per spec (the
+    replicas of one collective); a batch is reported once, when its last transfer completes, as
+    ``(key, [end time of each transfer])``. :meth:`next_time` is the time of the next internal
+    event (inf when idle); :meth:`step` handles that instant and returns ``(time, completed)``.
+
+    Fast path (exact): a batch whose transfers use links that no flow in flight uses, and that do
+    not share links with each other, runs *solo*: its end times are its transfers' idle-network
+    times (cached per spec). Should a later batch touch one of its links, it is *materialized*:
+    its transfers are replayed alone up to that instant and continue as ordinary fluid flows.
     """
 
-    def __init__(self, capacity_Bps: Sequence[float]):
+    def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True):
         cap = np.asarray(capacity_Bps, dtype=np.float64)
         if cap.ndim != 1 or (cap.size and not np.all(cap > 0)):
             raise ReplayError("link capacities must be a 1-D vector of positive bytes/s")
         self.capacity = cap
+        self.solo_enabled = solo
         self._link_flows: dict[int, dict[int, None]] = {}
         self._flows: dict[int, _Flow] = {}
         self._transfers: dict[int, _Transfer] = {}
+        self._batches: dict[int, _Batch] = {}
         self._heap: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, id, version)
         self._seq = 0
         self._next_fid = 0
         self._next_tid = 0
+        self._next_bid = 0
+        self._busy = np.zeros(cap.size, dtype=np.int64)  # fluid flows per link
+        self._owner = np.full(cap.size, -1, dtype=np.int64)  # solo batch holding the link
+        self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
+        self._shape_info: dict[tuple, tuple[np.ndarray, bool]] = {}
         self.now = 0.0
         self.recomputes = 0
         """Number of max-min solves done (a cost counter for benchmarks)."""
+        self.solo_batches = 0
+        """Batches that ran on the fast path (never materialized)."""
 
     # -- public -------------------------------------------------------------------------------
     def idle(self) -> bool:
         """True when no transfer is in flight."""
-        return not self._transfers
+        return not self._batches
 
     def next_time(self) -> float:
-        """Time of the next event inside the network (flow finish or phase start); inf if none."""
+        """Time of the next event inside the network (flow finish, phase start, solo end); inf if none."""
         heap = self._heap
         while heap:
             t, _, kind, ident, version = heap[0]
@@ -119,29 +149,54 @@ class FluidNetwork:
                 if f is None or f.version != version:
                     heapq.heappop(heap)
                     continue
+            elif kind == 2:
+                b = self._batches.get(ident)
+                if b is None or not b.solo or b.version != version:
+                    heapq.heappop(heap)
+                    continue
             return t
         return math.inf
 
-    def start(self, items: Iterable[tuple[Hashable, TransferSpec]], now: float) -> list[Hashable]:
-        """Start transfers at ``now``; returns the keys of those that complete at once (empty)."""
+    def start(self, key: Hashable, specs: Sequence[TransferSpec], now: float) -> list[tuple[Hashable, list[float]]]:
+        """Start one batch at ``now``; returns ``[(key, ends)]`` if it completes at once, else []."""
         if now < self.now * (1 - _REL_TOL) - 1e-300:
             raise ReplayError(f"network asked to start a transfer at {now} s, before its time {self.now} s")
         self.now = max(self.now, now)
+        bid = self._next_bid
+        self._next_bid += 1
+        batch = _Batch(key, len(specs))
+        self._batches[bid] = batch
+        if not specs:
+            del self._batches[bid]
+            return [(key, [])]
+        links, disjoint = self._shape(specs)
+        if self.solo_enabled and disjoint and links.size and not self._busy[links].any():
+            owners = self._owner[links]
+            if not (owners >= 0).any():
+                ends = [now + self._info(s)[2] for s in specs]
+                batch.solo, batch.links, batch.t0, batch.specs, batch.ends = True, links, now, specs, ends
+                self._owner[links] = bid
+                self._push(max(ends), 2, bid, batch.version)
+                return []
+        if links.size:
+            for ob in np.unique(self._owner[links]).tolist():
+                if ob >= 0:
+                    self._materialize(ob, now)
         touched: set[int] = set()
-        done: list[Hashable] = []
-        for key, spec in items:
+        done: list[tuple[Hashable, list[float]]] = []
+        for j, spec in enumerate(specs):
             tid = self._next_tid
             self._next_tid += 1
-            tr = _Transfer(key, spec)
+            tr = _Transfer((bid, j), spec, now)
             self._transfers[tid] = tr
             if self._advance_phase(tid, tr, now, touched):
-                done.append(key)
+                self._transfer_done(tr, now, done)
         if touched:
             self._recompute(touched, now)
         return done
 
-    def step(self) -> tuple[float, list[Hashable]]:
-        """Handle the next instant; returns its time and the keys of transfers that completed."""
+    def step(self) -> tuple[float, list[tuple[Hashable, list[float]]]]:
+        """Handle the next instant; returns its time and the batches that completed."""
         t0 = self.next_time()
         if t0 == math.inf:
             return t0, []
@@ -151,6 +206,7 @@ class FluidNetwork:
         touched: set[int] = set()
         finished_tids: list[int] = []
         phase_starts: list[int] = []
+        done: list[tuple[Hashable, list[float]]] = []
         while heap and heap[0][0] <= limit:
             _, _, kind, ident, version = heapq.heappop(heap)
             if kind == 0:
@@ -161,6 +217,7 @@ class FluidNetwork:
                 for l in f.links:
                     lf = self._link_flows[l]
                     del lf[ident]
+                    self._busy[l] -= 1
                     if not lf:
                         del self._link_flows[l]
                     touched.add(l)
@@ -168,23 +225,107 @@ class FluidNetwork:
                 tr.pending -= 1
                 if tr.pending == 0:
                     finished_tids.append(f.tid)
-            else:
+            elif kind == 1:
                 phase_starts.append(ident)
-        done: list[Hashable] = []
+            else:
+                b = self._batches.get(ident)
+                if b is None or not b.solo or b.version != version:
+                    continue
+                self._owner[b.links] = -1
+                del self._batches[ident]
+                self.solo_batches += 1
+                done.append((b.key, b.ends))
         for tid in phase_starts:
             tr = self._transfers[tid]
             if self._start_flows(tid, tr, t0, touched):
                 if self._advance_phase(tid, tr, t0, touched):
-                    done.append(tr.key)
+                    self._transfer_done(tr, t0, done)
         for tid in finished_tids:
             tr = self._transfers[tid]
             if self._advance_phase(tid, tr, t0, touched):
-                done.append(tr.key)
+                self._transfer_done(tr, t0, done)
         if touched:
             self._recompute(touched, t0)
         return t0, done
 
     # -- internals ------------------------------------------------------------------------------
+    def _info(self, spec: TransferSpec) -> tuple[TransferSpec, np.ndarray, float]:
+        """(spec, its distinct links, its idle-network time), cached by identity."""
+        v = self._spec_info.get(id(spec))
+        if v is None or v[0] is not spec:
+            links = np.unique(np.fromiter((l for ph in spec.phases for f in ph.flows if f.nbytes > 0
+                                           for l in f.links), dtype=np.int64))
+            v = (spec, links, solo_time(spec, self.capacity) if self.solo_enabled else math.nan)
+            self._spec_info[id(spec)] = v
+        return v
+
+    def _shape(self, specs: Sequence[TransferSpec]) -> tuple[np.ndarray, bool]:
+        """All links of a batch, and whether its transfers are link-disjoint from each other."""
+        k = tuple(map(id, specs))
+        v = self._shape_info.get(k)
+        if v is None:
+            parts = [self._info(s)[1] for s in specs]
+            allk = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            uniq = np.unique(allk)
+            v = (uniq, uniq.size == allk.size)
+            self._shape_info[k] = v
+        return v
+
+    def _transfer_done(self, tr: _Transfer, t: float, done: list) -> None:
+        bid, j = tr.key
+        b = self._batches[bid]
+        b.ends[j] = t
+        b.left -= 1
+        if b.left == 0:
+            del self._batches[bid]
+            done.append((b.key, b.ends))
+
+    def _materialize(self, bid: int, now: float) -> None:
+        """Turn solo batch ``bid`` into fluid flows, replaying each transfer alone up to ``now``."""
+        b = self._batches[bid]
+        b.solo = False
+        b.version += 1
+        self._owner[b.links] = -1
+        touched: set[int] = set()
+        b.left = len(b.specs)
+        ends = list(b.ends)
+        for j, spec in enumerate(b.specs):
+            scratch = FluidNetwork(self.capacity, solo=False)
+            scratch.start(0, [spec], b.t0)
+            while scratch.next_time() <= now:
+                scratch.step()
+            if ends[j] <= now or not scratch._transfers:
+                b.left -= 1  # already complete by now; its end time stands
+                ends[j] = min(ends[j], now)
+                continue
+            ends[j] = math.nan
+            (stid, st), = scratch._transfers.items()
+            tid = self._next_tid
+            self._next_tid += 1
+            tr = _Transfer((bid, j), spec, b.t0)
+            tr.phase, tr.pending = st.phase, st.pending
+            self._transfers[tid] = tr
+            for _, _, kind, ident, _ in scratch._heap:
+                if kind == 1 and ident == stid:
+                    self._push(_pending_phase_time(scratch, stid), 1, tid, 0)
+                    break
+            for sf in scratch._flows.values():
+                rem = sf.remaining - sf.rate * (now - sf.t_last)
+                self._add_flow(tid, sf.links, rem, sf.cap, now, touched)
+        b.ends = ends
+        if touched:
+            self._recompute(touched, now)
+
+    def _add_flow(self, tid: int, links: tuple[int, ...], nbytes: float, cap: float, now: float,
+                  touched: set[int]) -> None:
+        fid = self._next_fid
+        self._next_fid += 1
+        self._flows[fid] = _Flow(links, nbytes, cap, tid, now)
+        for l in links:
+            self._link_flows.setdefault(l, {})[fid] = None
+            self._busy[l] += 1
+            touched.add(l)
+
     def _advance_phase(self, tid: int, tr: _Transfer, now: float, touched: set[int]) -> bool:
         """Move ``tr`` to its next phase(s); True when the transfer is complete."""
         phases = tr.spec.phases
@@ -206,12 +347,7 @@ class FluidNetwork:
         for fs in tr.spec.phases[tr.phase].flows:
             if fs.nbytes <= 0 or not fs.links:
                 continue  # nothing to move, or a copy inside one GPU: instantaneous here
-            fid = self._next_fid
-            self._next_fid += 1
-            self._flows[fid] = _Flow(fs.links, fs.nbytes, fs.max_rate_Bps, tid, now)
-            for l in fs.links:
-                self._link_flows.setdefault(l, {})[fid] = None
-                touched.add(l)
+            self._add_flow(tid, fs.links, fs.nbytes, fs.max_rate_Bps, now, touched)
             n += 1
         tr.pending = n
         return n == 0
@@ -256,6 +392,10 @@ class FluidNetwork:
             self._push(now + rem / f.rate, 0, fid, f.version)
 
 
+def _pending_phase_time(net: FluidNetwork, tid: int) -> float:
+    return min(t for t, _, kind, ident, _ in net._heap if kind == 1 and ident == tid)
+
+
 def maxmin_rates(paths: Sequence[tuple[int, ...]], caps: Sequence[float], capacity: np.ndarray) -> np.ndarray:
     """Max-min fair rates (B/s) of flows over ``paths`` by progressive filling.
 
@@ -292,8 +432,8 @@ def maxmin_rates(paths: Sequence[tuple[int, ...]], caps: Sequence[float], capaci
 
 def solo_time(spec: TransferSpec, capacity: Sequence[float]) -> float:
     """Time ``spec`` takes alone on an idle network (its uncontended duration)."""
-    net = FluidNetwork(capacity)
-    done = net.start([(0, spec)], 0.0)
+    net = FluidNetwork(capacity, solo=False)
+    done = net.start(0, [spec], 0.0)
     t = 0.0
     while not done:
         t, done = net.step()

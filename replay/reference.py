@@ -62,7 +62,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
     inst_start: dict[Hashable, float] = {}
     members: dict[Hashable, list[tuple[int, int]]] = {}
     stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (rank, pred op) -> [(op, issue t)]
-    net = FluidNetwork(w.capacity_Bps)
+    net = FluidNetwork(w.capacity_Bps, solo=False)  # plain fluid model: no fast path here
     timers: list[tuple[float, int, Hashable]] = []  # no-sharing mode: fixed-duration completions
 
     def push_ready(t: float, r: int, i: int) -> None:
@@ -158,7 +158,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             return
         spec = w.transfer_spec(op.inst)
         if w.link_sharing:
-            for k in net.start([(key, spec)], t):
+            for k, _ in net.start(key, [spec], t):
                 complete(k, t)
         else:
             heapq.heappush(timers, (t + solo_time(spec, w.capacity_Bps), next(_tick), key))
@@ -174,7 +174,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             break
         if t_net <= t_heap and t_net <= t_tim:
             t, done = net.step()
-            for k in done:
+            for k, _ in done:
                 complete(k, t)
         elif t_tim <= t_heap:
             t, _, k = heapq.heappop(timers)

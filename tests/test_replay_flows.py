@@ -16,11 +16,13 @@ def one(links, nbytes, latency=0.0, cap=math.inf):
 
 
 def run_all(net, items, t=0.0):
-    """Start items at t and run the network dry; returns {key: completion time}."""
-    out = {k: t for k in net.start(items, t)}
+    """Start single-transfer batches at t and run the network dry; returns {key: completion time}."""
+    out = {}
+    for key, spec in items:
+        out.update({k: ends[0] if ends else t for k, ends in net.start(key, [spec], t)})
     while not net.idle():
         t, done = net.step()
-        out.update({k: t for k in done})
+        out.update({k: ends[0] for k, ends in done})
     return out
 
 
@@ -49,14 +51,15 @@ def test_short_flow_finishing_frees_bandwidth():
 
 def test_late_arrival_slows_a_running_flow():
     """A 1e9 B flow alone for 0.5 s, then shared with a second: ends at 0.5 + 0.5e9/0.5e9 = 1.5 s."""
-    net = FluidNetwork([1e9])
-    net.start([("a", one((0,), 1e9))], 0.0)
-    net.start([("b", one((0,), 1e9))], 0.5)
-    done = {}
-    while not net.idle():
-        t, keys = net.step()
-        done.update({k: t for k in keys})
-    assert done == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
+    for solo in (True, False):
+        net = FluidNetwork([1e9], solo=solo)
+        net.start("a", [one((0,), 1e9)], 0.0)
+        net.start("b", [one((0,), 1e9)], 0.5)
+        done = {}
+        while not net.idle():
+            t, got = net.step()
+            done.update({k: ends[0] for k, ends in got})
+        assert done == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
 
 
 def test_phases_run_in_sequence_with_their_latencies():
@@ -69,7 +72,8 @@ def test_phases_run_in_sequence_with_their_latencies():
 def test_empty_and_zero_byte_transfers_complete_at_once():
     """No phases, or zero-byte flows: complete at the start time."""
     net = FluidNetwork([1e9])
-    assert net.start([("e", TransferSpec()), ("z", one((0,), 0))], 3.0) == ["e", "z"]
+    assert net.start("e", [TransferSpec()], 3.0) == [("e", [3.0])]
+    assert net.start("z", [one((0,), 0)], 3.0) == [("z", [3.0])]
 
 
 def test_disjoint_components_are_solved_separately():
@@ -83,7 +87,32 @@ def test_bad_capacities_and_time_travel_are_errors():
     with pytest.raises(ReplayError, match="positive bytes/s"):
         FluidNetwork([1e9, 0.0])
     net = FluidNetwork([1e9])
-    net.start([("a", one((0,), 1e9))], 0.0)
+    net.start("a", [one((0,), 1e9)], 0.0)
     net.step()
     with pytest.raises(ReplayError, match="before its time"):
-        net.start([("b", one((0,), 1.0))], 0.5)
+        net.start("b", [one((0,), 1.0)], 0.5)
+
+
+def test_solo_batches_materialize_exactly():
+    """A solo batch (two link-disjoint transfers) hit mid-flight by a third equals the pure fluid run."""
+    ph = lambda links, n, lat=0.0: TransferSpec(phases=(PhaseSpec(latency_s=lat, flows=(FlowSpec(links=links, nbytes=n),)),
+                                                        PhaseSpec(flows=(FlowSpec(links=links, nbytes=n / 2),))))
+    out = {}
+    for solo in (True, False):
+        net = FluidNetwork([1e9, 2e9, 1e9], solo=solo)
+        got = {}
+        net.start("ab", [ph((0,), 1e9, 1e-3), ph((1,), 1e9)], 0.0)
+        t = 0.0
+        while net.next_time() < 0.7:
+            t, done = net.step()
+            got.update(dict(done))
+        net.start("c", [ph((0, 2), 1e9)], 0.7)
+        while not net.idle():
+            t, done = net.step()
+            got.update(dict(done))
+        out[solo] = got
+    assert out[True].keys() == out[False].keys() == {"ab", "c"}
+    for k in out[True]:
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
+    # ab[1] alone: 1e9/2e9 + 0.5e9/2e9 = 0.75 s; ab[0]: 1 ms + 0.699 s alone, then shares link 0.
+    assert out[True]["ab"][1] == pytest.approx(0.75)
