@@ -36,6 +36,11 @@ class PresetInfo:
     """Inter-node fabric kind."""
     path: Path
 
+    @property
+    def summary(self) -> str:
+        """The description's headline (up to its first colon), for one-line listings."""
+        return self.description.split(":", 1)[0].strip()
+
 
 def preset_names() -> list[str]:
     """Names of the built-in presets, sorted."""

@@ -44,6 +44,7 @@ def test_presets_listed():
     assert info["l40s-pcie"].intra == ("pcie",) and info["l40s-pcie"].fabric == "leaf_spine"
     assert info["mixed-a100-h100"].gpus == ("A100-SXM4-80GB", "H100-SXM5-80GB")
     assert all(p.description and p.path.is_file() for p in info.values())
+    assert info["dgx-h100"].summary == "NVIDIA DGX H100 nodes"
 
 
 @pytest.mark.parametrize("name", PRESETS)
