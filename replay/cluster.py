@@ -102,13 +102,20 @@ def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:
     rest = num_gpus - fixed
     # The flexible groups grow together in steps of `unit` GPUs: group i gets share_i * k nodes.
     unit = sum(spec.node_groups[i].share * gpn[i] for i in flex)
-    if rest <= 0 or rest % unit:
+    if rest <= 0:
+        raise TopologyError(
+            f"cluster {spec.name!r}: the groups with a node count already hold {fixed} GPUs, "
+            f"leaving none of the job's {num_gpus} for group "
+            f"{spec.node_groups[flex[0]].name!r}; lower their nodes: or give the group nodes: 0"
+        )
+    if rest % unit:
         shape = " + ".join(f"{spec.node_groups[i].share}x{gpn[i]}" for i in flex)
         raise TopologyError(
             f"cluster {spec.name!r}: {num_gpus} GPUs do not fill whole nodes"
             + (f" ({fixed} in fixed groups)" if fixed else "")
             + f"; the {'groups take' if len(flex) > 1 else 'nodes hold'} GPUs in steps of "
-            f"{unit} ({shape}); use a world size that is a multiple of {unit}"
+            f"{unit} ({shape}); use a world size that is "
+            + (f"{fixed} plus " if fixed else "") + f"a multiple of {unit}"
         )
     k = rest // unit
     return [g.nodes if g.nodes is not None else g.share * k for g in spec.node_groups]

@@ -448,7 +448,7 @@ def _parse_group(i: int, raw: Any, types: Mapping[str, NodeType]) -> NodeGroup:
         raise TopologyError(f"{where}.node_type: {nt!r} is not defined; defined: {sorted(types)}")
     nodes = d.get("nodes")
     return NodeGroup(name=_name(d["name"], f"{where}.name"), gpu=_name(d["gpu"], f"{where}.gpu"),
-                     node_type=nt, nodes=None if nodes is None else _int(nodes, f"{where}.nodes"),
+                     node_type=nt, nodes=None if nodes is None else _int(nodes, f"{where}.nodes", positive=False),
                      share=_int(d.get("share", 1), f"{where}.share"))
 
 

@@ -260,3 +260,19 @@ def test_dgx2_shares_nics():
     v = c.topology_view()
     assert (c.num_nodes, v.gpus[3].nics, v.gpus[19].nics) == (2, (1,), (9,))
     assert v.links[c.route(0, 1)[0]].nccl_bw == 120e9 and c.sm(0) == 70
+
+
+def test_fixed_groups_leave_no_room():
+    """Fixed groups that already hold the whole job leave nothing for a sized-by-share group."""
+    spec = tiny(node_groups=[
+        {"name": "a", "gpu": "A100", "node_type": "box", "nodes": 2},
+        {"name": "h", "gpu": "H100", "node_type": "box"},
+    ])
+    with pytest.raises(TopologyError, match="the groups with a node count already hold 4 GPUs, leaving "
+                                            "none of the job's 4 for group 'h'"):
+        load_cluster(spec, num_gpus=4)
+    with pytest.raises(TopologyError, match=r"use a world size that is 4 plus a multiple of 2"):
+        load_cluster(spec, num_gpus=7)
+    spec["node_groups"][1]["nodes"] = 0
+    c = load_cluster(spec, num_gpus=4)
+    assert c.group_gpus["h"] == () and "group h: 0 nodes" in c.describe()
