@@ -68,6 +68,7 @@ class FakeWorld:
     _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
     _family_of_site: dict[str, list[str]] = field(default_factory=dict)
     _family_members: dict[str, set[int]] = field(default_factory=dict)
+    _family_dim: dict[str, str] = field(default_factory=dict)
     _last_site: str | None = None
 
     # ---- group bookkeeping -------------------------------------------------------------------
@@ -94,7 +95,7 @@ class FakeWorld:
         else:
             fam = self._family_for(site, ranks)
         self._last_site = site
-        self.groups.append(GroupRecord(gid, ranks, fam, "world" if gid == "0" else "other"))
+        self.groups.append(GroupRecord(gid, ranks, fam, "world" if gid == "0" else self._family_dim.get(fam, "other")))
         if isinstance(pg, dist.ProcessGroup):
             self.by_name[pg.group_name] = gid
 
@@ -110,6 +111,7 @@ class FakeWorld:
         if not isinstance(pg, dist.ProcessGroup):
             return  # this rank is not a member: the family gets labelled by a member call
         fam = self.groups[int(self.gid_of(pg))].family
+        self._family_dim[fam] = dim  # groups of the family created later get it too
         for g in self.groups:
             if g.family == fam:
                 g.dim = dim

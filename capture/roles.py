@@ -30,7 +30,9 @@ def roles_from_groups(groups: Sequence[GroupRecord], world_size: int) -> list[tu
     pp = [g for g in groups if g.dim == "pp"]
     if not pp:
         return [tuple(range(world_size))]
-    fam = pp[0].family
+    # The pipeline family is the pp-labelled one with the largest groups (Megatron also labels
+    # the first/last-stage embedding groups as pipeline traffic).
+    fam = max(pp, key=lambda g: (len(g.ranks), -int(g.gid) if g.gid.isdigit() else 0)).family
     members = [g for g in pp if g.family == fam]
     size = len(members[0].ranks)
     roles: list[list[int]] = [[] for _ in range(size)]

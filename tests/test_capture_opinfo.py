@@ -59,3 +59,14 @@ def test_broadcast_input_is_read_once():
     out = x + bias
     c = describe(aten.add.Tensor, (x, bias), {}, out, [], "fwd")
     assert c.bytes_read == (32 + 8) * 4 and c.kernel_class == "elementwise"
+
+
+def test_attention_backward_counts_megatron_and_flash():
+    """Backward: flops_full is Megatron's 2x forward; executed adds flash's QK^T recompute (2.5x)."""
+    q = torch.randn(1, 2, 128, 16)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, q, q, 0.0, False)
+    args = (out, q, q, q, out, lse, 0.0, False)
+    res = aten._scaled_dot_product_flash_attention_for_cpu_backward.default(*args)
+    c = describe(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, args, {}, res, [], "bwd")
+    fwd = 4 * 1 * 2 * 128 * 128 * 16
+    assert c.dims["dir"] == "bwd" and c.flops_full == 2 * fwd and c.flops == 2.5 * fwd

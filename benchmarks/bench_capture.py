@@ -1,0 +1,75 @@
+"""Capture benchmark: wall time, peak RSS and trace size for cluster-scale captures.
+
+    python benchmarks/bench_capture.py [--only gpt3-175b|llama-405b]
+
+Targets (issue 2, 2-core machine): GPT-3 175B TP8 PP8 DP16 (1024 GPUs), global batch 1536,
+micro-batch 1, all roles in <= 60 s and <= 2 GB peak RSS, trace <= 20 MB; LLaMA-405B-shaped TP8
+PP16 on 16,384 GPUs in <= 120 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "models" / "pretrain_gpt.py")
+
+CASES = {
+    "gpt3-175b": dict(
+        world=1024,
+        args=["--preset", "gpt3-175b", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+              "--micro-batch-size", "1", "--global-batch-size", "1536", "--sequence-parallel", "--bf16",
+              "--use-distributed-optimizer", "--train-iters", "1"],
+        limits=(60.0, 2.0, 20.0),
+    ),
+    "llama-405b": dict(
+        world=16384,
+        args=["--preset", "llama3-405b", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "16",
+              "--micro-batch-size", "1", "--global-batch-size", "2048", "--sequence-parallel", "--bf16",
+              "--use-distributed-optimizer", "--train-iters", "1"],
+        limits=(120.0, 2.0, 20.0),
+    ),
+}
+
+
+def _dir_mb(p: Path) -> float:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=sorted(CASES))
+    a = ap.parse_args()
+    rows = []
+    for name, case in CASES.items():
+        if a.only and name != a.only:
+            continue
+        with tempfile.TemporaryDirectory() as td:
+            out = Path(td) / "trace"
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "capture", "--world-size", str(case["world"]), "-o", str(out),
+                                SCRIPT, *case["args"]], cwd=ROOT, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            if p.returncode != 0:
+                print(p.stderr, file=sys.stderr)
+                return 1
+            rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9
+            insp = subprocess.run([sys.executable, "-m", "capture", "--inspect", str(out)], cwd=ROOT,
+                                  capture_output=True, text=True).stdout
+            nroles = insp.count("\n") and sum(1 for ln in insp.splitlines() if ln[:4].strip().isdigit())
+            rows.append((name, case["world"], nroles, wall, rss_gb, _dir_mb(out), case["limits"]))
+    print(f"{'case':<12} {'GPUs':>6} {'roles':>5} {'wall s':>8} {'peak RSS GB':>12} {'trace MB':>9}  limits (s, GB, MB)")
+    for name, world, nroles, wall, rss, mb, lim in rows:
+        ok = wall <= lim[0] and rss <= lim[1] and mb <= lim[2]
+        print(f"{name:<12} {world:>6} {nroles:>5} {wall:>8.1f} {rss:>12.2f} {mb:>9.2f}  {lim}  {'ok' if ok else 'OVER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
