@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import os
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -165,9 +164,8 @@ class Cluster:
         self.gpu_local = np.arange(self.num_gpus) - self.node_gpu_base[self.gpu_node]
         self.node_group = np.asarray(node_group, dtype=np.int64)
         self.gpu_group = self.node_group[self.gpu_node]
-        type_index = {nm: i for i, nm in enumerate(self.gpu_types)}
-        self.gpu_type_ids = np.array([type_index[gpu_names[g]] for g in self.gpu_group], dtype=np.int64)
-        self._group_names = [g.name for g in groups]
+        group_type = np.array([self.gpu_types.index(nm) for nm in gpu_names], dtype=np.int64)
+        self.gpu_type_ids = group_type[self.gpu_group]
         self.group_gpus = {g.name: tuple(int(x) for x in np.flatnonzero(self.gpu_group == i))
                            for i, g in enumerate(groups)}
         self._sms = sms
