@@ -12,7 +12,7 @@ from replay.cluster import load_cluster, read_spec, write_spec
 from replay.cluster_presets import list_presets, preset_names, preset_path
 from replay.cluster_spec import parse_spec
 
-PRESETS = ["dgx-2", "dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
+PRESETS = ["dgx-2", "dgx-a100", "dgx-h100", "hgx-a100-4gpu", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
 
 
 def tiny(**over):
@@ -113,7 +113,8 @@ def test_fixed_size_mismatch():
 def test_unknown_preset():
     """An unknown name is neither a preset nor a file; the error lists the presets."""
     with pytest.raises(TopologyError, match=r"cluster 'dgx-z100' is neither a preset \(dgx-2, "
-                                            r"dgx-a100, dgx-h100, hgx-h20, l40s-pcie, mixed-a100-h100\)"):
+                                            r"dgx-a100, dgx-h100, hgx-a100-4gpu, hgx-h20, l40s-pcie, "
+                                            r"mixed-a100-h100\)"):
         load_cluster("dgx-z100", num_gpus=8)
 
 

@@ -107,3 +107,21 @@ def test_sharp_and_coherent_memory_reach_the_view():
     assert two.collnet and two.nodes[0].fabric.coherent
     assert not load_cluster(spec, num_gpus=2).topology_view().collnet
     assert not load_cluster("dgx-h100", num_gpus=16).topology_view().collnet
+
+
+def test_mesh_parity_with_ncclshim_servers():
+    """HGX A100 4-GPU (NVLink mesh, 4 lanes per pair): same NCCL graph as ncclshim's own server."""
+    graph = pytest.importorskip("ncclshim.graph")
+    from ncclshim.presets import ServerSpec, build_cluster
+    from ncclshim.topology import NodeFabric
+
+    server = ServerSpec(gpu_type="A100-SXM4-80GB", sm=80, gpus=4, nvlink_bw=300e9, pcie_switches=2, sockets=1,
+                        nics=4, nic_gbps=200, fabric=NodeFabric(kind="nvlink_mesh", nvlink_lanes=12, pcie_gen=4,
+                                                                cpu_vendor="amd"))
+    mine = load_cluster("hgx-a100-4gpu", num_gpus=8).topology_view()
+    ref = build_cluster([server] * 2)
+    assert mine.nodes[0].fabric.nvlink_lanes == 12
+    for ranks in (tuple(range(8)), (0, 4), (0, 1)):
+        a, b = graph.analyze(ranks, mine), graph.analyze(ranks, ref)
+        key = ("n_channels", "bw_intra", "bw_inter", "type_intra", "type_inter")
+        assert [getattr(a, k) for k in key] == [getattr(b, k) for k in key]
