@@ -409,6 +409,15 @@ class _FabricBuilder:
         import networkx as nx
 
         named = {f"n{node}.nic{k}": v for (node, k), v in nics}
+        for s in self.f.switches:
+            head = s.partition(".")[0]
+            if (head[:1] == "n" and head[1:].isdigit()) or self.f.switches.count(s) > 1:
+                raise TopologyError(
+                    f"fabric.switches: {s!r} is "
+                    + ("listed twice" if self.f.switches.count(s) > 1 else
+                       "named like a node vertex (n<k>.*)")
+                    + "; give every switch a unique name such as 'spine0'"
+                )
         sw = {s: self._vertex(s) for s in self.f.switches}
         g = nx.DiGraph()
         g.add_nodes_from(named.values())

@@ -146,6 +146,9 @@ def test_explicit_fabric():
     bad["fabric"] = {"kind": "explicit", "edges": [{"a": "n0.nic0", "b": "s9", "bw_GBps": 1}]}
     with pytest.raises(TopologyError, match=r"fabric.edges\[0\]: endpoint 's9' is neither a NIC"):
         load_cluster(bad, num_gpus=4)
+    bad["fabric"] = {"kind": "explicit", "switches": ["n0.core"], "edges": []}
+    with pytest.raises(TopologyError, match=r"fabric.switches: 'n0.core' is named like a node vertex"):
+        load_cluster(bad, num_gpus=4)
     bad["fabric"] = {"kind": "explicit", "edges": [
         {"a": "n0.nic0", "b": "n1.nic0", "bw_GBps": 1}, {"a": "n0.nic1", "b": "n1.nic1", "bw_GBps": 1}]}
     with pytest.raises(TopologyError, match="the fabric falls into 2 disconnected parts"):
