@@ -248,6 +248,24 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
     )
 
 
+_OUT_BW: dict[int, tuple[TopologyView, dict[str, dict[str, float]]]] = {}
+
+
+def _out_bw(view: TopologyView) -> dict[str, dict[str, float]]:
+    """Per vertex, NCCL bandwidth summed over its outgoing links by kind (built once per view)."""
+    hit = _OUT_BW.get(id(view))
+    if hit is not None and hit[0] is view:
+        return hit[1]
+    out: dict[str, dict[str, float]] = {}
+    for link in view.links:
+        per_kind = out.setdefault(link.src, {})
+        per_kind[link.kind] = per_kind.get(link.kind, 0.0) + link.model_bw
+    if len(_OUT_BW) >= 16:
+        _OUT_BW.pop(next(iter(_OUT_BW)))
+    _OUT_BW[id(view)] = (view, out)
+    return out
+
+
 def _total_bw(view: TopologyView, rings: tuple[Ring, ...]) -> float:
     """Smallest over members of a GPU's NCCL bandwidth out of its NVLinks (else PCIe), GB/s."""
     vertex = {}
@@ -255,10 +273,6 @@ def _total_bw(view: TopologyView, rings: tuple[Ring, ...]) -> float:
         for hop in ring.hops:
             if hop.path:
                 vertex.setdefault(hop.src, view.links[hop.path[0]].src)
-    out: dict[str, dict[str, float]] = {}
-    wanted = set(vertex.values())
-    for link in view.links:
-        if link.src in wanted and link.kind in ("nvlink", "pcie", "c2c"):
-            per_kind = out.setdefault(link.src, {})
-            per_kind[link.kind] = per_kind.get(link.kind, 0.0) + link.model_bw
-    return min((d.get("nvlink") or d.get("pcie", 0.0)) for d in out.values()) / 1e9 if out else 0.0
+    out = _out_bw(view)
+    totals = [out[v].get("nvlink") or out[v].get("pcie", 0.0) for v in set(vertex.values())]
+    return min(totals) / 1e9 if totals else 0.0

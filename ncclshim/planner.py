@@ -164,11 +164,15 @@ class Planner:
             g = self._graphs[key] = analyze(ranks, self.view, pxn=pxn)
         return g
 
-    def _template(self, coll: str, algo: str, g: GroupGraph, pxn: bool, root: int) -> _Template:
-        key = (coll, algo, g.ranks, pxn, root if coll in ("broadcast", "reduce") else 0)
+    def _template(self, coll: str, algo: str, ranks: tuple[int, ...], pxn: bool, root: int) -> _Template:
+        key = (coll, algo, ranks, pxn, root if coll in ("broadcast", "reduce") else 0)
         t = self._templates.get(key)
         if t is None:
-            specs = template(coll, algo, g, self.view, pxn=pxn, root=root)
+            if coll in ("send", "recv"):  # a single path: no communicator analysis needed
+                a, b = ranks
+                specs: tuple[FlowSpec, ...] = ((a, b, 1.0, 0, self.view.route(a, b, 0, pxn=pxn), 0),)
+            else:
+                specs = template(coll, algo, self.graph(ranks, pxn), self.view, pxn=pxn, root=root)
             links = self.view.links
             load: dict[int, float] = {}
             phases: dict[int, dict[int, float]] = {}
@@ -182,10 +186,10 @@ class Planner:
             t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck)
         return t
 
-    def _p2p_choice(self, coll: str, nbytes: int, g: GroupGraph, t: _Template, s: Settings) -> Choice:
+    def _p2p_choice(self, coll: str, nbytes: int, n: int, t: _Template, s: Settings) -> Choice:
         """send/recv and all_to_all: NCCL has no cost model; same form, per-peer protocol rule (§1.6)."""
         links = self.view.links
-        per_peer = nbytes if coll in ("send", "recv") else nbytes / len(g.ranks)
+        per_peer = nbytes if coll in ("send", "recv") else nbytes / n
         net = any(links[i].kind == "net" for i, _ in t.load_per_byte)
         nvl = all(links[i].kind == "nvlink" for i, _ in t.load_per_byte)
         peer_ch = 2 if not nvl else 16
@@ -199,13 +203,13 @@ class Planner:
                       alg_bw=nbytes / max(time - lat, 1e-30), nchannels=peer_ch)
 
     def _make(self, coll: str, nbytes: int, ranks: tuple[int, ...], s: Settings, dtype: str, root: int) -> Plan:
-        g = self.graph(ranks, s.pxn)
         n = len(ranks)
         if nbytes == 0:
             return Plan(collective=coll, nbytes=0, ranks=ranks, algo="NONE", proto="NONE", nchannels=0, time_s=0.0,
                         latency_s=0.0, efficiency=1.0, flows=(), algbw=0.0, busbw=0.0, bottleneck=None,
                         flow_time_s=0.0)
         if coll in COST_COLLECTIVES:
+            g = self.graph(ranks, s.pxn)
             sig = _signature(g)
             key = (coll, nbytes, sig, dtype, s, self.view.collnet, self._nvswitch)
             choice = self._choices.get(key)
@@ -213,10 +217,10 @@ class Planner:
                 choice = self._choices[key] = select(coll, nbytes, g, s, dtype=dtype, collnet=self.view.collnet,
                                                      nvswitch=self._nvswitch,
                                                      net_latency_us=self.view.net_latency * 1e6)
-            t = self._template(coll, choice.algo, g, s.pxn, root)
+            t = self._template(coll, choice.algo, ranks, s.pxn, root)
         else:
-            t = self._template(coll, "P2P", g, s.pxn, root)
-            choice = self._p2p_choice(coll, nbytes, g, t, s)
+            t = self._template(coll, "P2P", ranks, s.pxn, root)
+            choice = self._p2p_choice(coll, nbytes, n, t, s)
         bw_time = choice.time_s - choice.latency_s
         wire = t.wire_per_byte * nbytes
         eff = min(1.0, wire / bw_time) if bw_time > 0 and wire > 0 else 1.0
