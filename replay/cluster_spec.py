@@ -27,6 +27,7 @@ path and the fix. ``ClusterSpec.to_dict()`` writes the canonical form: ``parse_s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal, Mapping
 
 from heterosim.errors import TopologyError
@@ -139,6 +140,16 @@ class NodeType:
     its coherent ring all-reduce."""
 
     @property
+    def gpu_switch(self) -> tuple[int, ...]:
+        """PCIe switch of every local GPU."""
+        return _switch_of(self.switches, "gpus", self.gpus_per_node)
+
+    @property
+    def nic_switch(self) -> tuple[int, ...]:
+        """PCIe switch of every local NIC."""
+        return _switch_of(self.switches, "nics", len(self.nics))
+
+    @property
     def nvlink_bw(self) -> float:
         """nvswitch: NVLink bandwidth per GPU per direction, B/s (lanes x lane bandwidth)."""
         return self.nvlink_lanes * self.nvlink_lane_bw
@@ -146,6 +157,15 @@ class NodeType:
     def nics_of(self, gpu: int) -> tuple[int, ...]:
         """Local NICs that serve local GPU ``gpu`` (its rails), in NIC order."""
         return tuple(i for i, n in enumerate(self.nics) if gpu in n.gpus)
+
+
+@lru_cache(maxsize=256)
+def _switch_of(switches: tuple[PcieSwitch, ...], attr: str, count: int) -> tuple[int, ...]:
+    out = [0] * count
+    for j, s in enumerate(switches):
+        for x in getattr(s, attr):
+            out[x] = j
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -57,9 +57,7 @@ class ClusterRouter:
         own = net._need_nics(na, ga)
         t = net.node_type(na)
         if rail < len(t.nics):
-            sw_of = {k: j for j, s in enumerate(t.switches) for k in s.nics}
-            gsw = next(j for j, s in enumerate(t.switches) if ga in s.gpus)
-            if rail in own or sw_of[rail] == gsw:
+            if rail in own or t.nic_switch[rail] == t.gpu_switch[ga]:
                 return c.route(src, dst, channel, src_nic=rail, dst_nic=rail)
             owners = t.nics[rail].gpus
             if pxn and owners:
@@ -81,13 +79,12 @@ def build_view(cluster: "Cluster") -> TopologyView:
         t = net.node_type(n)
         gpu_ids = tuple(cluster.gpus_of_node(n))
         nic_base = len(nics)
-        sw_of_nic = {k: j for j, s in enumerate(t.switches) for k in s.nics}
         for k, spec in enumerate(t.nics):
             nics.append(NIC(index=nic_base + k, node=n, rail=k, bw=spec.bw, nccl_bw=spec.bw,
-                            pcie_switch=sw_of_nic[k]))
+                            pcie_switch=t.nic_switch[k]))
         for g in gpu_ids:
             local = int(cluster.gpu_local[g])
-            sw = next(j for j, s in enumerate(t.switches) if local in s.gpus)
+            sw = t.gpu_switch[local]
             gpus.append(GPU(index=g, node=n, local_index=local, gpu_type=cluster.gpu_type(g),
                             sm=cluster.sm(g), pcie_switch=sw, cpu_socket=t.switches[sw].socket,
                             nics=tuple(nic_base + k for k in net.nics_of_gpu(n, local))))
