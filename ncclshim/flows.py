@@ -15,7 +15,8 @@ or tree edge, aggregated over NCCL's runtime channels (duplicated channels follo
 - RING broadcast / reduce: a chain from (to) the root, ``S / R`` per hop.
 - TREE all_reduce: two mirrored binary trees over nodes (``trees.cc:ncclGetDtree``) plus an
   intra-node chain; each tree carries ``S/2`` up and ``S/2`` down every edge.
-- NVLS: the switch reduces and multicasts; every GPU's uplink and downlink carry ``S``. Written as
+- NVLS: the switch reduces and multicasts; every GPU's uplink and downlink carry ``S`` (all_gather
+  / reduce_scatter: ``(n-1)/n * S``, what the multicast delivers to each downlink). Written as
   flows GPU i -> GPU i+1 through the switch so that each link's load is exact (the flow's ``dst``
   is then the GPU whose downlink it loads, not a receiver of i's data).
 - NVLS_TREE: NVLS inside nodes plus, per local head j, a double binary tree between the heads j of
@@ -144,13 +145,13 @@ def _tree(g: GroupGraph, view: TopologyView, pxn: bool) -> list[FlowSpec]:
     return out
 
 
-def _nvls_intra(g: GroupGraph, view: TopologyView) -> list[FlowSpec]:
+def _nvls_intra(g: GroupGraph, view: TopologyView, frac: float = 1.0) -> list[FlowSpec]:
     out = []
     for members in g.node_members:
         m = len(members)
         for i, a in enumerate(members):
             b = members[(i + 1) % m]
-            out.append((a, b, 1.0, 0, view.route(a, b, 0), 0))
+            out.append((a, b, frac, 0, view.route(a, b, 0), 0))
     return out
 
 
@@ -264,6 +265,8 @@ def template(coll: str, algo: str, g: GroupGraph, view: TopologyView, *, pxn: bo
     if algo == "TREE":
         return tuple(_tree(g, view, pxn))
     if algo == "NVLS":
+        if coll in ("all_gather", "reduce_scatter"):  # multicast in: each downlink gets the others' shards
+            return tuple(_nvls_intra(g, view, (n - 1) / n))
         if g.n_nodes == 1:
             return tuple(_nvls_intra(g, view))
         # Multi-node NVLS needs CollNet: each head exchanges S/ppn with the SHARP switch.

@@ -32,3 +32,12 @@ def test_bench_errors_exit_2(capsys):
 def test_cluster_resolution_sizes_nodes():
     """A preset resolves (through replay when importable) to nodes x 8 GPUs."""
     assert len(resolve_cluster("dgx-h100", 2).gpus) == 16
+
+
+def test_cluster_resolution_without_replay(monkeypatch):
+    """Without replay importable, the built-in presets serve --cluster."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "replay.cluster", None)
+    view = resolve_cluster("l40s-pcie", 3)
+    assert view.name == "l40s-pciex3" and len(view.gpus) == 24
