@@ -1,5 +1,5 @@
 """Tests of ``models.gpt.GPTModel``: real training at world size 1 and pipeline stages in a
-fake 16-rank world (tp 2, pp 2, dp 4)."""
+fake 16-rank world (tp 2, pp 2, cp 2, dp 2)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ from models import parallel_state
 from models.config import ModelConfig, ParallelConfig, TrainConfig
 from models.gpt import GPTModel
 ann = PhaseAnnotator(); set_annotator(ann)
-pcfg = ParallelConfig(world_size=16, tp=2, pp=2, sequence_parallel=True)
+pcfg = ParallelConfig(world_size=16, tp=2, pp=2, cp=2, sequence_parallel=True)
 mcfg = ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=64, vocab_size=512,
                    activation="swiglu", normalization="RMSNorm", position_embedding_type="rope")
 ps = parallel_state.initialize(pcfg, 5)
@@ -102,17 +102,17 @@ result = out
 
 
 def test_pipeline_stages_in_fake_world():
-    """Stage 0 maps ids [b, s] to [s/tp, b, h] (SP); the last stage returns a scalar fp32 loss; the
+    """Stage 0 maps ids [b, s] to [s/cp/tp, b, h] (CP + SP); the last stage returns a scalar fp32 loss; the
     tied embedding copies are the embedding group's shared params; the loss all-reduces max,
     target logit and sum-exp ([s, b] fp32) over TP."""
     res = run_fake(STAGES, rank=5, world=16)
-    assert res["h"] == res["shape"] == [32, 2, 128] and res["h_dtype"] == "torch.bfloat16"
+    assert res["h"] == res["shape"] == [16, 2, 128] and res["h_dtype"] == "torch.bfloat16"
     assert res["loss"] == [] and res["loss_dtype"] == "torch.float32"
-    assert res["grad"] == [32, 2, 128]
+    assert res["grad"] == [16, 2, 128]
     assert res["layers"] == [[0, 1], [2, 3]]
     assert res["shared"] == [[[256, 128]], [[256, 128]]]
     ce = [c for c in res["comm"] if c[0] == "allreduce_"]
-    assert [c[1] for c in ce] == [64 * 2 * 4] * 3
+    assert [c[1] for c in ce] == [32 * 2 * 4] * 3  # [s/cp, b] fp32
     assert res["sp_params"] == sorted(
         [f"decoder.layers.{i}.{n}" for i in (0, 1) for n in (
             "input_layernorm.weight", "pre_mlp_layernorm.weight",  # norms see sequence-split input
