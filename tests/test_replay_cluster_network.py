@@ -172,3 +172,15 @@ def test_networkx_graph_matches_table():
     assert g.nodes["n1.nic3"] == {"kind": "nic", "node": 1}
     assert g.nodes["spine0"]["kind"] == "switch"
     assert nx.is_strongly_connected(g)
+
+
+def test_gpus_sharing_a_nic_share_its_links():
+    """L40S GPUs 0 and 1 hang off one switch with one NIC: their cross-node routes share exactly
+    the switch->NIC and NIC->leaf links (so max-min sharing halves the NIC between them)."""
+    c = load_cluster("l40s-pcie", num_gpus=16)
+    a, b = c.route(0, 8), c.route(1, 9)
+    shared = sorted(tuple(hops(c, (i,))) for i in set(a) & set(b))
+    assert shared == [("leaf0", "n1.nic0"), ("n0.nic0", "leaf0"), ("n0.sw0", "n0.nic0"), ("n1.nic0", "n1.sw0")]
+    # DGX A100: one NIC per GPU, so neighbours on a switch share nothing but the fabric.
+    d = load_cluster("dgx-a100", num_gpus=16)
+    assert not set(d.route(0, 8)) & set(d.route(1, 9))
