@@ -24,7 +24,7 @@ Helper functions give NCCL's own bandwidth numbers for builders (``nccl_nvlink_b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Protocol
+from typing import Literal, Protocol
 
 from heterosim.errors import TopologyError
 
@@ -253,11 +253,3 @@ class TopologyView:
         from ncclshim.presets import build_preset
 
         return build_preset(preset, nodes=nodes)
-
-
-def links_by_vertex(links: tuple[Link, ...]) -> Mapping[tuple[str, str], int]:
-    """Index ``(src, dst) -> link id``; helper for routers."""
-    return {(link.src, link.dst): link.id for link in links}
-
-
-RouterFactory = Callable[[tuple[Link, ...]], Router]
