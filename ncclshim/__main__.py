@@ -30,9 +30,10 @@ def resolve_cluster(name: str, nodes: int):
         load_cluster = None
     if load_cluster is not None and (name in preset_names() or os.path.isfile(name)):
         spec = read_spec(preset_path(name) if name in preset_names() else name)
-        gpn = spec.node_type(spec.node_groups[0].node_type).gpus_per_node
+        # --nodes N: N nodes of every node group the spec leaves unsized.
+        per_round = sum(spec.node_type(g.node_type).gpus_per_node for g in spec.node_groups)
         has_nodes = all(getattr(g, "nodes", None) for g in spec.node_groups)
-        return load_cluster(spec, num_gpus=None if has_nodes else nodes * gpn).topology_view()
+        return load_cluster(spec, num_gpus=None if has_nodes else nodes * per_round).topology_view()
     if name in PRESETS:
         return TopologyView.simple(name, nodes=nodes)
     raise HeteroSimError(f"cluster {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a cluster file")
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="nccl-tests-like table of NCCL's predicted times")
     b.add_argument("--cluster", required=True, help="preset name or cluster YAML file")
-    b.add_argument("--nodes", type=int, default=1)
+    b.add_argument("--nodes", type=int, default=1, help="nodes (of each node group of a mixed cluster)")
     b.add_argument("--op", default="all_reduce")
     b.add_argument("--min-bytes", default="8")
     b.add_argument("--max-bytes", default="8G")

@@ -41,3 +41,13 @@ def test_cluster_resolution_without_replay(monkeypatch):
     monkeypatch.setitem(sys.modules, "replay.cluster", None)
     view = resolve_cluster("l40s-pcie", 3)
     assert view.name == "l40s-pciex3" and len(view.gpus) == 24
+
+
+def test_mixed_replay_preset_takes_nodes_per_group():
+    """--nodes N on a mixed replay preset means N nodes of each node group."""
+    import pytest
+
+    cluster = pytest.importorskip("replay.cluster")
+    del cluster
+    view = resolve_cluster("mixed-a100-h100", 1)
+    assert len(view.gpus) == 16 and {g.sm for g in view.gpus} == {80, 90}
