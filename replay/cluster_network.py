@@ -114,6 +114,9 @@ class _Template:
             cable(f"cpu{s - 1}", f"cpu{s}", t.socket_bw, t.socket_latency, "cpu",
                   NCCL_CPU_GBPS[t.cpu_vendor] * 1e9)
         self.links = links
+        cols = list(zip(*links)) if links else [()] * 6
+        self.arrays = tuple(np.asarray(c, dtype=dt) for c, dt in zip(
+            cols, (np.int64, np.int64, np.float64, np.float64, np.int8, np.float64)))
         self.weight = [max(1, round(1000.0 / (lk[2] / 1e9))) for lk in links]
         self.out: list[list[int]] = [[] for _ in names]
         for li, (a, *_) in enumerate(links):
@@ -205,13 +208,12 @@ class Network:
         src, dst, bw, lat, kind, nccl = [], [], [], [], [], []
         for n, tpl in enumerate(self._tpl):
             names += [f"n{n}.{x}" for x in tpl.names]
-            arr = np.array([lk[:2] for lk in tpl.links], dtype=np.int64).reshape(-1, 2)
-            src.append(arr[:, 0] + self.vertex_base[n])
-            dst.append(arr[:, 1] + self.vertex_base[n])
-            bw.append([lk[2] for lk in tpl.links])
-            lat.append([lk[3] for lk in tpl.links])
-            kind.append([lk[4] for lk in tpl.links])
-            nccl.append([lk[5] for lk in tpl.links])
+            src.append(tpl.arrays[0] + self.vertex_base[n])
+            dst.append(tpl.arrays[1] + self.vertex_base[n])
+            bw.append(tpl.arrays[2])
+            lat.append(tpl.arrays[3])
+            kind.append(tpl.arrays[4])
+            nccl.append(tpl.arrays[5])
         self.num_nodes = nn
         self.nic_vertex: dict[tuple[int, int], int] = {
             (n, k): int(self.vertex_base[n]) + tpl.index[f"nic{k}"]
