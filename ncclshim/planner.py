@@ -22,6 +22,7 @@ Semantics the replay engine relies on (checked by ``tests/test_ncclshim_planner.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Mapping, Sequence
@@ -30,7 +31,7 @@ from heterosim.errors import UnsupportedCollectiveError
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze
-from ncclshim.topology import TopologyView
+from ncclshim.topology import TopologyView, nccl_nvlink_bw
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
 __all__ = ["COLLECTIVES", "DTYPE_BYTES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
@@ -192,7 +193,7 @@ class Planner:
         per_peer = nbytes if coll in ("send", "recv") else nbytes / n
         net = any(links[i].kind == "net" for i, _ in t.load_per_byte)
         nvl = all(links[i].kind == "nvlink" for i, _ in t.load_per_byte)
-        peer_ch = 2 if not nvl else 16
+        peer_ch = self._peer_channels(t.specs[0][0], t.specs[0][4], net, nvl)
         proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
         hw = "NET" if net else "NVLINK" if nvl else "PCI"
         p = PROTOS.index(proto)
@@ -201,6 +202,24 @@ class Planner:
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
         return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
                       alg_bw=nbytes / max(time - lat, 1e-30), nchannels=peer_ch)
+
+    def _peer_channels(self, src: int, path: tuple[int, ...], net: bool, nvl: bool) -> int:
+        """Channels NCCL gives one peer (``paths.cc:ncclTopoGetNchannels``), a power of two <= 32.
+
+        NVLink peer: ``2 * max(1, pathBw / per-lane NVLink bw)``; network peer:
+        ``max(local NICs, ceil(NIC bw / 14 GB/s))``; PCIe peer: 2. NB: the cap uses 32, NCCL's
+        ``pow2Up(min(nChannels, 64))`` for the usual 24-32 runtime channels.
+        """
+        links, gpu = self.view.links, self.view.gpus[src]
+        if nvl and path:
+            lane = nccl_nvlink_bw(gpu.sm, 1)
+            raw = 2 * max(1, round(min(links[i].model_bw for i in path) / lane))
+        elif net:
+            nic_bw = min((self.view.nics[n].nccl_bw for n in gpu.nics), default=12e9)
+            raw = max(len(gpu.nics), math.ceil(nic_bw / 14e9))
+        else:
+            raw = 2
+        return min(32, 1 << (raw.bit_length() - 1))
 
     def _make(self, coll: str, nbytes: int, ranks: tuple[int, ...], s: Settings, dtype: str, root: int) -> Plan:
         n = len(ranks)

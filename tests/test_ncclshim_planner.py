@@ -208,3 +208,15 @@ def test_nvlink_mesh_pair():
     v = build_cluster([spec])
     p = plan("all_reduce", 1 << 30, (0, 1), v)
     assert [v.links[i].kind for f in p.flows for i in f.path] == ["nvlink", "nvlink"]
+
+
+def test_p2p_channels_and_protocol():
+    """Per-peer channels (ncclTopoGetNchannels): H100 NVSwitch 2*18 -> 32, A100 2*12 -> 16,
+    400G NIC ceil(50/14) = 4, 200G 2, PCIe 2; LL while bytes <= channels x 16 KiB."""
+    assert plan("send", 1 << 20, (0, 7), H100).nchannels == 32
+    assert plan("send", 1 << 20, (0, 7), A100).nchannels == 16
+    assert plan("send", 1 << 20, (0, 15), H100x2).nchannels == 4
+    assert plan("send", 1 << 20, (0, 15), A100x2).nchannels == 2
+    assert plan("send", 1 << 20, (0, 7), build_preset("l40s-pcie")).nchannels == 2
+    assert plan("send", 32 * 16384, (0, 7), H100).proto == "LL"
+    assert plan("send", 32 * 16384 + 2, (0, 7), H100).proto == "SIMPLE"
