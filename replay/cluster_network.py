@@ -275,17 +275,18 @@ class Network:
         if na == nb:
             return self.intra_path(na, f"gpu{ga}", f"gpu{gb}", channel)
         if src_nic is None:
-            nics = self._need_nics(na, ga)
+            nics = self.require_nics(na, ga)
             src_nic = nics[channel % len(nics)]
         if dst_nic is None:
-            nics = self._need_nics(nb, gb)
+            nics = self.require_nics(nb, gb)
             dst_nic = nics[channel % len(nics)]
         return (self.intra_path(na, f"gpu{ga}", f"nic{src_nic}", channel)
                 + self._fab.route(self.nic_vertex[(na, src_nic)], self.nic_vertex[(nb, dst_nic)],
                                   channel)
                 + self.intra_path(nb, f"nic{dst_nic}", f"gpu{gb}", channel))
 
-    def _need_nics(self, node: int, g: int) -> tuple[int, ...]:
+    def require_nics(self, node: int, g: int) -> tuple[int, ...]:
+        """:meth:`nics_of_gpu`, or an error naming the node when it has no NIC at all."""
         nics = self._tpl[node].gpu_nics[g]
         if not nics:
             raise TopologyError(

@@ -52,9 +52,9 @@ class ClusterRouter:
         ga, gb = int(c.gpu_local[src]), int(c.gpu_local[dst])
         if na == nb:
             return c.route(src, dst, channel)
-        dst_nics = net._need_nics(nb, gb)
+        dst_nics = net.require_nics(nb, gb)
         rail = dst_nics[channel % len(dst_nics)]
-        own = net._need_nics(na, ga)
+        own = net.require_nics(na, ga)
         t = net.node_type(na)
         if rail < len(t.nics):
             if rail in own or t.nic_switch[rail] == t.gpu_switch[ga]:
