@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -332,9 +333,15 @@ def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
     else:
         raise TopologyError(f"cluster spec must be a preset name, a path or a dict, got "
                             f"{type(spec).__name__}")
-    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)
-                                 or num_gpus <= 0):
-        raise TopologyError(f"num_gpus must be a positive int, got {num_gpus!r}")
+    if num_gpus is not None:
+        try:
+            if isinstance(num_gpus, bool):
+                raise TypeError
+            num_gpus = operator.index(num_gpus)  # accepts numpy integers too
+        except TypeError:
+            raise TopologyError(f"num_gpus must be a positive int, got {num_gpus!r}") from None
+        if num_gpus <= 0:
+            raise TopologyError(f"num_gpus must be a positive int, got {num_gpus!r}")
     nodes = _node_counts(parsed, num_gpus)
     total = sum(n * parsed.node_type(g.node_type).gpus_per_node
                 for g, n in zip(parsed.node_groups, nodes))

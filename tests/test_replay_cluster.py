@@ -277,3 +277,13 @@ def test_fixed_groups_leave_no_room():
     spec["node_groups"][1]["nodes"] = 0
     c = load_cluster(spec, num_gpus=4)
     assert c.group_gpus["h"] == () and "group h: 0 nodes" in c.describe()
+
+
+def test_num_gpus_checked():
+    """num_gpus is a positive integer (numpy integers count); anything else is refused."""
+    import numpy as np
+
+    assert load_cluster("dgx-a100", num_gpus=np.int64(16)).num_gpus == 16
+    for bad in (0, -8, 8.0, True, "8"):
+        with pytest.raises(TopologyError, match=f"num_gpus must be a positive int, got {bad!r}"):
+            load_cluster("dgx-a100", num_gpus=bad)
