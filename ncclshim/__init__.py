@@ -9,7 +9,7 @@ Public names:
 - :class:`TopologyView` and its records (:class:`GPU`, :class:`NIC`, :class:`Node`,
   :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it; ``replay/`` builds it,
   ``TopologyView.simple(preset, nodes=N)`` builds standard servers.
-- :func:`bench`: an nccl-tests-like sweep (``python -m ncclshim bench``).
+- ``ncclshim.bench.sweep``: an nccl-tests-like sweep (``python -m ncclshim bench``).
 """
 
 from ncclshim.planner import COLLECTIVES, Flow, Plan, Planner, busbw_factor, is_trivial, plan

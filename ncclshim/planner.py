@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from heterosim.errors import UnsupportedCollectiveError
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
@@ -42,9 +42,12 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, 
 _P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD, bytes per channel
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Flow:
-    """Payload bytes from GPU ``src`` to GPU ``dst`` over ``path`` (link ids) in ``phase``."""
+class Flow(NamedTuple):
+    """Payload bytes from GPU ``src`` to GPU ``dst`` over ``path`` (link ids) in ``phase``.
+
+    NB: an immutable NamedTuple rather than a frozen dataclass because plans hold up to tens of
+    thousands of flows and a NamedTuple builds about 3x faster; fields are read by name.
+    """
 
     src: int
     dst: int
@@ -183,7 +186,9 @@ class Planner:
                     per[link] = per.get(link, 0.0) + frac
                     load[link] = load.get(link, 0.0) + frac
             wire = sum(max((b / links[i].bw for i, b in per.items()), default=0.0) for per in phases.values())
-            bottleneck = min(load, key=lambda i: (-round(load[i] / links[i].bw * 1e12, 3), i)) if load else None
+            ratio = {i: b / links[i].bw for i, b in load.items()}
+            top = max(ratio.values(), default=0.0)
+            bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
             t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck)
         return t
 
@@ -243,8 +248,7 @@ class Planner:
         bw_time = choice.time_s - choice.latency_s
         wire = t.wire_per_byte * nbytes
         eff = min(1.0, wire / bw_time) if bw_time > 0 and wire > 0 else 1.0
-        flows = tuple(Flow(src=a, dst=b, bytes=f * nbytes, channel=c, path=path, phase=ph)
-                      for a, b, f, c, path, ph in t.specs)
+        flows = tuple([Flow(a, b, f * nbytes, c, path, ph) for a, b, f, c, path, ph in t.specs])
         algbw = nbytes / choice.time_s
         return Plan(collective=coll, nbytes=nbytes, ranks=ranks, algo=choice.algo, proto=choice.proto,
                     nchannels=choice.nchannels, time_s=choice.time_s, latency_s=choice.latency_s, efficiency=eff,
