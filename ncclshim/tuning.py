@@ -59,6 +59,9 @@ class Settings:
     max_channels: int = 64
     nvls: bool = True
     pxn: bool = True
+    collnet: bool = True
+    """NCCL_COLLNET_ENABLE (default on here: a view only declares ``collnet`` when the plugin is
+    set up); CollNet still needs ``TopologyView.collnet``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +96,8 @@ def _parse_list(value: str, names: Mapping[str, str], var: str) -> frozenset[str
 
 
 def parse_env(env: Mapping[str, str] | None) -> Settings:
-    """Read NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, NCCL_NVLS_ENABLE, NCCL_PXN_DISABLE."""
+    """Read NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, NCCL_NVLS_ENABLE, NCCL_PXN_DISABLE,
+    NCCL_COLLNET_ENABLE."""
     env = env or {}
     algos = _parse_list(env["NCCL_ALGO"], ALGO_NAMES, "NCCL_ALGO") if "NCCL_ALGO" in env else frozenset(ALGO_NAMES.values())
     protos = _parse_list(env["NCCL_PROTO"], _PROTO_NAMES, "NCCL_PROTO") if "NCCL_PROTO" in env else frozenset(PROTOS)
@@ -109,7 +113,7 @@ def parse_env(env: Mapping[str, str] | None) -> Settings:
         raise UnsupportedCollectiveError(f"NCCL_MIN_NCHANNELS={lo} / NCCL_MAX_NCHANNELS={hi}: need 1 <= max and min <= max")
     return Settings(algos=algos, protos=protos, min_channels=lo, max_channels=min(hi, 64),
                     nvls=integer("NCCL_NVLS_ENABLE", 1) != 0 if "NCCL_NVLS_ENABLE" in env else True,
-                    pxn=integer("NCCL_PXN_DISABLE", 0) == 0)
+                    pxn=integer("NCCL_PXN_DISABLE", 0) == 0, collnet=integer("NCCL_COLLNET_ENABLE", 1) != 0)
 
 
 def nsteps(collective: str, algo: str, n: int) -> int:
@@ -122,6 +126,7 @@ def nsteps(collective: str, algo: str, n: int) -> int:
 def _available(coll: str, algo: str, g: GroupGraph, s: Settings, collnet: bool, nvswitch: bool) -> bool:
     if algo not in s.algos:
         return False
+    collnet = collnet and s.collnet
     if algo == "COHERENT_RING":
         return coll == "all_reduce" and g.coherent
     if (coll, algo) not in SUPPORT:

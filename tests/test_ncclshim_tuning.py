@@ -143,3 +143,14 @@ def test_unknown_collective_for_the_cost_model():
     """select() lists the collectives with a cost model."""
     with pytest.raises(UnsupportedCollectiveError, match="'all_to_all' has no NCCL cost model; valid: broadcast"):
         select("all_to_all", 8, _g("dgx-a100"), S)
+
+
+def test_collnet_needs_a_sharp_view_and_the_switch_on():
+    """CollNet exists only on a view declaring it, and NCCL_COLLNET_ENABLE=0 turns it off."""
+    g = _g("dgx-h100", 4)
+    forced = parse_env({"NCCL_ALGO": "CollNetDirect"})
+    assert cost("all_reduce", "COLLNET_DIRECT", "SIMPLE", g, forced)[0] == 0.0
+    assert cost("all_reduce", "COLLNET_DIRECT", "SIMPLE", g, forced, collnet=True)[0] > 0
+    off = parse_env({"NCCL_ALGO": "CollNetDirect", "NCCL_COLLNET_ENABLE": "0"})
+    assert cost("all_reduce", "COLLNET_DIRECT", "SIMPLE", g, off, collnet=True) == (0.0, 0.0)
+    assert cost("all_reduce", "COLLNET_DIRECT", "LL", g, forced, collnet=True) == (0.0, 0.0)
