@@ -1,0 +1,286 @@
+"""Megatron-LM command-line flags -> validated :class:`RunConfig` for ``pretrain_gpt.py``.
+
+Flag names are Megatron-LM's (``--num-layers``, ``--tensor-model-parallel-size`` ...), plus
+``--preset NAME`` (see :mod:`models.presets`; explicit flags override it) and
+``--pipeline-stage-layers 10,14,14,10`` (layers per pipeline stage, the non-uniform split a
+heterogeneous cluster needs). Defaults are Megatron's where Megatron has one.
+
+Every mistake raises ONE :class:`~heterosim.errors.ConfigError` naming the values: unknown flags
+(argparse's message), tp*pp*cp not dividing the world, a global batch not divisible by
+micro-batch x dp, layers that do not split over the stages, heads not divisible by tp, ...
+
+Example::
+
+    cfg = parse_args(["--preset", "gpt3-175b", "--tensor-model-parallel-size", "8",
+                      "--pipeline-model-parallel-size", "8", "--global-batch-size", "1536"],
+                     world_size=1024)
+    cfg.parallel.dp, cfg.num_microbatches, cfg.model.vocab_size    # (16, 96, 51200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from heterosim.errors import ConfigError
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.parallel_state import split_stage_layers
+from models.presets import get_preset
+
+__all__ = ["OptimConfig", "RunConfig", "build_parser", "pad_vocab_size", "parse_args"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    """Optimizer and gradient-sync knobs (Megatron ``--lr``, ``--clip-grad`` ...)."""
+
+    lr: float
+    weight_decay: float
+    clip_grad: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    loss_scale: float | None
+    """Static fp16 loss scale (None for bf16/fp32)."""
+    bucket_size: int | None
+    """``--ddp-bucket-size`` in elements (None: Megatron's default)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """Everything ``pretrain_gpt.py`` needs, validated against the world size."""
+
+    model: ModelConfig
+    parallel: ParallelConfig
+    train: TrainConfig
+    optim: OptimConfig
+    num_microbatches: int
+    """Micro-batches per iteration per data-parallel replica."""
+    stage_layers: tuple[int, ...]
+    """Layers per pipeline stage (all chunks of the stage together)."""
+    seed: int
+    preset: str | None
+
+    def layout(self) -> dict[str, Any]:
+        """The parallel layout for :meth:`models.annotate.Annotator.declare`."""
+        p, t = self.parallel, self.train
+        return {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
+                "sequence_parallel": p.sequence_parallel and p.tp > 1,
+                "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
+                "num_microbatches": self.num_microbatches, "seq_length": self.model.seq_length,
+                "recompute": t.recompute_granularity, "distributed_optimizer": p.use_distributed_optimizer,
+                "stage_layers": list(self.stage_layers)}
+
+    def model_info(self) -> dict[str, Any]:
+        """The model description for :meth:`models.annotate.Annotator.declare`."""
+        m = self.model
+        return {"num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                "num_attention_heads": m.num_attention_heads, "num_query_groups": m.num_kv_heads,
+                "ffn_hidden_size": m.ffn_size, "vocab_size": m.vocab_size, "seq_length": m.seq_length,
+                "activation": m.activation, "normalization": m.normalization,
+                "num_experts": m.num_experts, "params_dtype": self.train.params_dtype,
+                "fp8": self.train.fp8}
+
+
+# dest -> default for every flag whose value a preset may set (argparse defaults are None so
+# that an explicit flag can be told apart from an absent one).
+_DEFAULTS: dict[str, Any] = {
+    "num_layers": None, "hidden_size": None, "num_attention_heads": None, "num_query_groups": 1,
+    "group_query_attention": False, "ffn_hidden_size": None, "kv_channels": None,
+    "seq_length": None, "max_position_embeddings": None, "vocab_size": None,
+    "make_vocab_size_divisible_by": 128, "micro_batch_size": 1, "global_batch_size": None,
+    "train_iters": 1, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+    "num_layers_per_virtual_pipeline_stage": None, "decoder_first_pipeline_num_layers": None,
+    "decoder_last_pipeline_num_layers": None, "pipeline_stage_layers": None,
+    "context_parallel_size": 1, "cp_comm_type": "p2p", "expert_model_parallel_size": 1,
+    "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
+    "sequence_parallel": False, "recompute_granularity": None, "recompute_method": None,
+    "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
+    "overlap_param_gather": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
+    "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
+    "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
+    "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
+    "init_method_std": 0.02, "rotary_base": 10000.0, "lr": 1e-4, "weight_decay": 0.01,
+    "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
+    "loss_scale": None, "seed": 1234,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`ConfigError` instead of printing and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flag set of ``pretrain_gpt.py`` (Megatron names)."""
+    p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False,
+                description="Megatron-style GPT/LLaMA pretraining (runs for real or under capture).")
+
+    def add(flag: str, typ: Any = None, choices: Sequence[str] | None = None, help: str = "") -> None:
+        dest = flag[2:].replace("-", "_")
+        default = _DEFAULTS[dest]
+        text = f"{help} (default: {default})" if help else f"(default: {default})"
+        if typ is None:
+            p.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            p.add_argument(flag, type=typ, choices=choices, default=None, help=text)
+
+    p.add_argument("--preset", default=None, help="named architecture (models/presets.py)")
+    for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
+              "--ffn-hidden-size", "--kv-channels", "--seq-length", "--max-position-embeddings",
+              "--vocab-size", "--make-vocab-size-divisible-by", "--micro-batch-size",
+              "--global-batch-size", "--train-iters", "--tensor-model-parallel-size",
+              "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+              "--context-parallel-size", "--expert-model-parallel-size", "--num-experts",
+              "--moe-router-topk", "--moe-ffn-hidden-size", "--recompute-num-layers",
+              "--ddp-bucket-size", "--seed"):
+        add(f, int)
+    for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
+              "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
+              "--loss-scale"):
+        add(f, float)
+    for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--bf16", "--fp16", "--swiglu",
+              "--squared-relu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+        add(f)
+    add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
+    add("--recompute-granularity", str, ("full", "selective"))
+    add("--recompute-method", str, ("uniform", "block"))
+    add("--fp8-format", str, ("e4m3", "hybrid"))
+    add("--normalization", str, ("LayerNorm", "RMSNorm"))
+    add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
+    add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
+    return p
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron ``_vocab_size_with_padding``: round up to a multiple of divisible_by x tp."""
+    multiple = divisible_by * tp
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+def _merged(ns: argparse.Namespace) -> dict[str, Any]:
+    """Explicit flags over the preset over Megatron's defaults."""
+    preset = get_preset(ns.preset) if ns.preset else {}
+    unknown = set(preset) - set(_DEFAULTS)
+    assert not unknown, f"preset {ns.preset} sets unknown keys {sorted(unknown)}"
+    out = {}
+    for dest, default in _DEFAULTS.items():
+        explicit = getattr(ns, dest)
+        out[dest] = explicit if explicit is not None else preset.get(dest, default)
+    return out
+
+
+def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | None]:
+    """Layers per stage and the number of virtual chunks (None without interleaving)."""
+    explicit = None
+    if a["pipeline_stage_layers"] is not None:
+        try:
+            explicit = [int(x) for x in a["pipeline_stage_layers"].split(",")]
+        except ValueError:
+            raise ConfigError(f"--pipeline-stage-layers {a['pipeline_stage_layers']!r} must be "
+                              f"comma-separated integers, e.g. 10,14,14,10") from None
+        if a["decoder_first_pipeline_num_layers"] is not None or a["decoder_last_pipeline_num_layers"] is not None:
+            raise ConfigError("--pipeline-stage-layers cannot be combined with "
+                              "--decoder-first/last-pipeline-num-layers; give one of them")
+    split = split_stage_layers(a["num_layers"], pp, first=a["decoder_first_pipeline_num_layers"],
+                               last=a["decoder_last_pipeline_num_layers"], explicit=explicit)
+    counts = tuple(len(chunks[0]) for chunks in split)
+    per_chunk = a["num_layers_per_virtual_pipeline_stage"]
+    if per_chunk is None:
+        return counts, None
+    if pp == 1:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage needs "
+                          "--pipeline-model-parallel-size > 1")
+    vpps = {c // per_chunk if per_chunk > 0 and c % per_chunk == 0 else None for c in counts}
+    if None in vpps or len(vpps) != 1:
+        raise ConfigError(
+            f"layers per stage {counts} are not all the same multiple of "
+            f"--num-layers-per-virtual-pipeline-stage {per_chunk}; every stage needs the same "
+            f"number of virtual chunks")
+    vpp = vpps.pop()
+    return counts, (vpp if vpp > 1 else None)
+
+
+def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
+    """Parse Megatron flags and validate them for ``world_size`` ranks.
+
+    Raises:
+        ConfigError: unknown flag, missing model size, or a layout that does not fit.
+    """
+    ns = build_parser().parse_args(argv)
+    a = _merged(ns)
+    missing = [f"--{k.replace('_', '-')}" for k in ("num_layers", "hidden_size", "num_attention_heads",
+                                                    "seq_length", "vocab_size") if a[k] is None]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
+    if a["bf16"] and a["fp16"]:
+        raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+    if a["swiglu"] and a["squared_relu"]:
+        raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
+    tp, pp = a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"]
+    # World-size divisibility first: it is the mistake the other messages would hide.
+    ParallelConfig(world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
+                   ep=a["expert_model_parallel_size"]).check()
+    heads, h = a["num_attention_heads"], a["hidden_size"]
+    groups = a["num_query_groups"] if a["group_query_attention"] else None
+    if heads % tp:
+        raise ConfigError(f"--num-attention-heads {heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if groups is not None and (heads % groups or groups % tp):
+        raise ConfigError(f"--num-query-groups {groups} must divide --num-attention-heads {heads} "
+                          f"and be divisible by --tensor-model-parallel-size {tp}")
+    if a["kv_channels"] is None and h % heads:
+        raise ConfigError(f"--hidden-size {h} is not divisible by --num-attention-heads {heads}; "
+                          f"give --kv-channels")
+    counts, vpp = _stage_layers(a, pp)
+    pcfg = ParallelConfig(
+        world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
+        ep=a["expert_model_parallel_size"], vpp=vpp, sequence_parallel=a["sequence_parallel"],
+        cp_comm_type=a["cp_comm_type"], stage_layers=counts,
+        use_distributed_optimizer=a["use_distributed_optimizer"],
+        overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"])
+    pcfg.check()
+    ffn = a["ffn_hidden_size"]
+    if ffn is None and a["swiglu"]:
+        # Megatron keeps swiglu's 3 matrices near 4h x h params, rounded down to a multiple of 64.
+        ffn = int((4 * h * 2 / 3) / 64) * 64
+    activation = "swiglu" if a["swiglu"] else "squared_relu" if a["squared_relu"] else "gelu"
+    mcfg = ModelConfig(
+        num_layers=a["num_layers"], hidden_size=h, num_attention_heads=heads,
+        num_query_groups=groups, ffn_hidden_size=ffn, kv_channels=a["kv_channels"],
+        seq_length=a["seq_length"], max_position_embeddings=a["max_position_embeddings"],
+        vocab_size=pad_vocab_size(a["vocab_size"], a["make_vocab_size_divisible_by"], tp),
+        activation=activation, normalization=a["normalization"],
+        position_embedding_type=a["position_embedding_type"],
+        untie_embeddings_and_output_weights=a["untie_embeddings_and_output_weights"],
+        add_bias_linear=not a["disable_bias_linear"], num_experts=a["num_experts"],
+        moe_router_topk=a["moe_router_topk"], moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
+        hidden_dropout=a["hidden_dropout"], norm_epsilon=a["norm_epsilon"],
+        init_method_std=a["init_method_std"], rotary_base=a["rotary_base"])
+    mbs = a["micro_batch_size"]
+    gbs = a["global_batch_size"] if a["global_batch_size"] is not None else mbs * pcfg.dp
+    tcfg = TrainConfig(
+        micro_batch_size=mbs, global_batch_size=gbs, train_iters=a["train_iters"],
+        params_dtype="bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32",
+        fp8=a["fp8_format"], recompute_granularity=a["recompute_granularity"],
+        recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"])
+    m = tcfg.num_microbatches(pcfg.dp)
+    if vpp is not None and m % pp:
+        raise ConfigError(f"the interleaved schedule needs the number of micro-batches ({m} = "
+                          f"{gbs} / ({mbs} x dp {pcfg.dp})) to be a multiple of "
+                          f"--pipeline-model-parallel-size {pp}")
+    if a["train_iters"] < 1:
+        raise ConfigError(f"--train-iters must be >= 1, got {a['train_iters']}")
+    optim = OptimConfig(
+        lr=a["lr"], weight_decay=a["weight_decay"], clip_grad=a["clip_grad"],
+        adam_beta1=a["adam_beta1"], adam_beta2=a["adam_beta2"], adam_eps=a["adam_eps"],
+        loss_scale=(a["loss_scale"] or 65536.0) if a["fp16"] else None,
+        bucket_size=a["ddp_bucket_size"])
+    return RunConfig(model=mcfg, parallel=pcfg, train=tcfg, optim=optim, num_microbatches=m,
+                     stage_layers=counts, seed=a["seed"], preset=ns.preset)

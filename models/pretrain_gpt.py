@@ -1,0 +1,150 @@
+"""Megatron-style GPT/LLaMA pretraining script: the workload HeteroSim captures.
+
+Takes Megatron-LM's flag names (see :mod:`models.args`) and torchrun's environment (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Under ``python -m capture`` it runs as one rank of the
+full job in a fake world; on its own it trains for real (gloo, CPU), e.g. as a sanity check::
+
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 python models/pretrain_gpt.py --preset tiny
+
+One iteration: zero the gradient buffers, run the schedule (no pipelining, 1F1B or interleaved)
+over ``global_batch / (micro_batch x dp)`` micro-batches with DP gradient sync, then the
+fp32-master Adam step (and the parameter all-gather of the distributed optimizer).
+
+Data are synthetic: each sample is an arithmetic run of token ids ``(start + t) % V`` with a
+random start, labels the next token, so the loss of a real run visibly falls. Every pipeline
+stage draws the same samples from a generator seeded by (seed, iteration, micro-batch, dp rank).
+Loss lines are printed only when nothing is capturing (no data-dependent ops under capture).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from heterosim.errors import ConfigError
+from models import parallel_state
+from models.annotate import get_annotator
+from models.args import RunConfig, parse_args
+from models.distributed import DataParallel, ModelGradSync
+from models.gpt import GPTModel
+from models.optimizer import MixedPrecisionAdam, model_parallel_group
+from models.schedules import PipelineComm, forward_backward
+from models.transformer import torch_dtype
+
+__all__ = ["main", "synthetic_batch", "train"]
+
+
+def synthetic_batch(cfg: RunConfig, iteration: int, mb: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token labels, both [b, s] int64, identical on every stage of a pipeline."""
+    key = ((cfg.seed * 1_000_003 + iteration) * 1_000_003 + mb) * 1_000_003 + dp_rank
+    gen = torch.Generator().manual_seed(key % (2**63 - 1))
+    b, s, v = cfg.train.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size
+    start = torch.randint(0, v, (b, 1), generator=gen)
+    ids = (start + torch.arange(s)) % v
+    return ids, (ids + 1) % v
+
+
+def _init_distributed(world_size: int, rank: int) -> bool:
+    """Initialize torch.distributed (gloo); returns True if this call did it."""
+    if dist.is_initialized():
+        return False
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    elif world_size == 1:
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    else:
+        raise ConfigError(f"WORLD_SIZE={world_size} needs MASTER_ADDR and MASTER_PORT (run under "
+                          f"torchrun or python -m capture)")
+    return True
+
+
+def train(cfg: RunConfig, rank: int) -> list[float]:
+    """Build this rank's model chunks and run ``cfg.train.train_iters`` iterations.
+
+    Returns the mean loss of each iteration on the rank that holds the last pipeline stage and
+    is not capturing (empty elsewhere).
+    """
+    ann = get_annotator()
+    pcfg, mcfg, tcfg = cfg.parallel, cfg.model, cfg.train
+    ann.declare(layout=cfg.layout(), model=cfg.model_info())
+    torch.manual_seed(cfg.seed)
+    ps = parallel_state.initialize(pcfg, rank)
+    stats_group = dist.group.WORLD if pcfg.use_distributed_optimizer else model_parallel_group(pcfg, rank)
+    vpp = pcfg.vpp or 1
+    layers = ps.stage_layers(mcfg.num_layers, explicit=cfg.stage_layers, vpp=vpp)[ps.pp_rank]
+    # Megatron seeds each TP rank differently for the split weights (model_parallel_cuda_manual_seed).
+    torch.manual_seed(cfg.seed + 2718 + ps.tp_rank + 100 * ps.pp_rank)
+    chunks = [GPTModel(mcfg, pcfg, tcfg, ps, layers=layers[c], chunk=c,
+                       pre_process=ps.is_first_stage and c == 0,
+                       post_process=ps.is_last_stage and c == vpp - 1) for c in range(vpp)]
+    shared = [p for m in chunks for p in m.shared_embedding_params()]
+    dps = [DataParallel(m, dp_group=ps.dp_cp_group, expert_dp_group=ps.expert_dp_group,
+                        overlap_grad_reduce=pcfg.overlap_grad_reduce,
+                        use_distributed_optimizer=pcfg.use_distributed_optimizer,
+                        overlap_param_gather=pcfg.overlap_param_gather,
+                        bucket_size=cfg.optim.bucket_size, disable_bucketing=c > 0,
+                        separate_params=shared if pcfg.use_distributed_optimizer else ())
+           for c, m in enumerate(chunks)]
+    gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
+                       embedding_group=ps.embedding_group, embedding_params=shared)
+    o = cfg.optim
+    opt = MixedPrecisionAdam(
+        gs, lr=o.lr, weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
+        clip_grad=o.clip_grad, grad_stats_group=stats_group,
+        use_distributed_optimizer=pcfg.use_distributed_optimizer, tp_rank=ps.tp_rank,
+        # The last stage's tied output weight duplicates the first stage's embedding gradient.
+        exclude_from_norm=[p for m in chunks if not m.pre_process for p in m.shared_embedding_params()],
+        loss_scale=o.loss_scale)
+    comm = None
+    if ps.pp_size > 1:
+        comm = PipelineComm(group=ps.pp_group, rank=ps.pp_rank, size=ps.pp_size,
+                            shape=chunks[0].hidden_shape(tcfg.micro_batch_size),
+                            dtype=torch_dtype(tcfg.params_dtype))
+    history: list[float] = []
+    for it in range(tcfg.train_iters):
+        ann.iteration(it)
+
+        def step(chunk: int, mb: int, x: torch.Tensor | None) -> torch.Tensor:
+            model = chunks[chunk]
+            ids, labels = synthetic_batch(cfg, it, mb, ps.dp_rank)
+            out = model(ids if model.pre_process else x, labels if model.post_process else None)
+            if model.post_process and o.loss_scale is not None:
+                out = out * o.loss_scale  # static fp16 loss scaling; the optimizer unscales
+            return out
+
+        with ann.scope(phase="grad_sync"):
+            gs.zero_grad()
+        losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
+                                  comm=comm, grad_sync=gs)
+        opt.step()
+        if losses and not ann.active:
+            total = sum(float(l.detach()) for l in losses) / (o.loss_scale or 1.0)
+            history.append(total)
+    return history
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: parse flags, train, print one loss line per iteration (rank with the last stage)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = parse_args(argv, world_size)
+        owned = _init_distributed(world_size, rank)
+        history = train(cfg, rank)
+    except ConfigError as e:
+        print(f"pretrain_gpt.py: error: {e}", file=sys.stderr)
+        return 2
+    if not get_annotator().active:
+        for i, loss in enumerate(history):
+            print(f"iteration {i + 1:>4}/{cfg.train.train_iters} | rank {rank} | lm loss {loss:.4f}")
+        if owned:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""pretrain_gpt.py end to end: one rank of a fake world (c10d ops listed by a dispatch mode,
+blocks counted by an annotator), the real single-process run (loss falls), and config errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models import annotate
+from models.args import parse_args
+from models.pretrain_gpt import main, synthetic_batch, train
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "models" / "pretrain_gpt.py"
+
+
+class Ann(annotate.Annotator):
+    """Records declare(), iterations, block keys and the phase of every c10d op."""
+
+    active = True  # like a capture: no data-dependent logging
+
+    def __init__(self) -> None:
+        self.tags: dict = {}
+        self.blocks: list = []
+        self.iterations: list[int] = []
+        self.layout: dict = {}
+
+    def declare(self, layout=None, model=None):
+        self.layout = dict(layout or {})
+
+    def iteration(self, index):
+        self.iterations.append(index)
+        self.blocks.clear()
+
+    @contextlib.contextmanager
+    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
+        old = dict(self.tags)
+        self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb)) if v is not None})
+        try:
+            yield
+        finally:
+            self.tags = old
+
+    def block(self, key, fn, *args):
+        self.blocks.append(key)
+        return fn(*args)
+
+
+class CommLog(TorchDispatchMode):
+    def __init__(self, ann: Ann) -> None:
+        super().__init__()
+        self.ann, self.ops = ann, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            pg = next(dist.ProcessGroup.unbox(a) for a in args if isinstance(a, torch.ScriptObject))
+            ranks = tuple(dist.get_process_group_ranks(pg))
+            name = func._overloadpacket.__name__
+            t = args[1] if name == "_reduce_scatter_base_" else args[0]
+            t = t[0] if isinstance(t, list) else t
+            peer = ranks[args[2]] if name in ("send", "recv_") else None
+            self.ops.append((name, ranks, t.numel() * t.element_size(), self.ann.tags.get("phase"), peer))
+        return func(*args, **(kwargs or {}))
+
+
+def run_fake(argv: list[str], rank: int, world: int):
+    """Run ``train`` as ``rank`` of ``world`` in the fake world; return (annotator, log, cfg)."""
+    cfg = parse_args(argv, world)
+    ann = Ann()
+    prev = annotate.set_annotator(ann)
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    log = CommLog(ann)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), log:
+            train(cfg, rank)
+    finally:
+        dist.destroy_process_group()
+        annotate.set_annotator(prev)
+    return ann, log, cfg
+
+
+TINY = ["--preset", "tiny", "--bf16", "--train-iters", "1"]
+
+
+def _local_params(cfg, rank, world):
+    """Parameter count this rank holds, built in a fake world of its own."""
+    from models import parallel_state
+    from models.gpt import GPTModel
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            ps = parallel_state.initialize(cfg.parallel, rank)
+            vpp = cfg.parallel.vpp or 1
+            layers = ps.stage_layers(cfg.model.num_layers, explicit=cfg.stage_layers, vpp=vpp)[ps.pp_rank]
+            return sum(p.numel() for c in range(vpp) for p in GPTModel(
+                cfg.model, cfg.parallel, cfg.train, ps, layers=layers[c], chunk=c,
+                pre_process=ps.is_first_stage and c == 0,
+                post_process=ps.is_last_stage and c == vpp - 1).parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pipeline_dp_sync_and_p2p_counts():
+    """tp2 pp2 dp2, 4 micro-batches, stage 1 rank 5: 4 activation receives and 4 gradient sends
+    of [s/tp, b, h] bf16 (sequence parallel); one DP all-reduce of every local param x 2 bytes;
+    the tied embedding all-reduce over first+last stage; the grad-norm all-reduce over tp x pp."""
+    argv = TINY + ["--global-batch-size", "16", "--tensor-model-parallel-size", "2",
+                   "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
+    ann, log, cfg = run_fake(argv, rank=5, world=8)
+    assert cfg.num_microbatches == 4 and ann.iterations == [0]
+    act = 64 // 2 * 2 * 64 * 2  # [s/tp, b, h] bf16 bytes
+    p2p = Counter((name, peer, n) for name, _, n, _, peer in log.ops if name in ("send", "recv_"))
+    assert p2p == Counter({("recv_", 1, act): 4, ("send", 1, act): 4})
+    local = _local_params(cfg, 5, 8)
+    dp_sync = [o for o in log.ops if o[0] == "allreduce_" and o[1] == (5, 7)]
+    assert [(n, ph) for _, _, n, ph, _ in dp_sync] == [(local * 2, "grad_sync")]
+    # (The all-reduce of the zeroed output copy at construction has no phase.)
+    emb = [o for o in log.ops if o[0] == "allreduce_" and o[1] == (1, 5) and o[3]]
+    assert [(n, ph) for _, _, n, ph, _ in emb] == [(cfg.model.vocab_size // 2 * 64 * 2, "grad_sync")]
+    norm = [o for o in log.ops if o[3] == "optimizer"]
+    assert [(o[0], o[1], o[2]) for o in norm] == [("allreduce_", (0, 1, 4, 5), 4)]
+
+
+def test_distributed_optimizer_reduce_scatter_plus_all_gather():
+    """With --use-distributed-optimizer the DP traffic is one reduce-scatter of the (padded)
+    gradient buffer and one all-gather of the same bytes in the optimizer phase."""
+    argv = TINY + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
+    ann, log, cfg = run_fake(argv, rank=1, world=8)
+    local = _local_params(cfg, 1, 8)
+    padded = -(-local // 128) * 128  # lcm(dp 4, 128) = 128
+    dp_ops = [(o[0], o[2], o[3]) for o in log.ops if o[1] == (1, 3, 5, 7)]
+    assert dp_ops == [("_reduce_scatter_base_", padded * 2, "grad_sync"),
+                      ("_allgather_base_", padded * 2, "optimizer")]
+    assert [o[1] for o in log.ops if o[3] == "optimizer" and o[0] == "allreduce_"] == [tuple(range(8))]
+
+
+def test_block_keys_interleaved_eight_microbatches():
+    """pp2 x vpp2 with 8 micro-batches: on stage 0 each chunk's forward shares one key (8 uses)
+    and so does each backward; the first chunk takes token ids (no input shape)."""
+    argv = TINY + ["--global-batch-size", "16", "--pipeline-model-parallel-size", "2",
+                   "--num-layers-per-virtual-pipeline-stage", "2"]
+    ann, log, cfg = run_fake(argv, rank=0, world=2)
+    assert cfg.parallel.vpp == 2 and ann.layout["vpp"] == 2
+    shape = (64, 2, 64)
+    assert Counter(ann.blocks) == Counter({
+        ("fwd", 0, False, False, None): 8, ("fwd", 1, False, False, shape): 8,
+        ("bwd", 0, False, None): 8, ("bwd", 1, False, shape): 8})
+    sends = Counter(peer for name, _, _, _, peer in log.ops if name == "send")
+    assert sends == Counter({1: 8 + 8 + 8})  # chunk 0 acts, chunk 1 acts, chunk 1 grads
+
+
+def test_overlap_grad_reduce_keys_last_microbatch_apart():
+    """With --overlap-grad-reduce the last micro-batch's forward and backward have their own keys."""
+    argv = TINY + ["--global-batch-size", "32", "--pipeline-model-parallel-size", "2",
+                   "--overlap-grad-reduce"]
+    ann, log, _ = run_fake(argv, rank=3, world=4)
+    shape = (64, 2, 64)
+    assert Counter(ann.blocks) == Counter({
+        ("fwd", 0, False, False, shape): 7, ("fwd", 0, False, True, shape): 1,
+        ("bwd", 0, False, shape): 7, ("bwd", 0, True, shape): 1})
+    assert {o[3] for o in log.ops if o[0] == "allreduce_" and o[1] == (2, 3)} == {"grad_sync"}
+
+
+def test_synthetic_batch_same_on_every_stage():
+    """Every stage of a pipeline draws the same ids for a micro-batch; labels are the next token."""
+    cfg = parse_args(["--preset", "tiny"], 1)
+    ids, labels = synthetic_batch(cfg, 3, 5, 0)
+    ids2, _ = synthetic_batch(cfg, 3, 5, 0)
+    assert torch.equal(ids, ids2) and ids.shape == (2, 64)
+    assert torch.equal(labels, (ids + 1) % cfg.model.vocab_size)
+    assert not torch.equal(ids, synthetic_batch(cfg, 3, 6, 0)[0])
+
+
+def test_real_run_world_size_one_loss_decreases():
+    """`python models/pretrain_gpt.py --preset tiny` at world size 1 (gloo, fp32) trains:
+    the loss falls over the iterations."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1",
+           "MASTER_PORT": str(29400 + os.getpid() % 500)}
+    out = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    losses = [float(line.split("lm loss")[1]) for line in out.stdout.splitlines() if "lm loss" in line]
+    assert len(losses) == 8
+    # Synthetic batches differ per iteration, so compare the ends, not every step.
+    assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.15
+
+
+def test_config_error_exits_2_with_one_line(capsys):
+    """Config mistakes print one 'error:' line naming the values and return 2 (no traceback)."""
+    os.environ.pop("WORLD_SIZE", None)
+    assert main(["--preset", "tiny", "--global-batch-size", "7"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("pretrain_gpt.py: error: global batch size 7 is not divisible by micro-batch "
+                   "size 2 x data-parallel size 1 = 2\n")
+    assert main(["--preset", "tiny", "--no-such-flag"]) == 2
+    assert capsys.readouterr().err == "pretrain_gpt.py: error: unrecognized arguments: --no-such-flag\n"
+
+
+def test_script_unknown_flag_subprocess():
+    """The script run as a program exits non-zero naming the unknown flag, without a traceback."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--tensor-model-parallel-size", "3"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("pretrain_gpt.py: error: world size 4 is not divisible by tp*pp*cp = "
+                                  "3*1*1 = 3; choose sizes whose product divides it")
