@@ -1,7 +1,154 @@
-"""Mixture-of-experts layer (filled in below)."""
+"""Mixture-of-experts MLP with expert parallelism (Megatron-core ``transformer/moe``: ``TopKRouter``,
+``MoEAlltoAllTokenDispatcher``, ``GroupedMLP``).
+
+Per layer and micro-batch, with ``T = s/cp/tp * b`` local tokens, ``E`` experts, top-``k``:
+
+1. router GEMM ``[T, h] x [h, E]``, top-k over the logits, softmax over the k kept scores;
+2. permute: gather the ``T*k`` token copies into expert-major order;
+3. dispatch: ``all_to_all_single`` over the EP group (equal splits), then with TP an all-gather
+   over TP (experts are TP-split like the dense MLP; Megatron requires sequence parallelism);
+4. regroup the received rows by local expert, run the ``E/ep`` local experts as one batched GEMM
+   per projection (a grouped GEMM with equal group sizes), activation in between;
+5. the reverse: reduce-scatter over TP, ``all_to_all_single`` back, un-permute with the routing
+   probabilities (index-add into the token rows).
+
+**Balanced routing (an assumption):** routing decided by the data cannot run under
+FakeTensorMode (token counts per expert are data, split sizes need a device-to-host copy), so
+every expert receives exactly ``T*k/E`` token copies from every rank: the permutation is fixed
+(copy ``j`` of token ``t`` goes to expert ``(t*k + j) mod E``) and the all-to-all splits are
+equal. The router GEMM, top-k and softmax still run, and the probabilities weight the combine.
+This ignores load imbalance, token dropping / capacity factors, the auxiliary load-balancing
+loss and the dispatcher's token-count exchange (a small all-gather of ``E`` int64 plus a
+device-to-host sync in Megatron).
+
+Expert parameters carry ``param.allreduce = False``: their gradients are averaged over the
+expert-data-parallel group, not the data-parallel group.
+"""
+
 from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
 from heterosim.errors import ConfigError
-__all__ = ["MoELayer"]
-class MoELayer:
-    def __init__(self, *a, **k):
-        raise ConfigError("MoE is not implemented yet")
+from models.config import ModelConfig
+from models.layers.linear import gemm_scope, init_normal, scaled_init_std
+from models.layers.mappings import gather_from_sp, group_size, reduce_scatter_to_sp
+from models.layers.mlp import activation_fn
+
+__all__ = ["MoELayer", "balanced_permutation"]
+
+
+def balanced_permutation(tokens: int, topk: int, experts: int) -> torch.Tensor:
+    """Flat copy index (``t*topk + j``) of each of the ``tokens*topk`` routed copies, expert-major.
+
+    Copy ``j`` of token ``t`` goes to expert ``(t*topk + j) mod experts`` (balanced routing);
+    within an expert copies keep token order, like Megatron's stable permutation. The token row
+    of a copy is ``index // topk``.
+    """
+    copies = torch.arange(tokens * topk)
+    expert = copies % experts
+    return torch.argsort(expert * (tokens * topk) + copies)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Equal-split ``all_to_all_single`` along dim 0; its gradient is the same exchange."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _a2a(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _a2a(g.contiguous(), ctx.group), None
+
+
+def _a2a(x: torch.Tensor, group: Any) -> torch.Tensor:
+    if group_size(group) == 1:
+        return x
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x.contiguous(), group=group)
+    return out
+
+
+class _GroupedGemm(torch.autograd.Function):
+    """``x [G, n, a] @ w [G, a, c]`` per expert group; all three GEMMs carry the fp8 scope."""
+
+    @staticmethod
+    def forward(ctx, x, w, fp8):
+        ctx.save_for_backward(x, w)
+        ctx.fp8 = fp8
+        with gemm_scope(fp8):
+            return torch.bmm(x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        with gemm_scope(ctx.fp8):
+            gx = torch.bmm(g, w.transpose(1, 2))
+            gw = torch.bmm(x.transpose(1, 2), g)
+        return gx, gw, None
+
+
+class MoELayer(nn.Module):
+    """``x [s/tp, b, h] -> (out [s/tp, b, h], None)`` through ``num_experts`` top-k experts."""
+
+    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool) -> None:
+        super().__init__()
+        E, ep, tp = mcfg.num_experts, pstate.ep_size, pstate.tp_size
+        if E % ep:
+            raise ConfigError(f"--num-experts {E} must be divisible by --expert-model-parallel-size {ep}")
+        if not 1 <= mcfg.moe_router_topk <= E:
+            raise ConfigError(f"--moe-router-topk {mcfg.moe_router_topk} must be in [1, {E}]")
+        if tp > 1 and not pstate.sequence_parallel:
+            raise ConfigError("MoE with tensor parallelism needs --sequence-parallel (as in Megatron)")
+        ffn = mcfg.moe_ffn_hidden_size or mcfg.ffn_size
+        if ffn % tp:
+            raise ConfigError(f"expert FFN size {ffn} not divisible by tensor-parallel size {tp}")
+        self.E, self.topk, self.local = E, mcfg.moe_router_topk, E // ep
+        self.pstate, self.fp8 = pstate, fp8
+        self.act = activation_fn(mcfg.activation)
+        h, std = mcfg.hidden_size, mcfg.init_method_std
+        gated = 2 if mcfg.activation == "swiglu" else 1
+        self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))
+        init_normal(std)(self.router)
+        self.router.sequence_parallel = pstate.sequence_parallel  # replicated over TP
+        self.fc1 = nn.Parameter(torch.empty(self.local, h, gated * ffn // tp, dtype=dtype))
+        self.fc2 = nn.Parameter(torch.empty(self.local, ffn // tp, h, dtype=dtype))
+        init_normal(std)(self.fc1)
+        init_normal(scaled_init_std(std, mcfg.num_layers))(self.fc2)
+        for p in (self.fc1, self.fc2):
+            p.allreduce = False
+            p.tensor_model_parallel = tp > 1
+
+    def forward(self, x: torch.Tensor):
+        s, b, h = x.shape
+        T = s * b
+        if (T * self.topk) % self.E:
+            raise ConfigError(f"{T} local tokens x top-{self.topk} are not divisible over {self.E} "
+                              f"experts; balanced routing needs tokens*topk % num_experts == 0")
+        tokens = x.reshape(T, h)
+        logits = torch.nn.functional.linear(tokens, self.router)  # [T, E]
+        scores, _ = torch.topk(logits, self.topk, dim=-1)
+        probs = torch.softmax(scores.float(), dim=-1).to(x.dtype)  # [T, k]
+        order = balanced_permutation(T, self.topk, self.E).to(x.device)
+        rows = order // self.topk
+        permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
+        ps = self.pstate
+        recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
+        recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
+        sources, n = ps.tp_size * ps.ep_size, T * self.topk // self.E
+        grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local, sources * n, h)
+        inter = self.act(_GroupedGemm.apply(grouped, self.fc1, self.fp8))
+        out = _GroupedGemm.apply(inter, self.fc2, self.fp8)  # [local, sources*n, h], partial over TP
+        out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
+        out = reduce_scatter_to_sp(out, ps.tp_group)
+        out = _AllToAll.apply(out, ps.ep_group)  # back in this rank's expert-major order
+        weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
+        combined = torch.zeros_like(tokens).index_add(0, rows, weighted)
+        return combined.view(s, b, h), None
+

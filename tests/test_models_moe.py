@@ -1,0 +1,99 @@
+"""Tests of ``models.layers.moe``: balanced routing, exact expert math at one rank, and the
+dispatch / combine traffic over EP and TP in a fake 8-rank world."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from heterosim.errors import ConfigError
+from models.config import ModelConfig
+from models.layers.moe import MoELayer, balanced_permutation
+from test_models_mappings import comm_ops, run_fake
+
+SOLO = SimpleNamespace(ep_size=1, tp_size=1, sequence_parallel=False, ep_group=None, tp_group=None)
+
+
+def test_balanced_permutation_is_expert_major_and_even():
+    """6 tokens x top-2 over 4 experts: copy t*2+j goes to expert (t*2+j) % 4, 3 copies each."""
+    order = balanced_permutation(6, 2, 4)
+    assert order.tolist() == [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
+    assert sorted(order.tolist()) == list(range(12))
+
+
+def test_moe_output_matches_per_token_experts():
+    """out[t] = sum_j softmax(topk(router logits))[t, j] * expert_(t*k+j mod E)(x[t]), SwiGLU experts."""
+    torch.manual_seed(0)
+    mcfg = ModelConfig(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32,
+                       num_experts=4, moe_router_topk=2, activation="swiglu")
+    moe = MoELayer(mcfg, SOLO, dtype=torch.float64, fp8=False)
+    x = torch.randn(6, 2, 16, dtype=torch.float64, requires_grad=True)
+    y, bias = moe(x)
+    assert bias is None and y.shape == x.shape
+    tok = x.reshape(12, 16)
+    probs = torch.softmax(torch.topk(tok @ moe.router.T, 2, dim=-1)[0], dim=-1)
+    rows = []
+    for t in range(12):
+        acc = 0
+        for j in range(2):
+            e = (t * 2 + j) % 4
+            gate, up = (tok[t] @ moe.fc1[e]).chunk(2)
+            acc = acc + probs[t, j] * ((torch.nn.functional.silu(gate) * up) @ moe.fc2[e])
+        rows.append(acc)
+    torch.testing.assert_close(y.reshape(12, 16), torch.stack(rows), rtol=1e-9, atol=1e-9)
+    y.sum().backward()
+    assert moe.fc1.grad is not None and moe.router.grad is not None
+    assert moe.fc1.allreduce is False and moe.fc2.allreduce is False
+
+
+def test_moe_config_errors():
+    """Experts must split over EP; TP needs sequence parallelism; tokens*topk must split evenly."""
+    base = dict(num_layers=1, hidden_size=16, num_attention_heads=2, num_experts=6, moe_router_topk=2)
+    with pytest.raises(ConfigError, match="--num-experts 6 must be divisible by --expert-model-parallel-size 4"):
+        MoELayer(ModelConfig(**base), SimpleNamespace(**{**vars(SOLO), "ep_size": 4}), dtype=torch.float32, fp8=False)
+    with pytest.raises(ConfigError, match=r"MoE with tensor parallelism needs --sequence-parallel"):
+        MoELayer(ModelConfig(**base), SimpleNamespace(**{**vars(SOLO), "tp_size": 2}), dtype=torch.float32, fp8=False)
+    moe = MoELayer(ModelConfig(**base), SOLO, dtype=torch.float32, fp8=False)
+    with pytest.raises(ConfigError, match="5 local tokens x top-2 are not divisible over 6 experts"):
+        moe(torch.randn(5, 1, 16))
+
+
+FAKE = """
+from models import parallel_state
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.layers.moe import MoELayer
+ann = PhaseAnnotator(); set_annotator(ann)
+ps = parallel_state.initialize(ParallelConfig(world_size=8, tp=2, ep=2, sequence_parallel=True), 3)
+mcfg = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
+                   num_experts=8, moe_router_topk=2)
+moe = MoELayer(mcfg, ps, dtype=torch.bfloat16, fp8=True)
+x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)  # s/tp = 16, b = 2
+log = OpLog(ann)
+with log:
+    y, _ = moe(x)
+    with ann.scope(phase="bwd"):
+        y.backward(torch.ones_like(y))
+result = dict(comm=comm_ops(log.ops), ranks=sorted({tuple(o["ranks"]) for o in log.ops if "ranks" in o}),
+              bmm=[[o["shapes"][:2], o["phase"], o["gemm_dtype"]] for o in log.ops if o["name"].startswith("aten.bmm")],
+              ep=list(ps.ep_ranks), local=moe.fc1.shape[0])
+"""
+
+
+def test_moe_dispatch_combine_traffic_in_fake_world():
+    """EP 2, TP 2 (SP), 8 experts top-2, 32 local tokens: a2a of the 64 token copies over EP,
+    all-gather / reduce-scatter over TP, one batched GEMM per projection for the 4 local experts."""
+    r = run_fake(FAKE, rank=3, world=8)
+    assert r["ep"] == [1, 3] and r["local"] == 4
+    copies = 32 * 2 * 64 * 2  # T*k rows x h x bf16
+    fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
+    assert fwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
+                   ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", copies]]
+    bwd = [c[:2] for c in r["comm"] if c[2] == "bwd"]
+    assert bwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
+                   ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", copies]]
+    # each local expert sees n = 32*2/8 = 8 copies from each of tp*ep = 4 sources
+    assert r["bmm"][:2] == [[[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"], [[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"]]
+    assert len(r["bmm"]) == 2 + 4 and all(b[2] == "fp8" for b in r["bmm"])
+    assert sorted(map(tuple, r["ranks"])) == [(1, 3), (2, 3)]
