@@ -1,0 +1,147 @@
+"""Megatron flag parsing, presets, vocab padding, stage splits and the config errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterosim.errors import ConfigError
+from models.args import pad_vocab_size, parse_args
+from models.presets import PRESETS, get_preset
+
+
+def test_vocab_padding_as_megatron():
+    """Vocab rounds up to a multiple of make_vocab_size_divisible_by x tp."""
+    assert pad_vocab_size(50257, 128, 1) == 50304
+    assert pad_vocab_size(50257, 128, 8) == 51200
+    assert pad_vocab_size(128256, 128, 8) == 129024
+    assert pad_vocab_size(51200, 128, 8) == 51200
+
+
+def test_gpt3_175b_preset():
+    """GPT-3 175B: 96 layers, h 12288, 96 heads, seq 2048, vocab 51200, GeLU, LayerNorm, tied."""
+    cfg = parse_args(["--preset", "gpt3-175b", "--tensor-model-parallel-size", "8",
+                      "--pipeline-model-parallel-size", "8", "--global-batch-size", "1536"], 1024)
+    m = cfg.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size) == \
+        (96, 12288, 96, 2048, 51200)
+    assert (m.activation, m.normalization, m.ffn_size, m.untie_embeddings_and_output_weights) == \
+        ("gelu", "LayerNorm", 49152, False)
+    assert (cfg.parallel.dp, cfg.num_microbatches, cfg.stage_layers) == (16, 96, (12,) * 8)
+
+
+def test_llama_405b_preset():
+    """LLaMA-3.1 405B: 126 layers, h 16384, 128 heads, 8 KV heads, ffn 53248, vocab 128256
+    (padded to 129024 at tp 8), seq 8192, RoPE, RMSNorm, SwiGLU, untied, no linear biases."""
+    cfg = parse_args(["--preset", "llama-405b", "--tensor-model-parallel-size", "8",
+                      "--pipeline-model-parallel-size", "9", "--bf16"], 72)
+    m = cfg.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_size) == \
+        (126, 16384, 128, 8, 53248)
+    assert (m.vocab_size, m.seq_length, m.position_embedding_type, m.normalization, m.activation) == \
+        (129024, 8192, "rope", "RMSNorm", "swiglu")
+    assert m.untie_embeddings_and_output_weights and not m.add_bias_linear
+    assert m.rotary_base == 500000.0 and cfg.train.params_dtype == "bf16"
+
+
+def test_every_preset_parses():
+    """Every preset builds a valid config at world size 1."""
+    for name in PRESETS:
+        assert parse_args(["--preset", name], 1).preset == name
+
+
+def test_explicit_flags_override_preset():
+    """An explicit flag beats the preset, which beats Megatron's default."""
+    cfg = parse_args(["--preset", "gpt3-175b", "--num-layers", "48", "--seq-length", "4096"], 1)
+    assert (cfg.model.num_layers, cfg.model.seq_length, cfg.model.hidden_size) == (48, 4096, 12288)
+    assert cfg.optim.lr == 1e-4 and cfg.model.hidden_dropout == 0.1
+
+
+def test_swiglu_default_ffn_and_gqa():
+    """--swiglu without --ffn-hidden-size gives int(8h/3 / 64) * 64; GQA takes its group count."""
+    cfg = parse_args(["--num-layers", "2", "--hidden-size", "4096", "--num-attention-heads", "32",
+                      "--seq-length", "128", "--vocab-size", "1000", "--swiglu",
+                      "--group-query-attention", "--num-query-groups", "8"], 1)
+    assert cfg.model.ffn_size == 10880 and cfg.model.num_kv_heads == 8
+
+
+def test_global_batch_defaults_to_micro_times_dp():
+    """Without --global-batch-size one micro-batch per DP replica."""
+    cfg = parse_args(["--preset", "tiny", "--global-batch-size", "4", "--micro-batch-size", "1"], 2)
+    assert cfg.num_microbatches == 2
+    cfg = parse_args(["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
+                      "--seq-length", "8", "--vocab-size", "10", "--micro-batch-size", "3"], 4)
+    assert (cfg.train.global_batch_size, cfg.num_microbatches) == (12, 1)
+
+
+def test_explicit_and_first_last_stage_layers():
+    """--pipeline-stage-layers gives each stage's count; first/last pin the ends."""
+    cfg = parse_args(["--preset", "tiny", "--num-layers", "48", "--pipeline-model-parallel-size", "4",
+                      "--pipeline-stage-layers", "10,14,14,10"], 4)
+    assert cfg.stage_layers == (10, 14, 14, 10) and cfg.parallel.stage_layers == (10, 14, 14, 10)
+    cfg = parse_args(["--preset", "tiny", "--num-layers", "30", "--pipeline-model-parallel-size", "4",
+                      "--decoder-first-pipeline-num-layers", "6", "--decoder-last-pipeline-num-layers", "6"], 4)
+    assert cfg.stage_layers == (6, 9, 9, 6)
+
+
+def test_virtual_pipeline_chunks():
+    """vpp = layers per stage / --num-layers-per-virtual-pipeline-stage; 1 means no interleaving."""
+    base = ["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    assert parse_args(base + ["--num-layers-per-virtual-pipeline-stage", "2"], 2).parallel.vpp == 2
+    assert parse_args(base + ["--num-layers-per-virtual-pipeline-stage", "4"], 2).parallel.vpp is None
+    assert parse_args(base, 2).layout()["vpp"] is None
+
+
+def test_layout_and_model_keys_for_declare():
+    """layout() and model_info() carry the keys the annotator documents."""
+    cfg = parse_args(["--preset", "tiny", "--tensor-model-parallel-size", "2", "--sequence-parallel"], 4)
+    assert set(cfg.layout()) == {"tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
+                                 "micro_batch_size", "global_batch_size", "num_microbatches",
+                                 "seq_length", "recompute", "distributed_optimizer", "stage_layers"}
+    assert cfg.layout()["sequence_parallel"] is True and cfg.layout()["dp"] == 2
+    assert set(cfg.model_info()) == {"num_layers", "hidden_size", "num_attention_heads",
+                                     "num_query_groups", "ffn_hidden_size", "vocab_size", "seq_length",
+                                     "activation", "normalization", "num_experts", "params_dtype", "fp8"}
+
+
+@pytest.mark.parametrize("argv,world,message", [
+    (["--preset", "tiny", "--bogus-flag", "3"], 1, "unrecognized arguments: --bogus-flag 3"),
+    (["--preset", "tiny", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "3"], 8,
+     "world size 8 is not divisible by tp*pp*cp = 2*3*1 = 6; choose sizes whose product divides it"),
+    (["--preset", "tiny", "--global-batch-size", "6"], 4,
+     "global batch size 6 is not divisible by micro-batch size 2 x data-parallel size 4 = 8"),
+    (["--preset", "tiny", "--num-layers", "6", "--pipeline-model-parallel-size", "4"], 4,
+     "6 layers do not split over 4 pipeline stages with first=None, last=None: the remaining 6 "
+     "layers must divide evenly over 4 stages"),
+    (["--preset", "tiny", "--num-layers", "48", "--pipeline-model-parallel-size", "4",
+      "--pipeline-stage-layers", "10,14,14,11"], 4,
+     "explicit stage layers (10, 14, 14, 11) sum to 49, but --num-layers is 48; make them add up"),
+    (["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--pipeline-stage-layers", "4,4",
+      "--decoder-first-pipeline-num-layers", "4"], 2,
+     "--pipeline-stage-layers cannot be combined with --decoder-first/last-pipeline-num-layers; give one of them"),
+    (["--preset", "tiny", "--tensor-model-parallel-size", "8"], 8,
+     "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8"),
+    (["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
+      "--global-batch-size", "6"], 2,
+     "the interleaved schedule needs the number of micro-batches (3 = 6 / (2 x dp 1)) to be a multiple "
+     "of --pipeline-model-parallel-size 2"),
+    (["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
+     "layers per stage (4, 4) are not all the same multiple of --num-layers-per-virtual-pipeline-stage 3"),
+    (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
+    (["--hidden-size", "8"], 1,
+     "missing --num-layers, --num-attention-heads, --seq-length, --vocab-size; give them or a --preset NAME"),
+    (["--preset", "gpt4"], 1, "unknown preset 'gpt4'; valid presets: gpt3-13b, gpt3-175b, gpt3-6.7b, "
+     "llama-405b, llama-65b, llama-70b, llama-7b, tiny"),
+    (["--preset", "tiny", "--group-query-attention", "--num-query-groups", "3"], 1,
+     "--num-query-groups 3 must divide --num-attention-heads 4"),
+])
+def test_config_errors_name_the_values(argv, world, message):
+    """Each mistake raises one ConfigError whose message names the offending values."""
+    with pytest.raises(ConfigError) as err:
+        parse_args(argv, world)
+    assert str(err.value).startswith(message)
+
+
+def test_get_preset_returns_a_copy():
+    """Presets are not mutated through get_preset."""
+    get_preset("tiny")["num_layers"] = 99
+    assert PRESETS["tiny"]["num_layers"] == 8
