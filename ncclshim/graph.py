@@ -225,7 +225,9 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
         runtime *= 2
     # The bottleneck is judged on hardware bandwidth: the link with the most ring bytes per B/s.
     util = {i: cnt / view.links[i].bw for i, cnt in sum(loads, Counter()).items()}
-    bottleneck = min(util, key=lambda i: (-round(util[i], 9), view.links[i].bw, i)) if util else None
+    top = max(util.values(), default=0.0)
+    bottleneck = min((i for i, u in util.items() if u >= top * (1 - 1e-9)),
+                     key=lambda i: (view.links[i].bw, i), default=None)
 
     nvls_ch, nvls_intra, nvls_inter = 0, 0.0, 0.0
     if all(f.kind == "nvswitch" and f.nvls for f in fabrics) and arch >= 2 and ppn >= 2:

@@ -219,7 +219,8 @@ class ServerRouter:
             if cand.pcie_switch == g.pcie_switch:
                 s_nic = cand
             elif pxn:
-                owner = next(self._gpus[i] for i in node_g.gpus if cand.index in self._gpus[i].nics)
+                owners = [self._gpus[i] for i in node_g.gpus if cand.index in self._gpus[i].nics]
+                owner = next((o for o in owners if o.nics[0] == cand.index), owners[0])
                 relay = self._nvlink_vertices(g, owner)
                 if relay:  # PXN: NVLink to the GPU that owns the destination-rail NIC.
                     head, g, s_nic = relay[:-1], owner, cand
