@@ -227,3 +227,27 @@ def test_p2p_channels_and_protocol():
     assert plan("send", 1 << 20, (0, 7), build_preset("l40s-pcie")).nchannels == 2
     assert plan("send", 32 * 16384, (0, 7), H100).proto == "LL"
     assert plan("send", 32 * 16384 + 2, (0, 7), H100).proto == "SIMPLE"
+
+
+def test_invariants_over_presets_groups_and_sizes():
+    """Every plan: positive time, efficiency in (0, 1], flows between group members over valid
+    links, flows-alone time equal to time_s, busbw = algbw x nccl-tests factor."""
+    views = [build_preset(name, nodes=n) for name in PRESETS for n in (1, 3)]
+    views.append(build_cluster([PRESETS["dgx-a100"], PRESETS["dgx-h100"], PRESETS["dgx-h100"]]))
+    for view in views:
+        n_gpus = len(view.gpus)
+        for ranks in (tuple(range(n_gpus)), tuple(range(0, n_gpus, 8)), (1, 2, 5, 6), (7, 0)):
+            if len(ranks) < 2:
+                continue
+            n = len(ranks)
+            for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"):
+                for size in (4096, 1 << 22, 1 << 30):
+                    size = size // (2 * n) * (2 * n)
+                    p = plan(coll, size, ranks, view)
+                    assert p.time_s > p.latency_s > 0
+                    assert 0 < p.efficiency <= 1
+                    assert p.flow_time_s == pytest.approx(p.time_s)
+                    assert p.busbw == pytest.approx(size / p.time_s * busbw_factor(coll, n))
+                    for f in p.flows:
+                        assert f.src in ranks and f.dst in ranks and f.bytes > 0
+                        assert all(0 <= i < len(view.links) for i in f.path)
