@@ -12,7 +12,7 @@ are refit so that the roofline tier reproduces the measurements:
 Error is reported as the mean absolute relative error of held-out rows over ``k`` folds (rows
 assigned to folds round-robin in key order, so results are deterministic), next to the error of the
 uncalibrated curves on the same rows. For scaling, every ordered pair of GPUs that measured the same
-kernels is checked: scale one GPU's measurement to the other (:func:`kernel_db.pricing.scale_factor`)
+kernels is checked: scale one GPU's measurement to the other (:func:`kernel_db.pricing.scale_time`)
 and compare with the other's measurement -- a held-out check with no fitted parameter.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow
-from .pricing import scale_factor
+from .pricing import scale_time
 from .roofline import MEMORY_CLASSES, EfficiencyModel, load_efficiency, roofline_time
 
 __all__ = ["FitResult", "PairResult", "CalibrationReport", "calibrate"]
@@ -194,7 +194,7 @@ def _pairs(db: KernelDB, cat: Catalogue) -> list[PairResult]:
                 if not (ga.is_gpu and gb.is_gpu):
                     continue
                 ra, rb = per_gpu[a], per_gpu[b]
-                pred = ra.time_s * scale_factor(kc, dtype, ra.flops, ra.bytes, ga, gb)
+                pred = scale_time(ra.time_s, kc, dtype, ra.flops, ra.bytes, ga, gb)
                 acc.setdefault((a, b, kc), []).append(abs(pred / rb.time_s - 1))
     return [PairResult(src=a, dst=b, kernel_class=kc, n=len(v), mean_err=sum(v) / len(v), max_err=max(v))
             for (a, b, kc), v in sorted(acc.items())]

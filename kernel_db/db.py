@@ -31,9 +31,11 @@ from typing import Any, Iterable, Iterator, Mapping
 from heterosim.atomic import atomic_write_text
 from heterosim.errors import KernelDBError
 
-__all__ = ["SCHEMA_VERSION", "KernelRow", "KernelDB", "merge_rows", "dims_key"]
+__all__ = ["SCHEMA_VERSION", "KernelRow", "KernelDB", "merge_rows", "dims_key", "SHIPPED_DIR"]
 
 SCHEMA_VERSION = 1
+SHIPPED_DIR = Path(__file__).with_name("data") / "measured"
+"""Measured DBs shipped with HeteroSim (one CSV per GPU, from ``python -m kernel_db profile``)."""
 _MAGIC = f"# heterosim-kernel-db schema_version={SCHEMA_VERSION}"
 
 
@@ -210,8 +212,17 @@ class KernelDB:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KernelDB":
-        """Read a DB file; a missing file is an empty DB, a damaged one raises :class:`KernelDBError`."""
+        """Read a DB file; a missing file is an empty DB, a damaged one raises :class:`KernelDBError`.
+
+        A directory loads every ``*.csv`` in it, merged (e.g. :data:`SHIPPED_DIR`); such a DB has
+        no single file to :meth:`save` back to.
+        """
         p = Path(path)
+        if p.is_dir():
+            rows: list[KernelRow] = []
+            for f in sorted(p.glob("*.csv")):
+                rows.extend(cls.load(f).rows)
+            return cls(rows, "")
         if not p.exists():
             return cls((), str(p))
         try:

@@ -30,7 +30,7 @@ def test_h100_datasheet_values_in_si():
     assert g.l2_bytes == 50 * 2**20
     assert g.nvlink_bw == pytest.approx(450e9)
     assert g.compute_capability == 90
-    assert g.launch_overhead_s == pytest.approx(2.5e-6)
+    assert g.launch_overhead_s == pytest.approx(3.5e-6)
     assert g.ridge("bf16") == pytest.approx(989.4e12 / 3.35e12)
 
 

@@ -48,12 +48,12 @@ def test_kernels_from_trace_distinct_and_canonical():
 
 
 def test_cpu_profile_fills_db_that_prices_as_measured(tmp_path):
-    """--device cpu path: every kernel of the trace is measured; Pricer then prices all of them 'measured'."""
+    """--device cpu path: every kernel of the trace is measured (3 repeats, 6 if re-timed as noisy); Pricer then prices all of them measured."""
     db_path = tmp_path / "k.csv"
     res = profile(kernels_from_trace(small_trace()), db_path, device="cpu", warmup=1, repeats=3)
     assert (res.gpu, res.measured, res.skipped, res.failed) == ("CPU-host", 5, 0, [])
     db = KernelDB.load(db_path)
-    assert len(db) == 5 and all(r.samples == 3 and r.time_s > 0 and r.torch_version for r in db.rows)
+    assert len(db) == 5 and all(r.samples in (3, 6) and r.time_s > 0 and r.torch_version for r in db.rows)
     assert {r.provenance.split()[1] for r in db.rows} >= {"torch.mm", "sdpa", "aten"}
     secs, srcs, _ = Pricer(db).price_block(small_trace().roles[0].blocks["b0"], "cpu")
     assert srcs == ["measured"] * 5 + ["comm", "measured"]

@@ -13,24 +13,24 @@ EFF = load_efficiency()
 
 
 def test_large_bf16_gemm_on_h100_is_compute_bound():
-    """8192^3 bf16 on H100: 2048 tiles of 256x128 on 132 SMs = 16 waves; eff = 0.75 * 2048/2112 * 8192/8320."""
+    """8192^3 bf16 on H100: 2048 tiles of 256x128 on 132 SMs = 16 waves; eff = 0.84 * 2048/2112 * 8192/8448."""
     g = get_gpu("H100")
     n = 8192
     r = roofline_time("gemm", "bf16", {"m": n, "n": n, "k": n, "batch": 1}, 2.0 * n**3, 3 * n * n * 2, g, EFF.params(g))
-    eff = 0.75 * (2048 / (16 * 132)) * (8192 / (8192 + 128))
+    eff = 0.84 * (2048 / (16 * 132)) * (8192 / (8192 + 256))
     assert r.bound == "compute"
     assert r.efficiency == pytest.approx(eff)
-    assert r.seconds == pytest.approx(2.5e-6 + 2.0 * n**3 / (989.4e12 * eff))
+    assert r.seconds == pytest.approx(3.5e-6 + 2.0 * n**3 / (989.4e12 * eff))
 
 
 def test_large_elementwise_is_bandwidth_bound():
-    """A 1 GiB-in / 1 GiB-out bf16 add on H100 runs at 0.85 x 3.35 TB/s plus the launch overhead."""
+    """A 1 GiB-in / 1 GiB-out bf16 add on H100 runs at 0.90 x 3.35 TB/s plus the launch overhead."""
     g = get_gpu("H100")
     numel = 2**29
     nbytes = 2 * numel * 2
     r = roofline_time("elementwise", "bf16", {"numel": numel}, float(numel), nbytes, g, EFF.params(g))
     assert r.bound == "memory"
-    assert r.seconds == pytest.approx(2.5e-6 + nbytes / (3.35e12 * 0.85))
+    assert r.seconds == pytest.approx(3.5e-6 + nbytes / (3.35e12 * 0.90))
 
 
 def test_gemm_efficiency_rises_with_size():
@@ -44,24 +44,25 @@ def test_gemm_efficiency_rises_with_size():
 def test_split_k_fills_sms_for_small_outputs():
     """A 128x128 output with K=8192 uses split-K: far better than one tile on one SM."""
     p = EFF.params(get_gpu("H100"))["gemm"]
-    one_tile = p["eff_max"] * 0.95 * (1 / 132) * 8192 / (8192 + 128)
+    one_tile = p["eff_max"] * 0.95 * (1 / 132) * 8192 / (8192 + 256)
     assert gemm_efficiency(128, 128, 8192, 1, 132, p) > 10 * one_tile
 
 
 def test_attention_efficiency_hand_checked():
-    """FA fwd b=1,h=16,sq=sk=4096,d=128 on A100: 512 blocks on 108 SMs (5 waves), ramp 4096/4224."""
+    """FA fwd b=1,h=16,sq=sk=4096,d=128 on A100: 512 blocks on 108 SMs (5 waves), ramp 4096/5120."""
     p = EFF.params(get_gpu("A100"))["attention"]
     e = attention_efficiency({"b": 1, "h": 16, "sq": 4096, "sk": 4096, "d": 128, "dir": "fwd"}, 108, p)
-    assert e == pytest.approx(0.70 * (512 / 540) * (4096 / 4224))
+    assert e == pytest.approx(0.70 * (512 / 540) * (4096 / 5120))
     bwd = attention_efficiency({"b": 1, "h": 16, "sq": 4096, "sk": 4096, "d": 64, "dir": "bwd"}, 108, p)
-    assert bwd == pytest.approx(0.60 * (512 / 540) * (4096 / 4224) * 0.5**0.25)
+    assert bwd == pytest.approx(0.60 * (512 / 540) * (4096 / 5120) * 0.5**0.25)
 
 
 def test_overrides_layer_default_arch_gpu():
-    """gpu overrides beat arch overrides beat defaults (A100-PCIe-40GB gemm eff_max 0.745, A100 0.80)."""
-    assert EFF.params(get_gpu("A100-PCIe-40GB"))["gemm"]["eff_max"] == 0.745
+    """gpu overrides beat arch overrides beat defaults (A100-PCIe-40GB gemm eff_max 0.76, A100 0.80)."""
+    assert EFF.params(get_gpu("A100-PCIe-40GB"))["gemm"]["eff_max"] == 0.76
     assert EFF.params(get_gpu("A100"))["gemm"]["eff_max"] == 0.80
     assert EFF.params(get_gpu("L40S"))["gemm"]["eff_max"] == 0.75
+    assert EFF.params(get_gpu("H200"))["attention"]["sk_half"] == 2000
 
 
 def test_public_a100_pcie_gemm_case_within_10_percent():
