@@ -37,7 +37,7 @@ from models.layers.embedding import VocabParallelEmbedding, vocab_parallel_cross
 from models.layers.linear import ColumnParallelLinear, init_normal
 from models.layers.mappings import scatter_to_sp
 from models.layers.rope import rotary_freqs
-from models.transformer import TransformerBlock, torch_dtype
+from models.transformer import TransformerBlock, dropout, torch_dtype
 
 __all__ = ["GPTModel"]
 
@@ -120,9 +120,7 @@ class GPTModel(nn.Module):
             x = x + F.embedding(pos, self.position_embeddings).unsqueeze(1)
             if self.sp:
                 x = scatter_to_sp(x, pstate.tp_group)
-        if self.mcfg.hidden_dropout > 0.0 and self.training:
-            x = F.dropout(x, p=self.mcfg.hidden_dropout, training=True)
-        return x
+        return dropout(x, self.mcfg.hidden_dropout, self.training)
 
     def _rotary(self, device: torch.device) -> torch.Tensor | None:
         if self.mcfg.position_embedding_type != "rope":

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from heterosim.errors import ConfigError
 from models.config import ModelConfig, TrainConfig
@@ -35,7 +34,7 @@ from models.layers.moe import MoELayer
 from models.layers.norms import build_norm
 from models.layers.recompute import recompute
 
-__all__ = ["TransformerLayer", "TransformerBlock", "bias_dropout_add", "torch_dtype"]
+__all__ = ["TransformerLayer", "TransformerBlock", "bias_dropout_add", "dropout", "torch_dtype"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,14 +47,20 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ConfigError(f"unknown params dtype {name!r}; valid: {sorted(_DTYPES)}") from None
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout as one ``aten.native_dropout`` kernel each way (the fused kernel a GPU runs; on CPU
+    ``F.dropout`` would issue bernoulli, div and mul separately)."""
+    if p <= 0.0 or not training:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
 def bias_dropout_add(out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                      p: float, training: bool) -> torch.Tensor:
     """``residual + dropout(out + bias)`` (Megatron's ``bias_dropout_add``)."""
     if bias is not None:
         out = out + bias
-    if p > 0.0 and training:
-        out = F.dropout(out, p=p, training=True)
-    return residual + out
+    return residual + dropout(out, p, training)
 
 
 class TransformerLayer(nn.Module):

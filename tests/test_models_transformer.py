@@ -19,9 +19,9 @@ states = {{}}
 for sp in (False, True):
     states[sp] = parallel_state.initialize(ParallelConfig(world_size=4, tp=4, sequence_parallel=sp), 1)
 
-def run(sp=False, groups=None, act="gelu", bias=True, layers=1, **tkw):
+def run(sp=False, groups=None, act="gelu", bias=True, layers=1, dropout=0.0, **tkw):
     mcfg = ModelConfig(num_layers=layers, hidden_size=H, num_attention_heads={HEADS}, num_query_groups=groups,
-                       seq_length=S, activation=act, add_bias_linear=bias, hidden_dropout=0.0,
+                       seq_length=S, activation=act, add_bias_linear=bias, hidden_dropout=dropout,
                        normalization="RMSNorm" if act == "swiglu" else "LayerNorm")
     block = TransformerBlock(mcfg, TrainConfig(**tkw), states[sp], layers=range(layers), post_process=False)
     x = torch.randn(S // ({TP} if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)
@@ -39,6 +39,7 @@ def summary(r):
                 fwd_gemm=gemm_flops(r["fwd"]),
                 attn=[[o["name"], o["shapes"][:3], o["phase"]] for o in r["fwd"] + r["bwd"] if "attention" in o["name"] or "math" in o["name"]],
                 recompute_ops=sorted({{o["name"] for o in r["bwd"] if o["phase"] == "recompute"}}),
+                dropout=[o["name"] for o in r["fwd"] + r["bwd"] if "dropout" in o["name"] or "bernoulli" in o["name"]],
                 gemm_dtypes=sorted({{str(o["gemm_dtype"]) for o in r["fwd"] + r["bwd"] if o["name"].startswith("aten.mm")}}))
 
 result = dict(
@@ -48,7 +49,7 @@ result = dict(
     full=summary(run(layers=2, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)),
     block=summary(run(layers=2, recompute_granularity="full", recompute_method="block", recompute_num_layers=1)),
     selective=summary(run(recompute_granularity="selective")),
-    fp8=summary(run(fp8="hybrid")),
+    fp8=summary(run(fp8="hybrid", dropout=0.1)),
 )
 """.format(B=B, S=S, H=H, HEADS=HEADS, TP=TP)
 
@@ -120,3 +121,9 @@ def test_fp8_marks_gemms(res):
     """With --fp8-format every GEMM of the layer (fwd and bwd) runs under gemm_dtype fp8."""
     assert res["fp8"]["gemm_dtypes"] == ["fp8"]
     assert res["plain"]["gemm_dtypes"] == ["None"]
+
+
+def test_hidden_dropout_is_one_fused_kernel_each_way(res):
+    """Bias-dropout-add runs aten.native_dropout (fwd) and native_dropout_backward, twice per layer."""
+    assert res["fp8"]["dropout"] == ["aten.native_dropout.default"] * 2 + ["aten.native_dropout_backward.default"] * 2
+    assert res["plain"]["dropout"] == []
