@@ -309,12 +309,12 @@ class Pricer:
 def fusion_groups(block: Any) -> list[list[int]]:
     """Chains of ops in ``block`` that Megatron runs as one fused kernel.
 
-    A chain is a run of consecutive compute ops, each elementwise (at most one softmax), of the
-    same module, where each op after the first reads the op just before it (dependency distance 1)
+    A chain is a run of consecutive compute ops, each elementwise (at most one softmax), of one
+    module or a module and its ancestor (the bias add of ``mlp.linear_fc1`` and the GeLU of
+    ``mlp``), where each op after the first reads the op just before it (dependency distance 1)
     and touches as many elements (same ``dims.numel``). That covers bias-GeLU (add -> gelu),
     bias-dropout-add (add -> dropout -> add), scale-mask-softmax (mul -> masked_fill -> softmax)
-    and their backward chains. NB: it does not fuse across modules (Megatron's bias-dropout-add
-    straddles the attention output and the residual, which capture usually puts in one module).
+    and their backward chains. NB: sibling modules never fuse.
     """
     cols = block.columns
     kinds, kcs, mods, deps, dims = cols["kind"], cols["kernel_class"], cols["module"], cols["deps"], cols["dims"]
@@ -330,7 +330,7 @@ def fusion_groups(block: Any) -> list[list[int]]:
         ok = kinds[i] == "compute" and kcs[i] in ("elementwise", "softmax")
         if ok and cur:
             prev = cur[-1]
-            same = (prev == i - 1 and mods[i] == mods[prev] and 1 in deps[i]
+            same = (prev == i - 1 and _related(mods[i], mods[prev]) and 1 in deps[i]
                     and (dims[i] or {}).get("numel") == (dims[prev] or {}).get("numel")
                     and not (kcs[i] == "softmax" and n_softmax))
             if same:
@@ -341,6 +341,11 @@ def fusion_groups(block: Any) -> list[list[int]]:
         cur, n_softmax = ([i], int(kcs[i] == "softmax")) if ok else ([], 0)
     flush()
     return groups
+
+
+def _related(a: str, b: str) -> bool:
+    # Same module, or one an ancestor of the other in the module path.
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _distance(target: GpuSpec, other: GpuSpec) -> tuple:

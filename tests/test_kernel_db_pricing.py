@@ -123,7 +123,7 @@ def _block_rows():
         {"kind": "compute", "name": "aten.mm.default", "kernel_class": "gemm", "dtype": "bf16", "module": "mlp",
          "dims": {"m": 4096, "n": 4096, "k": 4096, "batch": 1}, "flops": 2.0 * 4096**3,
          "bytes_read": 2 * 4096 * 4096 * 2, "bytes_written": 4096 * 4096 * 2, "signature": "aten.mm.default:bf16:4096x4096,4096x4096"},
-        {"kind": "compute", "name": "aten.add.Tensor", "kernel_class": "elementwise", "dtype": "bf16", "module": "mlp",
+        {"kind": "compute", "name": "aten.add.Tensor", "kernel_class": "elementwise", "dtype": "bf16", "module": "mlp.linear_fc1",
          "dims": {"numel": e}, "flops": e, "bytes_read": 2 * e * 2, "bytes_written": 2 * e, "deps": [1],
          "signature": f"aten.add.Tensor:bf16:{e},{e}"},
         {"kind": "compute", "name": "aten.gelu.default", "kernel_class": "elementwise", "dtype": "bf16", "module": "mlp",
@@ -136,7 +136,7 @@ def _block_rows():
 
 
 def test_price_block_matches_price_and_fuses_bias_gelu():
-    """price_block = price per op, except bias-add -> gelu which runs as one kernel; comm/wait cost 0."""
+    """price_block = price per op, except bias-add (mlp.linear_fc1) -> gelu (mlp), one fused kernel; comm/wait cost 0."""
     blk = Block.from_rows(_block_rows())
     pr = Pricer()
     secs, srcs, errs = pr.price_block(blk, "H100")
@@ -150,6 +150,16 @@ def test_price_block_matches_price_and_fuses_bias_gelu():
     assert secs[2] == 0.0 and one[2] > 0
     assert fusion_groups(blk) == [[1, 2]]
     assert list(errs[:3]) == [0.15, 0.3, 0.3]
+
+
+def test_sibling_modules_do_not_fuse():
+    """Elementwise ops of sibling modules (mlp.a -> mlp.b) stay separate kernels; parent/child fuse."""
+    rows = _block_rows()[:3]
+    rows[1] = {**rows[1], "module": "mlp.a"}
+    rows[2] = {**rows[2], "module": "mlp.b"}
+    assert fusion_groups(Block.from_rows(rows)) == []
+    rows[2] = {**rows[2], "module": "mlp.a.act"}
+    assert fusion_groups(Block.from_rows(rows)) == [[1, 2]]
 
 
 def test_cache_reuses_prices():
