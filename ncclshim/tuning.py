@@ -219,8 +219,11 @@ def cost(coll: str, algo: str, proto: str, g: GroupGraph, s: Settings, *, collne
         intra_lat = max(intra_lat, overhead)
         n_inter = (2 * (nodes - 1) if coll == "all_reduce" and algo == "RING" else nodes - 1) if nodes > 1 else 0
         lat += (nsteps(coll, algo, n) - n_inter) * intra_lat + n_inter * inter_lat
-    elif base == "RING":  # broadcast / reduce, rings with the same channels everywhere
-        lat += intra_lat
+    elif base == "RING":  # broadcast / reduce
+        if len(g.rings) == 1:  # graph->sameChannels: every channel follows one ring
+            lat += intra_lat
+        else:  # one hop latency per rank; Simple takes Tree's ("waiting for proper chunk modeling")
+            lat += n * (HW_LAT_US[hw_intra]["TREE"][p] if proto == "SIMPLE" else intra_lat)
     elif algo == "TREE":
         lat += 2 * ((ppn - 1) * intra_lat + _log2i(nodes) * inter_lat)
     elif algo == "COLLNET_DIRECT":

@@ -154,3 +154,11 @@ def test_collnet_needs_a_sharp_view_and_the_switch_on():
     off = parse_env({"NCCL_ALGO": "CollNetDirect", "NCCL_COLLNET_ENABLE": "0"})
     assert cost("all_reduce", "COLLNET_DIRECT", "SIMPLE", g, off, collnet=True) == (0.0, 0.0)
     assert cost("all_reduce", "COLLNET_DIRECT", "LL", g, forced, collnet=True) == (0.0, 0.0)
+
+
+def test_broadcast_latency_depends_on_same_channels():
+    """Broadcast on one node (one ring for all channels): + one NVLink hop latency; across nodes
+    with a ring per rail: + nRanks hop latencies, Tree's for Simple (tuning.cc)."""
+    assert cost("broadcast", "RING", "SIMPLE", _g("dgx-a100"), S)[1] == pytest.approx(8.4 + 3.4)
+    assert cost("broadcast", "RING", "SIMPLE", _g("dgx-a100", 2), S)[1] == pytest.approx(8.4 + 16 * 4.0)
+    assert cost("reduce", "RING", "LL", _g("dgx-a100", 2), S)[1] == pytest.approx(6.6 + 16 * 0.6)
