@@ -44,6 +44,41 @@ def run_fake(body: str, *, rank: int, world: int, timeout: int = 120) -> dict:
     return json.loads(line[len("RESULT"):])
 
 
+GLOO = """
+import os, sys, json
+sys.path.insert(0, {tests!r})
+import torch, torch.distributed as dist
+
+def main(rank, world, port, out_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result = None
+{body}
+    if rank == 0:
+        open(out_path, "w").write(json.dumps(result))
+
+if __name__ == "__main__":
+    torch.multiprocessing.start_processes(main, args=({world}, {port}, {out!r}), nprocs={world},
+                                          start_method="fork")
+"""
+
+
+def run_gloo(body: str, *, world: int, tmp_path: Path, timeout: int = 120):
+    """Run ``body`` (sees ``rank``, ``world``; sets ``result``) on ``world`` real gloo ranks
+    (forked processes); returns rank 0's ``result``."""
+    out = tmp_path / "result.json"
+    port = 20000 + (os.getpid() * 7 + len(str(tmp_path))) % 20000
+    code = GLOO.format(tests=str(ROOT / "tests"), body=textwrap.indent(textwrap.dedent(body), "    "),
+                       world=world, port=port, out=str(out))
+    script = tmp_path / "gloo_job.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+    if proc.returncode:
+        raise AssertionError(f"gloo job failed:\n{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
 def init_fake(rank: int, world: int) -> None:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -142,7 +177,7 @@ try:  # the harness classes need torch; the tests below import it anyway
                 total += 2 * b * m * k * nn_
         return total
 
-    __all__ = ["run_fake", "init_fake", "fake_mode", "PhaseAnnotator", "OpLog", "comm_ops",
+    __all__ = ["run_fake", "run_gloo", "init_fake", "fake_mode", "PhaseAnnotator", "OpLog", "comm_ops",
                "gemm_flops", "set_annotator", "torch", "dist"]
 except ImportError:  # pragma: no cover
     pass
