@@ -41,7 +41,9 @@ __all__ = ["KernelSpec", "ProfileResult", "kernels_from_trace", "sweep", "profil
 
 SWEEPS = ("gemm", "attention", "elementwise", "all")
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn",
-                 "int64": "int64", "int32": "int32", "bool": "bool", "fp64": "float64"}
+                 "int64": "int64", "int32": "int32", "int8": "int8", "uint8": "uint8", "bool": "bool", "fp64": "float64",
+                 "": "float32"}
+"""Trace dtype -> torch dtype name. '' (factory ops with no tensor input: arange, randint) runs in fp32."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
