@@ -218,16 +218,42 @@ class FastRun:
     """Per class."""
     point_time: list[np.ndarray]
     """Per class: compute-stream time when each point was reached (after the span before it)."""
-    comm_meta: list[list[tuple[str, int, CommInstance]]]
-    """Per class, per comm point: (class-level key label, replicas, the representative's instance)."""
+    comm_meta: list[list[CommInstance]]
+    """Per class, per comm point: the representative's comm instance."""
     blocker: list[dict[int, tuple[int, int]]] = field(default_factory=list)
     """Per class: comm point -> (class, point) of the member that issued it last (it set the start)."""
+    symmetry: str = "exact"
+    """``exact`` (equals the reference engine) or ``max`` (see :func:`run_fast`)."""
+    asymmetric: int = 0
+    """``max`` mode: class-level transfers whose replicas ended at different times."""
+    max_spread: float = 0.0
+    """``max`` mode: largest (slowest - fastest replica) / slowest replica duration."""
     restarts: int = 0
     network_recomputes: int = 0
 
     def rank_times(self, rank: int) -> RankTimes:
         """Times of ``rank`` (those of its class)."""
         return self.times[self.class_of[rank]]
+
+
+@dataclass(slots=True, kw_only=True)
+class _Shape:
+    """One kind of comm op of one class: its replicas, as every micro-batch meets them again."""
+
+    ident: int
+    """Interned (family, member classes) or (family, src class/pos, dst class/pos)."""
+    counter: tuple
+    """Sequence counter key (per group, or per p2p pair and direction)."""
+    insts: list[CommInstance]
+    replica_ranks: list[tuple[int, ...]]
+    rep_inst: CommInstance
+    need: int
+    """Distinct member classes that must issue it."""
+    trivial: bool
+    """One-rank group: takes no time."""
+    inter_node: bool
+    specs: list | None = None
+    solo: list[float] | None = None
 
 
 class _Asymmetric(Exception):
@@ -237,26 +263,49 @@ class _Asymmetric(Exception):
 
 
 def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | None = None,
-             max_restarts: int = 32) -> FastRun:
-    """Simulate ``w`` class by class; equal to :func:`replay.reference.run_reference` per rank."""
+             symmetry: str = "auto", max_classes: int | None = None, max_restarts: int = 16) -> FastRun:
+    """Simulate ``w`` class by class.
+
+    ``symmetry``:
+
+    - ``exact``: split classes until every replica of every class-level transfer ends at the same
+      time; then the result equals :func:`replay.reference.run_reference` for every rank. It can
+      end with one class per rank (slow for big jobs) when the network is irregular (ECMP
+      collisions, uneven links).
+    - ``max``: keep the classes found from the program and GPU types; replicas that end at
+      different times all end at the slowest one (a collective's replicas are usually bound
+      together by later DP / pipeline synchronisation anyway). ``FastRun.asymmetric`` counts these
+      transfers and their largest relative spread.
+    - ``auto`` (default): ``exact`` while it needs at most ``max_classes`` classes (default
+      max(64, 4 x the starting classes)) and ``max_restarts`` restarts, else ``max``.
+    """
+    if symmetry not in ("exact", "max", "auto"):
+        raise ReplayError(f"unknown symmetry mode {symmetry!r}; valid: exact, max, auto")
     trace = w.trace
     world = trace.world_size
     extra: list[tuple] = [() for _ in range(world)]
     skeletons: dict[int, RoleSkeleton] = {}
-    for attempt in range(max_restarts + 1):
-        if attempt == max_restarts:
-            extra = [(r,) for r in range(world)]  # singletons: always symmetric
-        class_of = rank_classes(trace, w.gpu_type, extra)
+    base = rank_classes(trace, w.gpu_type, extra)
+    if symmetry == "max":
+        return _Sim(w, base, skeletons, xp, exact=False).run(progress)
+    limit = world if symmetry == "exact" else (max_classes or max(64, 4 * (max(base) + 1)))
+    class_of = base
+    for attempt in range(world + 1 if symmetry == "exact" else max_restarts + 1):
         try:
-            run = _Sim(w, class_of, skeletons, xp).run(progress)
+            run = _Sim(w, class_of, skeletons, xp, exact=True).run(progress)
         except _Asymmetric as e:
             for idx, ranks in enumerate(e.groups):
                 for r in ranks:
                     extra[r] = extra[r] + (idx,)
+            class_of = rank_classes(trace, w.gpu_type, extra)
+            if max(class_of) + 1 > limit:
+                break
             continue
         run.restarts = attempt
         return run
-    raise AssertionError("unreachable: singleton classes are always symmetric")
+    run = _Sim(w, base, skeletons, xp, exact=False).run(progress)
+    run.restarts = attempt + 1
+    return run
 
 
 class _Class:
@@ -286,8 +335,12 @@ class _Class:
 
 
 class _Sim:
-    def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any):
+    def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any,
+                 exact: bool = True):
         self.w = w
+        self.exact = exact
+        self.asymmetric = 0
+        self.max_spread = 0.0
         self.trace = trace = w.trace
         self.class_of = class_of
         members: dict[int, list[int]] = {}
@@ -319,17 +372,34 @@ class _Sim:
         self.need: dict[tuple, int] = {}
         self.inst_members: dict[tuple, list[tuple[int, int]]] = {}
         self.inst_start: dict[tuple, float] = {}
-        self.replica_ranks: dict[tuple, list[tuple[int, ...]]] = {}
+        self._shapes: dict[tuple, _Shape] = {}
+        self._interned: dict[Hashable, int] = {}
+        self.inst_shape: dict[tuple, _Shape] = {}
         self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self.net = FluidNetwork(w.capacity_Bps)
         self.timers: list[tuple[float, int, tuple, list[float]]] = []
-        self.comm_meta: list[dict[int, tuple[str, int, CommInstance]]] = [{} for _ in self.classes]
         self.last_arrival: dict[tuple, tuple[int, int]] = {}
         self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
 
     # -- keys ---------------------------------------------------------------------------------
-    def _key(self, ci: int, p: int) -> tuple[tuple, list[CommInstance], int]:
-        """Class-level key of point p of class ci, its replica instances and the needed arrivals."""
+    def _shape(self, ci: int, p: int) -> "_Shape":
+        """What point p of class ci is, network-wise (cached: every micro-batch reuses it)."""
+        cl = self.classes[ci]
+        sk = cl.sk
+        ck = (cl.sk.role, ci, sk.group[p], sk.collective[p], sk.nbytes[p], sk.dtype[p], sk.peer[p])
+        sh = self._shapes.get(ck)
+        if sh is None:
+            sh = self._new_shape(ci, p)
+            self._shapes[ck] = sh
+        return sh
+
+    def _intern(self, k: Hashable) -> int:
+        v = self._interned.get(k)
+        if v is None:
+            v = self._interned[k] = len(self._interned)
+        return v
+
+    def _new_shape(self, ci: int, p: int) -> "_Shape":
         cl = self.classes[ci]
         sk = cl.sk
         trace = self.trace
@@ -346,35 +416,28 @@ class _Sim:
                     f"rank {rep}: {coll} op {sk.op_id[p]} ({sk.name[p]}) on group {g} names peer "
                     f"{peer}, but the group has {len(info.ranks)} ranks: the p2p has no partner")
             me = info.ranks.index(rep)
-            other = info.ranks[peer]
             send = coll == "send"
             src_pos, dst_pos = (me, peer) if send else (peer, me)
-            src, dst = (rep, other) if send else (other, rep)
-            ck = ("p", g, src, dst, send)
-            k = cl.counters.get(ck, 0)
-            cl.counters[ck] = k + 1
+            src, dst = info.ranks[src_pos], info.ranks[dst_pos]
             cs, cd = self.class_of[src], self.class_of[dst]
-            key = ("p", fam, cs, src_pos, cd, dst_pos, k)
-            if key not in self.replica_ranks:
-                self.replica_ranks[key] = [
-                    (trace.groups[h].ranks[src_pos], trace.groups[h].ranks[dst_pos])
-                    for h in self.replica_groups[(fam, self.member_classes[g])]
-                    if self.class_of[trace.groups[h].ranks[src_pos]] == cs
-                ]
-            insts = [CommInstance(collective="send", nbytes=nbytes, dtype=dtype, ranks=pair, group=g,
-                                  dim=info.dim) for pair in self.replica_ranks[key]]
-            return key, insts, 2
-        ck = ("c", g)
-        k = cl.counters.get(ck, 0)
-        cl.counters[ck] = k + 1
+            ident = self._intern(("p", fam, cs, src_pos, cd, dst_pos))
+            pairs = [(trace.groups[h].ranks[src_pos], trace.groups[h].ranks[dst_pos])
+                     for h in self.replica_groups[(fam, self.member_classes[g])]
+                     if self.class_of[trace.groups[h].ranks[src_pos]] == cs]
+            insts = [CommInstance(collective="send", nbytes=nbytes, dtype=dtype, ranks=pair, group=g, dim=info.dim)
+                     for pair in pairs]
+            return _Shape(ident=ident, counter=(ident, send), insts=insts, replica_ranks=pairs,
+                          rep_inst=next(i for i in insts if rep in i.ranks), need=2,
+                          trivial=False, inter_node=self.w.crosses_nodes((src, dst)))
         mc = self.member_classes[g]
-        key = ("c", fam, mc, k)
+        ident = self._intern(("c", fam, mc))
         groups = self.replica_groups[(fam, mc)]
-        if key not in self.replica_ranks:
-            self.replica_ranks[key] = [trace.groups[h].ranks for h in groups]
         insts = [CommInstance(collective=coll, nbytes=nbytes, dtype=dtype, ranks=trace.groups[h].ranks,
                               group=h, dim=trace.groups[h].dim) for h in groups]
-        return key, insts, len(set(mc))
+        rep_inst = next(i for i in insts if rep in i.ranks)
+        return _Shape(ident=ident, counter=(ident, None), insts=insts, replica_ranks=[i.ranks for i in insts],
+                      rep_inst=rep_inst, need=len(set(mc)), trivial=len(set(info.ranks)) <= 1,
+                      inter_node=self.w.crosses_nodes(info.ranks))
 
     # -- event handling -------------------------------------------------------------------------
     def push_ready(self, t: float, ci: int, p: int) -> None:
@@ -397,9 +460,10 @@ class _Sim:
             preds = cur[1]
             cl.stream_groups[stream] = (cg, [p], cur[1])
         cl.preds[p] = preds
-        key, insts, need = self._key(ci, p)
-        rep_inst = next(i for i in insts if cl.rep in i.ranks)
-        cl.keys[p] = (key, rep_inst, insts, need)
+        sh = self._shape(ci, p)
+        k = cl.counters.get(sh.counter, 0)
+        cl.counters[sh.counter] = k + 1
+        cl.keys[p] = ((sh.ident, k), sh)
         self.try_ready(ci, p, issue_t)
 
     def try_ready(self, ci: int, p: int, issue_t: float) -> None:
@@ -445,34 +509,38 @@ class _Sim:
         cl.finish = max(cl.finish, cl.tc)
 
     def _record_wait(self, cl: _Class, tgt: int, t_block: float, t_end: float) -> None:
-        inst = cl.keys[tgt][1]
-        cl.waits.append(WaitRecord(t_block=t_block, t_end=t_end, t_start=cl.start[tgt], dim=inst.dim,
-                                   inter_node=self.w.crosses_nodes(inst.ranks), point=tgt))
+        sh = cl.keys[tgt][1]
+        cl.waits.append(WaitRecord(t_block=t_block, t_end=t_end, t_start=cl.start[tgt], dim=sh.rep_inst.dim,
+                                   inter_node=sh.inter_node, point=tgt))
 
     def arrive(self, t: float, ci: int, p: int) -> None:
         cl = self.classes[ci]
-        key, rep_inst, insts, need = cl.keys[p]
-        got = self.arrivals.setdefault(key, [])
-        if got:
+        key, sh = cl.keys[p]
+        got = self.arrivals.get(key)
+        if got is None:
+            got = self.arrivals[key] = [(ci, p)]
+        else:
             self._check(got[0], (ci, p), key)
-        got.append((ci, p))
-        if len(got) < need:
+            got.append((ci, p))
+        if len(got) < sh.need:
             return
         del self.arrivals[key]
         self.inst_members[key] = got
         self.inst_start[key] = t
         self.last_arrival[key] = got[-1]
-        label = f"{rep_inst.collective} {rep_inst.nbytes} B"
-        for cj, q in got:
-            self.comm_meta[cj][q] = (label, len(insts), self.classes[cj].keys[q][1])
-        if len(rep_inst.ranks) == 1 or len(set(rep_inst.ranks)) == 1:
+        self.inst_shape[key] = sh
+        if sh.trivial:
             self.complete(key, t)
             return
+        if sh.specs is None:
+            sh.specs = [self.w.transfer_spec(inst) for inst in sh.insts]
         if self.w.link_sharing:
-            for k, ends in self.net.start(key, [self.w.transfer_spec(inst) for inst in insts], t):
+            for k, ends in self.net.start(key, sh.specs, t, shape=sh):
                 self.batch_done(k, ends)
         else:
-            ends = [t + self._solo(inst) for inst in insts]
+            if sh.solo is None:
+                sh.solo = [self._solo(inst) for inst in sh.insts]
+            ends = [t + d for d in sh.solo]
             heapq.heappush(self.timers, (max(ends), self.seq, key, ends))
             self.seq += 1
 
@@ -488,12 +556,20 @@ class _Sim:
         """All replicas of a class-level transfer ended (at ``ends``): they must agree."""
         lo, hi = min(ends), max(ends)
         if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
+            if not self.exact:
+                self.asymmetric += 1
+                t0 = self.inst_start[key]
+                self.max_spread = max(self.max_spread, (hi - lo) / max(hi - t0, 1e-30))
+                del self.inst_shape[key]
+                self.complete(key, hi)
+                return
             order = sorted(set(ends))
             groups: list[list[int]] = [[] for _ in order]
-            reps = self.replica_ranks[key]
+            reps = self.inst_shape[key].replica_ranks
             for j, e in enumerate(ends):
                 groups[order.index(e)].extend(reps[j])
             raise _Asymmetric(groups)
+        del self.inst_shape[key]
         self.complete(key, hi)
 
     def complete(self, key: tuple, t: float) -> None:
@@ -520,7 +596,7 @@ class _Sim:
         (c0, p0), (c1, p1) = first, this
         a, b = self.classes[c0], self.classes[c1]
         sa, sb = a.sk, b.sk
-        if key[0] == "p":
+        if a.keys[p0][1].counter[1] is not None:  # p2p
             if sa.collective[p0] == sb.collective[p1]:
                 raise TraceMismatchError(
                     f"p2p mismatch: ranks {a.rep} and {b.rep} both posted a {sa.collective[p0]} "
@@ -528,14 +604,14 @@ class _Sim:
                     f"other; each send needs a recv on the peer")
             if sa.nbytes[p0] != sb.nbytes[p1]:
                 raise TraceMismatchError(
-                    f"p2p size mismatch between ranks {a.rep} and {b.rep} (#{key[6]}): op "
+                    f"p2p size mismatch between ranks {a.rep} and {b.rep} (#{key[1]}): op "
                     f"{sa.op_id[p0]} ({sa.name[p0]}) moves {sa.nbytes[p0]} B but op {sb.op_id[p1]} "
                     f"({sb.name[p1]}) moves {sb.nbytes[p1]} B")
             return
         if sa.collective[p0] != sb.collective[p1] or sa.nbytes[p0] != sb.nbytes[p1]:
             g = self.trace.group_for(sa.group[p0], a.rep)
             raise TraceMismatchError(
-                f"collective mismatch on group {g} sequence {key[3]}: rank {a.rep} issued "
+                f"collective mismatch on group {g} sequence {key[1]}: rank {a.rep} issued "
                 f"{sa.collective[p0]} of {sa.nbytes[p0]} B (op {sa.op_id[p0]} ({sa.name[p0]})) but "
                 f"rank {b.rep} issued {sb.collective[p1]} of {sb.nbytes[p1]} B (op {sb.op_id[p1]} "
                 f"({sb.name[p1]})); the ranks of a group must issue the same collectives in the same order")
@@ -577,10 +653,11 @@ class _Sim:
                 waits=cl.waits,
             ))
             point_time.append(np.array(cl.t_at, dtype=np.float64))
-            meta.append([self.comm_meta[ci][p] for p in comm])
+            meta.append([cl.keys[p][1].rep_inst for p in comm])
         return FastRun(classes=[cl.ranks for cl in self.classes], class_of=self.class_of,
                        skeletons=self.skeletons, times=times, point_time=point_time, comm_meta=meta,
-                       blocker=self.blocker,
+                       blocker=self.blocker, symmetry="exact" if self.exact else "max",
+                       asymmetric=self.asymmetric, max_spread=self.max_spread,
                        network_recomputes=self.net.recomputes)
 
     def _check_done(self) -> None:
@@ -593,12 +670,12 @@ class _Sim:
             cl = self.classes[ci]
             sk = cl.sk
             g = self.trace.group_for(sk.group[p], cl.rep)
-            if key[0] == "c":
+            if cl.keys[p][1].counter[1] is None:
                 have = sorted(r for cj, _ in got for r in self.classes[cj].ranks
                               if r in self.trace.groups[g].ranks)
                 missing = sorted(set(self.trace.groups[g].ranks) - set(have))
                 lines.append(
-                    f"{sk.collective[p]} on group {g} sequence {key[3]}: ranks {have[:8]} issued it "
+                    f"{sk.collective[p]} on group {g} sequence {key[1]}: ranks {have[:8]} issued it "
                     f"(op {sk.op_id[p]} ({sk.name[p]})) but ranks {missing[:8]} never did")
             else:
                 other = self.trace.groups[g].ranks[sk.peer[p]]

@@ -157,8 +157,12 @@ class FluidNetwork:
             return t
         return math.inf
 
-    def start(self, key: Hashable, specs: Sequence[TransferSpec], now: float) -> list[tuple[Hashable, list[float]]]:
-        """Start one batch at ``now``; returns ``[(key, ends)]`` if it completes at once, else []."""
+    def start(self, key: Hashable, specs: Sequence[TransferSpec], now: float,
+              shape: Hashable = None) -> list[tuple[Hashable, list[float]]]:
+        """Start one batch at ``now``; returns ``[(key, ends)]`` if it completes at once, else [].
+
+        ``shape``: an optional hashable naming this list of specs, to cache its link set by.
+        """
         if now < self.now * (1 - _REL_TOL) - 1e-300:
             raise ReplayError(f"network asked to start a transfer at {now} s, before its time {self.now} s")
         self.now = max(self.now, now)
@@ -169,7 +173,7 @@ class FluidNetwork:
         if not specs:
             del self._batches[bid]
             return [(key, [])]
-        links, disjoint = self._shape(specs)
+        links, disjoint = self._shape(specs, shape)
         if self.solo_enabled and disjoint and links.size and not self._busy[links].any():
             owners = self._owner[links]
             if not (owners >= 0).any():
@@ -259,17 +263,17 @@ class FluidNetwork:
             self._spec_info[id(spec)] = v
         return v
 
-    def _shape(self, specs: Sequence[TransferSpec]) -> tuple[np.ndarray, bool]:
+    def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> tuple[np.ndarray, bool]:
         """All links of a batch, and whether its transfers are link-disjoint from each other."""
-        k = tuple(map(id, specs))
+        k = ("s", id(shape)) if shape is not None else tuple(map(id, specs))
         v = self._shape_info.get(k)
         if v is None:
             parts = [self._info(s)[1] for s in specs]
             allk = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
             uniq = np.unique(allk)
-            v = (uniq, uniq.size == allk.size)
+            v = (uniq, uniq.size == allk.size, shape)  # keep ``shape`` alive: its id is the key
             self._shape_info[k] = v
-        return v
+        return v[0], v[1]
 
     def _transfer_done(self, tr: _Transfer, t: float, done: list) -> None:
         bid, j = tr.key

@@ -202,7 +202,8 @@ def summarize(run: FastRun, w: Workload, *, cluster_name: str, peak_flops: Seque
         price_sources_s=dict(sorted(src_s.items())),
         options=dict(options or {}),
         stats={"classes": len(run.classes), "restarts": run.restarts,
-               "network_solves": run.network_recomputes, **(stats or {})},
+               "network_solves": run.network_recomputes, "symmetry": run.symmetry,
+               "asymmetric_transfers": run.asymmetric, "max_replica_spread": run.max_spread, **(stats or {})},
         _run=run,
         _workload=w,
     )
@@ -231,8 +232,8 @@ def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[P
         meta = run.comm_meta[ci]
         sk = run.skeletons[w.trace.role_of(rep).id]
         k = sum(1 for p in range(prev.point) if sk.kind[p] != "wait")
-        if k < len(meta) and meta[k] is not None:
-            inst = meta[k][2]
+        if k < len(meta):
+            inst = meta[k]
         name = labels.get(inst, f"{inst.collective} {_size(inst.nbytes)}" if inst else "comm")
         steps.append(PathStep(rank=rep, start_s=prev.t_start, end_s=t, what=f"{name} ({prev.dim}) then compute"))
         if cj == ci:
@@ -244,7 +245,7 @@ def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[P
 
 def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = None, *,
              backend: str = "numpy", link_sharing: bool = True, nccl_env: Mapping[str, str] | None = None,
-             placement: Any = None, engine: str = "fast",
+             placement: Any = None, engine: str = "fast", symmetry: str = "auto",
              progress: Callable[[int], None] | None = None) -> Result:
     """Simulate one training iteration of ``trace`` on ``cluster``.
 
@@ -259,6 +260,8 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         nccl_env: NCCL environment variables for the planner (``NCCL_ALGO`` ...).
         placement: a placement for ``load_cluster`` (ignored when ``cluster`` is built).
         engine: ``fast`` (default) or ``reference`` (per rank, small jobs only).
+        symmetry: ``auto``, ``exact`` or ``max``: how the fast engine treats replicas of one
+            transfer that end at different times (see :func:`replay.engine.run_fast`).
     """
     t0 = time.perf_counter()
     if not isinstance(trace, Trace):
@@ -272,7 +275,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     sources: dict = {}
     w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources)
     if engine == "fast":
-        run = run_fast(w, xp=xp, progress=progress)
+        run = run_fast(w, xp=xp, progress=progress, symmetry=symmetry)
     elif engine == "reference":
         run = _reference_as_run(w)
     else:
@@ -284,6 +287,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     return summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
                      dtype=dtype, sources=sources,
                      options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
+                              "symmetry": symmetry,
                               "nccl_env": dict(nccl_env or {})},
                      stats={"wall_s": round(time.perf_counter() - t0, 3)})
 

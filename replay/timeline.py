@@ -84,7 +84,7 @@ def timeline_events(result: Any, ranks: Sequence[int] | None = None) -> list[dic
                 tid = tids[stream] = len(tids) + 1
                 events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": stream}})
             t0, t1 = float(rt.comm_start[k]), float(rt.comm_end[k])
-            inst = meta[k][2] if k < len(meta) and meta[k] is not None else None
+            inst = meta[k] if k < len(meta) else None
             name = labels.get(inst) or f"{sk.collective[p]} {sk.nbytes[p]} B"
             events.append({"ph": "X", "name": name, "cat": "comm", "pid": r, "tid": tid, "ts": t0 * _US,
                            "dur": (t1 - t0) * _US,

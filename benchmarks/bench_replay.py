@@ -1,0 +1,241 @@
+"""Replay speed: one iteration of GPT-3-175B- and LLaMA-405B-shaped jobs at 1k-16k GPUs.
+
+    .venv/bin/python benchmarks/bench_replay.py            # all cases (the 16k one takes a while)
+    .venv/bin/python benchmarks/bench_replay.py --quick    # 64 .. 1024 GPUs only
+    .venv/bin/python benchmarks/bench_replay.py --case gpt3-175b-1024
+
+Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
+batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
+wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs).
+
+The traces are synthesized here with the op mix a Megatron capture records (per layer and
+micro-batch: norm, QKV / proj / FC1 / FC2 GEMMs, flash attention, elementwise, TP all-reduces or
+SP all-gather / reduce-scatter, forward and backward; 1F1B p2p between stages; embedding, output
+layer and loss on the end stages; bucketed DP gradient all-reduce; optimizer), stored as one
+forward and one backward block per stage referenced by every micro-batch, as capture stores them.
+Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for accuracy work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+from capture.ir import Block, GroupInfo, Role, Segment, Trace
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    cluster: str
+    swiglu: bool = False
+    sp: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+CASES = {
+    "gpt3-175b-64": Shape("gpt3-175b-64", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 1, 96, "dgx-a100"),
+    "gpt3-175b-256": Shape("gpt3-175b-256", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 4, 384, "dgx-a100"),
+    "gpt3-175b-1024": Shape("gpt3-175b-1024", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 16, 1536, "dgx-a100"),
+    "llama-405b-4096": Shape("llama-405b-4096", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 32, 512,
+                             "dgx-h100", swiglu=True, sp=True),
+    "llama-405b-16384": Shape("llama-405b-16384", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 128, 2048,
+                              "dgx-h100", swiglu=True, sp=True),
+}
+QUICK = ("gpt3-175b-64", "gpt3-175b-256", "gpt3-175b-1024")
+
+
+def _gemm(m, n, k, phase, name="aten.mm.default"):
+    return dict(kind="compute", name=name, kernel_class="gemm", phase=phase, flops=2.0 * m * n * k,
+                flops_full=2.0 * m * n * k, bytes_read=2 * (m * k + k * n), bytes_written=2 * m * n, dtype="bf16",
+                dims={"m": m, "n": n, "k": k, "batch": 1}, signature=f"{name}:bf16:{m}x{k},{k}x{n}")
+
+
+def _pointwise(kc, numel, phase, name="aten.add.Tensor"):
+    return dict(kind="compute", name=name, kernel_class=kc, phase=phase, bytes_read=4 * numel,
+                bytes_written=2 * numel, dtype="bf16", dims={"numel": numel}, signature=f"{name}:bf16:{numel}")
+
+
+def _attn(c: Shape, direction, phase):
+    h, hkv, d, s = c.heads // c.tp, max(c.kv_heads // c.tp, 1), c.hidden // c.heads, c.seq
+    full = 4.0 * h * s * s * d * (2.5 if direction == "bwd" else 1.0)
+    return dict(kind="compute", name=f"aten._flash_attention_{'backward' if direction == 'bwd' else 'forward'}.default",
+                kernel_class="attention", phase=phase, flops=full / 2, flops_full=full,
+                bytes_read=2 * s * d * (h + 2 * hkv), bytes_written=2 * s * d * h, dtype="bf16",
+                dims={"b": 1, "h": h, "hkv": hkv, "sq": s, "sk": s, "d": d, "causal": True, "dir": direction})
+
+
+def _tp(c: Shape, kind_fwd: bool, phase, numel_full):
+    """TP communication after a row-parallel GEMM (fwd) or column-parallel dgrad (bwd)."""
+    nbytes = 2 * numel_full
+    if c.tp == 1:
+        return []
+    if c.sp:
+        coll = "reduce_scatter" if kind_fwd else "all_gather"
+    else:
+        coll = "all_reduce"
+    return [dict(kind="collective", name=f"c10d.{coll}", kernel_class="comm", phase=phase, collective=coll,
+                 group="tp", comm_bytes=nbytes, stream="comm:tp", dtype="bf16"),
+            dict(kind="wait", name="c10d.wait", kernel_class="comm", phase=phase, target=1)]
+
+
+def _layer(c: Shape, phase: str) -> list[dict]:
+    s, h, t = c.seq, c.hidden, c.tp
+    qkv = (h + 2 * c.kv_heads * (h // c.heads)) // t
+    f1 = (2 if c.swiglu else 1) * c.ffn // t
+    rows: list[dict] = []
+    if phase == "fwd":
+        rows += [_pointwise("norm", s * h, "fwd", "aten.native_layer_norm.default"), _gemm(s, qkv, h, "fwd"),
+                 _attn(c, "fwd", "fwd"), _gemm(s, h, h // t, "fwd")]
+        rows += _tp(c, True, "fwd", s * h)
+        rows += [_pointwise("elementwise", s * h, "fwd"), _pointwise("norm", s * h, "fwd", "aten.native_layer_norm.default"),
+                 _gemm(s, f1, h, "fwd"), _pointwise("elementwise", s * c.ffn // t, "fwd", "aten.gelu.default"),
+                 _gemm(s, h, c.ffn // t, "fwd")]
+        rows += _tp(c, True, "fwd", s * h)
+        rows.append(_pointwise("elementwise", s * h, "fwd"))
+        return rows
+    rows += [_pointwise("elementwise", s * h, "bwd"), _gemm(s, c.ffn // t, h, "bwd"), _gemm(c.ffn // t, h, s, "bwd"),
+             _pointwise("elementwise", s * c.ffn // t, "bwd", "aten.gelu_backward.default"),
+             _gemm(s, h, f1, "bwd"), _gemm(h, f1, s, "bwd")]
+    rows += _tp(c, False, "bwd", s * h)
+    rows += [_pointwise("norm", s * h, "bwd", "aten.native_layer_norm_backward.default"), _gemm(s, h // t, h, "bwd"),
+             _gemm(h // t, h, s, "bwd"), _attn(c, "bwd", "bwd"), _gemm(s, h, qkv, "bwd"), _gemm(h, qkv, s, "bwd")]
+    rows += _tp(c, False, "bwd", s * h)
+    rows.append(_pointwise("norm", s * h, "bwd", "aten.native_layer_norm_backward.default"))
+    return rows
+
+
+def _p2p(direction, peer, nbytes, stream):
+    return dict(kind="p2p", name=f"c10d.{direction}", kernel_class="comm", phase="fwd", collective=direction,
+                group="pp", peer=peer, comm_bytes=nbytes, stream=stream, dtype="bf16")
+
+
+def synth_trace(c: Shape) -> Trace:
+    """A Megatron-shaped trace of ``c`` (see the module docstring)."""
+    tp, pp, dp = c.tp, c.pp, c.dp
+    mbs = c.global_batch // dp
+    lps = c.layers // pp
+    act = 2 * c.seq * c.hidden // (tp if c.sp else 1)
+    groups: dict[str, GroupInfo] = {}
+
+    def rank(t, d, s):
+        return t + tp * (d + dp * s)
+
+    for d in range(dp):
+        for s in range(pp):
+            groups["tp" if (d, s) == (0, 0) else f"tp{d}_{s}"] = GroupInfo(tuple(rank(t, d, s) for t in range(tp)), "tp", "tp")
+    for t in range(tp):
+        for s in range(pp):
+            groups["dp" if (t, s) == (0, 0) else f"dp{t}_{s}"] = GroupInfo(tuple(rank(t, d, s) for d in range(dp)), "dp", "dp")
+    for t in range(tp):
+        for d in range(dp):
+            groups["pp" if (t, d) == (0, 0) else f"pp{t}_{d}"] = GroupInfo(tuple(rank(t, d, s) for s in range(pp)), "pp", "pp")
+    params_per_stage = 12 * c.hidden * c.hidden * lps
+    roles = []
+    for s in range(pp):
+        cap = rank(0, 0, s)
+        tpg = "tp" if s == 0 else f"tp0_{s}"
+        dpg = "dp" if s == 0 else f"dp0_{s}"
+
+        def fix(rows):
+            return [dict(r, group=tpg) if r.get("group") == "tp" else dict(r, group="pp") if r.get("group") == "pp" else r
+                    for r in rows]
+
+        fwd, bwd = [], []
+        if s > 0:
+            fwd += [_p2p("recv", s - 1, act, "p2p:pp:prev:recv"), dict(kind="wait", name="c10d.wait", kernel_class="comm", target=1)]
+        else:
+            fwd.append(_pointwise("embedding", c.seq * c.hidden, "fwd", "aten.embedding.default"))
+        for _ in range(lps):
+            fwd += _layer(c, "fwd")
+        if s == pp - 1:
+            fwd += [_gemm(c.seq, c.vocab // tp, c.hidden, "fwd"), _pointwise("cross_entropy", c.seq * c.vocab // tp, "fwd")]
+            bwd += [_pointwise("cross_entropy", c.seq * c.vocab // tp, "bwd"), _gemm(c.seq, c.hidden, c.vocab // tp, "bwd"),
+                    _gemm(c.hidden, c.vocab // tp, c.seq, "bwd")]
+        else:
+            fwd.append(_p2p("send", s + 1, act, "p2p:pp:next:send"))
+            bwd += [_p2p("recv", s + 1, act, "p2p:pp:next:recv"), dict(kind="wait", name="c10d.wait", kernel_class="comm", target=1)]
+        for _ in range(lps):
+            bwd += _layer(c, "bwd")
+        if s > 0:
+            bwd.append(_p2p("send", s - 1, act, "p2p:pp:prev:send"))
+        else:
+            bwd.append(_pointwise("embedding", c.seq * c.hidden, "bwd", "aten.embedding_dense_backward.default"))
+        buckets = 4
+        grad_bytes = 4 * params_per_stage // tp
+        opt = []
+        if dp > 1:
+            opt += [dict(kind="collective", name="c10d.all_reduce", kernel_class="comm", phase="grad_sync",
+                         collective="all_reduce", group=dpg, comm_bytes=grad_bytes // buckets // 4 * 4,
+                         stream=f"comm:{dpg}", dtype="fp32") for _ in range(buckets)]
+            opt += [dict(kind="wait", name="c10d.wait", kernel_class="comm", phase="grad_sync", target=buckets)
+                    for _ in range(buckets)]
+        opt.append(dict(_pointwise("optimizer", params_per_stage // tp, "optimizer", "aten._fused_adam.default"), dtype="fp32"))
+        warm = min(pp - s - 1, mbs)
+        prog = [Segment("fwd", i) for i in range(warm)]
+        for i in range(mbs - warm):
+            prog += [Segment("fwd", warm + i), Segment("bwd", i)]
+        prog += [Segment("bwd", i) for i in range(mbs - warm, mbs)] + [Segment("opt", -1)]
+        ranks = tuple(rank(t, d, s) for d in range(dp) for t in range(tp))
+        blocks = {"fwd": Block.from_rows(fix(fwd)), "bwd": Block.from_rows(fix(bwd)), "opt": Block.from_rows(opt)}
+        roles.append(Role(s, cap, ranks, blocks, prog))
+    # The pp group named "pp" is the captured ranks' own; the other stages' captured rank is
+    # rank(0, 0, s), which is also in group "pp".
+    return Trace(world_size=c.world, groups=groups, roles=roles,
+                 layout={"tp": tp, "pp": pp, "dp": dp, "global_batch_size": c.global_batch, "seq_length": c.seq},
+                 model={"num_layers": c.layers, "hidden_size": c.hidden})
+
+
+def run_case(c: Shape, link_sharing: bool = True) -> dict:
+    from replay.cluster import load_cluster
+    from replay.simulate import simulate
+
+    t0 = time.perf_counter()
+    trace = synth_trace(c)
+    t1 = time.perf_counter()
+    cluster = load_cluster(c.cluster, num_gpus=c.world)
+    t2 = time.perf_counter()
+    res = simulate(trace, cluster, link_sharing=link_sharing)
+    t3 = time.perf_counter()
+    return {"case": c.name, "gpus": c.world, "synth_s": t1 - t0, "cluster_s": t2 - t1, "simulate_s": t3 - t2,
+            "iteration_s": res.iteration_time_s, "mfu": res.mfu, "classes": res.stats["classes"],
+            "solves": res.stats["network_solves"], "maxrss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="only the cases up to 1024 GPUs")
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases")
+    ap.add_argument("--no-link-sharing", action="store_true")
+    a = ap.parse_args(argv)
+    names = a.case or (QUICK if a.quick else list(CASES))
+    print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'s/1k GPU':>9} "
+          f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'solves':>7} {'maxRSS GB':>9}")
+    for n in names:
+        r = run_case(CASES[n], link_sharing=not a.no_link_sharing)
+        print(f"{r['case']:<20} {r['gpus']:>6} {r['synth_s']:>8.2f} {r['cluster_s']:>9.2f} {r['simulate_s']:>9.2f} "
+              f"{r['simulate_s'] / r['gpus'] * 1000:>9.3f} {r['iteration_s']:>8.3f} {r['mfu'] * 100:>5.1f}% "
+              f"{r['classes']:>7} {r['solves']:>7} {r['maxrss_GB']:>9.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
