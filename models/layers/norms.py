@@ -38,10 +38,11 @@ class _FusedRMSNorm(torch.autograd.Function):
             return gx, gw, None
         # ATen has no CPU kernel for the fused backward; real-tensor runs use its formula:
         # xhat = x * rstd, dxhat = g * w, dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
-        xhat = x.float() * rstd
-        dxhat = grad.float() * weight.float()
+        acc = torch.promote_types(x.dtype, torch.float32)
+        xhat = x.to(acc) * rstd
+        dxhat = grad.to(acc) * weight.to(acc)
         gx = rstd * (dxhat - xhat * (dxhat * xhat).mean(dim=-1, keepdim=True))
-        gw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(dim=0)
+        gw = (grad.to(acc) * xhat).reshape(-1, x.shape[-1]).sum(dim=0)
         return gx.to(x.dtype), gw.to(weight.dtype), None
 
 
