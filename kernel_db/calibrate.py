@@ -94,8 +94,7 @@ def _err(pred: Sequence[float], rows: Sequence[KernelRow]) -> float:
     return sum(abs(p / r.time_s - 1) for p, r in zip(pred, rows)) / len(rows) if rows else float("nan")
 
 
-def _fit_scale(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any], kc: str, key: str,
-               current: float, term: str) -> float:
+def _fit_scale(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any], current: float, term: str) -> float:
     # Closed form in log space: each row's (t - L) is term_time(current) * current / new.
     logs = []
     for r in rows:
@@ -115,7 +114,7 @@ def _fit(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any], kc:
         best: tuple[float, dict] | None = None
         for kh in _K_HALF_GRID:
             p = _with(params, kc, {"k_half": kh})
-            eff = _fit_scale(rows, gpu, p, kc, "eff_max", float(p["gemm"]["eff_max"]), "compute")
+            eff = _fit_scale(rows, gpu, p, float(p["gemm"]["eff_max"]), "compute")
             fitted = {"k_half": kh, "eff_max": round(eff, 4)}
             e = _err(_predict(rows, gpu, _with(params, kc, fitted)), rows)
             if best is None or e < best[0]:
@@ -127,10 +126,10 @@ def _fit(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any], kc:
             sub = [r for r in rows if r.dims_dict().get("dir", "fwd") == direction]
             if sub:
                 key = f"eff_max_{direction}"
-                out[key] = round(_fit_scale(sub, gpu, params, kc, key, float(params["attention"][key]), "compute"), 4)
+                out[key] = round(_fit_scale(sub, gpu, params, float(params["attention"][key]), "compute"), 4)
         return out
     cur = float(params["memory"]["mem_factor"].get(kc, 1.0))
-    return {"mem_factor": {kc: round(_fit_scale(rows, gpu, params, kc, kc, cur, "memory"), 4)}}
+    return {"mem_factor": {kc: round(_fit_scale(rows, gpu, params, cur, "memory"), 4)}}
 
 
 def calibrate(db: KernelDB, *, catalogue: Catalogue | None = None, efficiency: EfficiencyModel | None = None,

@@ -106,6 +106,9 @@ def _row_flops(row: KernelRow, dims: Mapping[str, Any]) -> float:
 class Pricer:
     """Prices ops on GPUs from a catalogue, a kernel DB and efficiency curves, with a cache.
 
+    The DB must not change while a Pricer uses it (its caches would go stale): make a new Pricer
+    after adding rows.
+
     Example::
 
         pricer = Pricer(KernelDB.load("kernels.csv"))

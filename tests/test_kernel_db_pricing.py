@@ -149,7 +149,7 @@ def test_price_block_matches_price_and_fuses_bias_gelu():
     assert secs[1] == pytest.approx(g.launch_overhead_s + fused_bytes / (3.35e12 * 0.90))
     assert secs[2] == 0.0 and one[2] > 0
     assert fusion_groups(blk) == [[1, 2]]
-    assert list(errs[:3]) == [0.15, 0.3, 0.3]
+    assert list(errs[:3]) == [0.08, 0.3, 0.3]  # hopper gemm roofline error; memory-bound default
 
 
 def test_sibling_modules_do_not_fuse():
