@@ -118,3 +118,23 @@ def test_pipeline_stages_in_fake_world():
         [f"decoder.layers.{i}.{n}" for i in (0, 1) for n in (
             "input_layernorm.weight", "pre_mlp_layernorm.weight",  # norms see sequence-split input
             "self_attention.linear_proj.bias", "mlp.linear_fc2.bias")])  # row-parallel biases too
+
+
+def test_sequence_must_split_over_cp_and_tp():
+    """s must divide by 2*cp, and s/cp by tp under sequence parallelism; the message names them."""
+    from types import SimpleNamespace
+
+    from heterosim.errors import ConfigError
+    from models.config import ModelConfig, ParallelConfig, TrainConfig
+    from models.gpt import GPTModel
+
+    mcfg = ModelConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=12)
+    ps = SimpleNamespace(cp_size=4, tp_size=1, sequence_parallel=False)
+    with pytest.raises(ConfigError, match="seq length 12 must be divisible by 2\\*context-parallel size 8"):
+        GPTModel(mcfg, ParallelConfig(world_size=4, cp=4), TrainConfig(), ps, layers=range(1),
+                 pre_process=True, post_process=True)
+    ps = SimpleNamespace(cp_size=2, tp_size=4, sequence_parallel=True)
+    with pytest.raises(ConfigError, match="with sequence parallelism seq length / cp = 6 must be divisible "
+                                          "by tensor-parallel size 4"):
+        GPTModel(mcfg, ParallelConfig(world_size=8, cp=2, tp=4), TrainConfig(), ps, layers=range(1),
+                 pre_process=True, post_process=True)

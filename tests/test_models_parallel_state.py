@@ -72,3 +72,15 @@ def test_split_stage_layers_errors(kwargs, message):
     with pytest.raises(ConfigError) as exc:
         split_stage_layers(n, pp, **kwargs)
     assert str(exc.value) == message
+
+
+def test_initialize_needs_a_matching_process_group():
+    """Without torch.distributed, or with a layout that does not fit, initialize says what to do."""
+    from models.parallel_state import initialize
+
+    with pytest.raises(ConfigError) as exc:
+        initialize(ParallelConfig(world_size=8, tp=2), 0)
+    assert str(exc.value) == ("torch.distributed is not initialized; call dist.init_process_group(...) "
+                              "before models.parallel_state.initialize")
+    with pytest.raises(ConfigError, match=r"world size 8 is not divisible by tp\*pp\*cp = 3\*1\*1 = 3"):
+        initialize(ParallelConfig(world_size=8, tp=3), 0)

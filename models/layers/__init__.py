@@ -16,3 +16,5 @@ module                      what
 ``recompute``               activation checkpointing tagged "recompute"
 ==========================  ===========================================================
 """
+
+__all__: list[str] = []
