@@ -41,10 +41,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "seq_length": 8192, "vocab_size": 128256, "norm_epsilon": 1e-5,
                    "rotary_base": 500000.0},
     # A few-MB model for examples and tests: runs for real on a CPU in seconds and still
-    # exercises tp/pp/vpp (8 layers, 4 heads) at small world sizes.
+    # exercises tp/pp/vpp (8 layers, 4 heads) at small world sizes. Two iterations, so a capture
+    # keeps a steady-state one; a real run wants --train-iters 8 to see the loss fall.
     "tiny": {"num_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,
              "seq_length": 64, "max_position_embeddings": 64, "vocab_size": 1000,
-             "micro_batch_size": 2, "global_batch_size": 8, "train_iters": 8, "lr": 3e-3,
+             "micro_batch_size": 2, "global_batch_size": 8, "train_iters": 2, "lr": 3e-3,
              "hidden_dropout": 0.0},
 }
 """Preset name -> {argparse dest: value}."""

@@ -25,6 +25,7 @@ is waited right after issue, Megatron's ``batch_p2p_sync`` default), no variable
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol
 
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
+_CALLS = itertools.count()  # numbers forward_backward calls (see _Runner.key_suffix)
 ForwardStep = Callable[[int, int, "Tensor | None"], Tensor]
 """``forward_step(chunk, mb, input)``: input is None on the first virtual stage (the step makes
 its own token ids); returns the chunk output, or the mean loss on the last virtual stage."""
@@ -210,6 +212,7 @@ class _Runner:
         self.gs = grad_sync
         self.ann = get_annotator()
         self.losses: list[Tensor] = []
+        self.call = next(_CALLS)
         self.pp_rank = comm.rank if comm else 0
         self.pp = comm.size if comm else 1
 
@@ -223,12 +226,22 @@ class _Runner:
         """The last micro-batch's backward issues the overlapped grad reduction (a distinct block)."""
         return bool(self.gs is not None and self.gs.overlap_grad_reduce and mb == self.m - 1)
 
+    def key_suffix(self, mb: int) -> tuple:
+        """Per-iteration key part for the micro-batch whose backward issues async grad reduction.
+
+        That backward leaves collectives open when it returns, so a capture re-runs it every
+        iteration, and it needs the autograd graph of its own forward: the forward must then be
+        re-run as well, so its key (and the backward's) names the iteration's schedule call.
+        """
+        return (("call", self.call),) if self.syncs_in_backward(mb) else ()
+
     def forward(self, chunk: int, mb: int, inp: Tensor | None) -> Tensor:
         last = self.last_virtual(chunk)
         # Equal keys <=> equal ops: the chunk, whether the forward waits for overlapped param
         # all-gathers (first micro-batch), whether its backward is distinct (grad sync), the input.
         gather = bool(self.gs is not None and mb == 0 and self.gs.param_sync_pending(chunk))
-        key = ("fwd", chunk, gather, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape))
+        key = ("fwd", chunk, gather, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
+               *self.key_suffix(mb))
 
         def run(x: Tensor | None) -> Tensor:
             out = self.forward_step(chunk, mb, x)
@@ -250,7 +263,8 @@ class _Runner:
             torch.autograd.backward(y, grad_tensors=dy)
             return None if x is None else x.grad
 
-        key = ("bwd", chunk, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape))
+        key = ("bwd", chunk, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
+               *self.key_suffix(mb))
         with self.ann.scope(phase="bwd", mb=mb, chunk=chunk):
             return self.ann.block(key, run, inp, out, grad)
 

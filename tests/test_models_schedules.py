@@ -290,11 +290,27 @@ def test_overlapped_grad_sync_makes_last_microbatch_distinct():
         return gs
 
     ann, _, _ = run_rank(1, 4, 8, grad_sync_factory=factory)
-    counts = Counter(k for k, *_ in ann.blocks)
+    # The last micro-batch's two keys also carry the schedule call, ("call", n).
+    tails = {k[-1] for k, *_ in ann.blocks if (k[0] == "fwd" and k[3]) or (k[0] == "bwd" and k[2])}
+    assert len(tails) == 1 and next(iter(tails))[0] == "call"
+    counts = Counter(k[:5] if k[0] == "fwd" else k[:4] for k, *_ in ann.blocks)
     assert counts == Counter({("fwd", 0, False, False, SHAPE): 7, ("fwd", 0, False, True, SHAPE): 1,
                               ("bwd", 0, False, SHAPE): 7, ("bwd", 0, True, SHAPE): 1})
     assert holder["gs"].finalized == 1
     assert holder["gs"].at_bwd == [False, True, True]  # off at start, on before last bwd, on at finalize
+
+
+def test_async_grad_sync_blocks_rerun_every_iteration():
+    """The micro-batch whose backward leaves grad collectives open gets new keys in every
+    iteration (a capture re-runs that backward, which needs its forward's graph); the others
+    keep theirs."""
+    keys = []
+    for _ in range(2):
+        ann, _, _ = run_rank(1, 4, 4, cache=True, grad_sync_factory=lambda chunks: _OverlapSync(None))
+        keys.append(set(k for k, *_ in ann.blocks))
+    assert len(keys[0]) == len(keys[1]) == 4
+    assert len(keys[0] & keys[1]) == 2
+    assert all(not (k[3] if k[0] == "fwd" else k[2]) for k in keys[0] & keys[1])
 
 
 def test_capture_like_block_replay_runs_all_schedules():

@@ -168,7 +168,8 @@ def test_overlap_grad_reduce_keys_last_microbatch_apart():
                    "--overlap-grad-reduce"]
     ann, log, _ = run_fake(argv, rank=3, world=4)
     shape = (64, 2, 64)
-    assert Counter(ann.blocks) == Counter({
+    # (those two keys also name the iteration's schedule call, so a capture re-runs them)
+    assert Counter(k[:5] if k[0] == "fwd" else k[:4] for k in ann.blocks) == Counter({
         ("fwd", 0, False, False, shape): 7, ("fwd", 0, False, True, shape): 1,
         ("bwd", 0, False, shape): 7, ("bwd", 0, True, shape): 1})
     assert {o[3] for o in log.ops if o[0] == "allreduce_" and o[1] == (2, 3)} == {"grad_sync"}
@@ -189,7 +190,7 @@ def test_real_run_world_size_one_loss_decreases():
     the loss falls over the iterations."""
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1",
            "MASTER_PORT": str(29400 + os.getpid() % 500)}
-    out = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny"], env=env,
+    out = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--train-iters", "8"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     losses = [float(line.split("lm loss")[1]) for line in out.stdout.splitlines() if "lm loss" in line]
