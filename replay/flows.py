@@ -17,10 +17,11 @@ The network is deterministic: events at one instant are handled together, in ins
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -82,17 +83,29 @@ class _Transfer:
 
 
 class _Batch:
-    __slots__ = ("key", "left", "ends", "solo", "links", "t0", "specs", "version")
+    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version")
 
     def __init__(self, key: Hashable, n: int):
         self.key = key
         self.left = n
         self.ends: list[float] = [math.nan] * n
-        self.solo = False
-        self.links: np.ndarray | None = None
+        self.solo: list[int] = []
+        """Replicas running on the fast path."""
+        self.solo_links: np.ndarray | None = None
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
+
+
+class _ShapeInfo:
+    __slots__ = ("links", "rid", "collide", "durations", "keep")
+
+    def __init__(self, links: np.ndarray, rid: np.ndarray, collide: np.ndarray, durations: np.ndarray, keep: Any):
+        self.links = links  # every replica's distinct links, concatenated
+        self.rid = rid  # replica of each entry of ``links``
+        self.collide = collide  # replica shares a link with another replica of the batch
+        self.durations = durations  # idle-network time of each replica
+        self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
 
 
 class FluidNetwork:
@@ -103,10 +116,10 @@ class FluidNetwork:
     ``(key, [end time of each transfer])``. :meth:`next_time` is the time of the next internal
     event (inf when idle); :meth:`step` handles that instant and returns ``(time, completed)``.
 
-    Fast path (exact): a batch whose transfers use links that no flow in flight uses, and that do
-    not share links with each other, runs *solo*: its end times are its transfers' idle-network
-    times (cached per spec). Should a later batch touch one of its links, it is *materialized*:
-    its transfers are replayed alone up to that instant and continue as ordinary fluid flows.
+    Fast path (exact): a transfer whose links no flow in flight uses and no other transfer of its
+    batch uses runs *solo*: its end time is its idle-network time (cached per spec). Should a
+    later batch touch one of its links, it is *materialized*: replayed alone up to that instant,
+    it continues as ordinary fluid flows.
     """
 
     def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True):
@@ -173,25 +186,48 @@ class FluidNetwork:
         if not specs:
             del self._batches[bid]
             return [(key, [])]
-        links, disjoint = self._shape(specs, shape)
-        if self.solo_enabled and disjoint and links.size and not self._busy[links].any():
-            owners = self._owner[links]
-            if not (owners >= 0).any():
-                ends = [now + self._info(s)[2] for s in specs]
-                batch.solo, batch.links, batch.t0, batch.specs, batch.ends = True, links, now, specs, ends
-                self._owner[links] = bid
-                self._push(max(ends), 2, bid, batch.version)
-                return []
-        if links.size:
-            for ob in np.unique(self._owner[links]).tolist():
-                if ob >= 0:
-                    self._materialize(ob, now)
+        info = self._shape(specs, shape)
+        n = len(specs)
+        if self.solo_enabled:
+            if info.links.size:
+                hit = (self._busy[info.links] > 0) | (self._owner[info.links] >= 0)
+                blocked = info.collide | (np.bincount(info.rid[hit], minlength=n) > 0)
+            else:
+                blocked = info.collide
+        else:
+            blocked = np.ones(n, dtype=bool)
+        fluid = np.flatnonzero(blocked).tolist()
+        if len(fluid) < n:
+            solo = np.flatnonzero(~blocked)
+            ends = now + info.durations[solo]
+            batch.t0, batch.specs = now, specs
+            for j, e in zip(solo.tolist(), ends.tolist()):
+                batch.ends[j] = e
+                if e > now:
+                    batch.solo.append(j)
+                else:
+                    batch.left -= 1  # nothing to move: done at once
+            if batch.left == 0:
+                del self._batches[bid]
+                return [(key, batch.ends)]
+        if fluid:
+            if info.links.size:
+                mine = info.links[blocked[info.rid]]
+                for ob in np.unique(self._owner[mine]).tolist():
+                    if ob >= 0:
+                        self._materialize(ob, now)
+        if batch.solo:
+            on = np.zeros(n, dtype=bool)
+            on[batch.solo] = True
+            batch.solo_links = info.links[on[info.rid]]
+            self._owner[batch.solo_links] = bid
+            self._push(max(batch.ends[j] for j in batch.solo), 2, bid, batch.version)
         touched: set[int] = set()
         done: list[tuple[Hashable, list[float]]] = []
-        for j, spec in enumerate(specs):
+        for j in fluid:
             tid = self._next_tid
             self._next_tid += 1
-            tr = _Transfer((bid, j), spec, now)
+            tr = _Transfer((bid, j), specs[j], now)
             self._transfers[tid] = tr
             if self._advance_phase(tid, tr, now, touched):
                 self._transfer_done(tr, now, done)
@@ -235,10 +271,13 @@ class FluidNetwork:
                 b = self._batches.get(ident)
                 if b is None or not b.solo or b.version != version:
                     continue
-                self._owner[b.links] = -1
-                del self._batches[ident]
+                self._owner[b.solo_links] = -1
+                b.left -= len(b.solo)
+                b.solo = []
                 self.solo_batches += 1
-                done.append((b.key, b.ends))
+                if b.left == 0:
+                    del self._batches[ident]
+                    done.append((b.key, b.ends))
         for tid in phase_starts:
             tr = self._transfers[tid]
             if self._start_flows(tid, tr, t0, touched):
@@ -263,17 +302,50 @@ class FluidNetwork:
             self._spec_info[id(spec)] = v
         return v
 
-    def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> tuple[np.ndarray, bool]:
-        """All links of a batch, and whether its transfers are link-disjoint from each other."""
+    def _schedule(self, spec: TransferSpec) -> list[tuple]:
+        """Snapshots of ``spec`` run alone from t=0: (t, phase, phase start or nan, flows).
+
+        Each flow is (links, remaining at t_last, rate, cap, t_last). Cached by identity.
+        """
+        k = ("sched", id(spec))
+        v = self._spec_info.get(k)
+        if v is None or v[0] is not spec:
+            scratch = FluidNetwork(self.capacity, solo=False)
+            snaps: list[tuple] = []
+
+            def snap(t: float) -> None:
+                if not scratch._transfers:
+                    snaps.append((t, -1, math.nan, ()))
+                    return
+                (stid, st), = scratch._transfers.items()
+                starts = [x[0] for x in scratch._heap if x[2] == 1 and x[3] == stid]
+                snaps.append((t, st.phase, min(starts) if starts else math.nan,
+                              tuple((f.links, f.remaining, f.rate, f.cap, f.t_last) for f in scratch._flows.values())))
+
+            scratch.start(0, [spec], 0.0)
+            snap(0.0)
+            while scratch._transfers:
+                t, _ = scratch.step()
+                snap(t)
+            v = (spec, snaps)
+            self._spec_info[k] = v
+        return v[1]
+
+    def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> _ShapeInfo:
+        """Links of a batch's replicas, which replicas share links, and their solo times (cached)."""
         k = ("s", id(shape)) if shape is not None else tuple(map(id, specs))
         v = self._shape_info.get(k)
         if v is None:
-            parts = [self._info(s)[1] for s in specs]
+            infos = [self._info(s) for s in specs]
+            parts = [i[1] for i in infos]
             allk = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            uniq = np.unique(allk)
-            v = (uniq, uniq.size == allk.size, shape)  # keep ``shape`` alive: its id is the key
+            rid = np.repeat(np.arange(len(specs)), [p.size for p in parts])
+            uniq, inv, counts = np.unique(allk, return_inverse=True, return_counts=True)
+            shared = counts[inv] > 1
+            collide = np.bincount(rid[shared], minlength=len(specs)) > 0
+            v = _ShapeInfo(allk, rid, collide, np.array([i[2] for i in infos], dtype=np.float64), shape)
             self._shape_info[k] = v
-        return v[0], v[1]
+        return v
 
     def _transfer_done(self, tr: _Transfer, t: float, done: list) -> None:
         bid, j = tr.key
@@ -285,38 +357,34 @@ class FluidNetwork:
             done.append((b.key, b.ends))
 
     def _materialize(self, bid: int, now: float) -> None:
-        """Turn solo batch ``bid`` into fluid flows, replaying each transfer alone up to ``now``."""
+        """Turn the solo replicas of batch ``bid`` into fluid flows, replayed alone up to ``now``."""
         b = self._batches[bid]
-        b.solo = False
         b.version += 1
-        self._owner[b.links] = -1
+        self._owner[b.solo_links] = -1
         touched: set[int] = set()
-        b.left = len(b.specs)
-        ends = list(b.ends)
-        for j, spec in enumerate(b.specs):
-            scratch = FluidNetwork(self.capacity, solo=False)
-            scratch.start(0, [spec], b.t0)
-            while scratch.next_time() <= now:
-                scratch.step()
-            if ends[j] <= now or not scratch._transfers:
+        solo, b.solo = b.solo, []
+        for j in solo:
+            spec = b.specs[j]
+            dt = now - b.t0
+            snaps = self._schedule(spec)
+            i = bisect.bisect_right([x[0] for x in snaps], dt) - 1
+            t_rel, phase, t_start, flows = snaps[max(i, 0)]
+            if b.ends[j] <= now or phase < 0:
                 b.left -= 1  # already complete by now; its end time stands
-                ends[j] = min(ends[j], now)
+                b.ends[j] = min(b.ends[j], now)
                 continue
-            ends[j] = math.nan
-            (stid, st), = scratch._transfers.items()
+            b.ends[j] = math.nan
             tid = self._next_tid
             self._next_tid += 1
             tr = _Transfer((bid, j), spec, b.t0)
-            tr.phase, tr.pending = st.phase, st.pending
+            tr.phase, tr.pending = phase, len(flows)
             self._transfers[tid] = tr
-            for _, _, kind, ident, _ in scratch._heap:
-                if kind == 1 and ident == stid:
-                    self._push(_pending_phase_time(scratch, stid), 1, tid, 0)
-                    break
-            for sf in scratch._flows.values():
-                rem = sf.remaining - sf.rate * (now - sf.t_last)
-                self._add_flow(tid, sf.links, rem, sf.cap, now, touched)
-        b.ends = ends
+            if t_start == t_start:  # a phase start is pending
+                self._push(b.t0 + t_start, 1, tid, 0)
+            for links, rem, rate, cap, t_last in flows:
+                self._add_flow(tid, links, rem - rate * (dt - t_last), cap, now, touched)
+        if b.left == 0:
+            raise AssertionError("materialized a batch that had completed")
         if touched:
             self._recompute(touched, now)
 
@@ -394,10 +462,6 @@ class FluidNetwork:
             f.version += 1
             rem = f.remaining if f.remaining > 0 else 0.0
             self._push(now + rem / f.rate, 0, fid, f.version)
-
-
-def _pending_phase_time(net: FluidNetwork, tid: int) -> float:
-    return min(t for t, _, kind, ident, _ in net._heap if kind == 1 and ident == tid)
 
 
 def maxmin_rates(paths: Sequence[tuple[int, ...]], caps: Sequence[float], capacity: np.ndarray) -> np.ndarray:
