@@ -93,8 +93,8 @@ class RingAttention(torch.autograd.Function):
             else:
                 o, l_ = flash_fwd(q[:, :, c:], kv[0], kv[1], False)
                 o2, l2 = _merge(out[:, :, c:], lse[:, :, c:], o, l_)
-                out = torch.cat((out[:, :, :c], o2), dim=2)
-                lse = torch.cat((lse[:, :, :c], l2), dim=2)
+                out[:, :, c:] = o2  # only the second query chunk changes
+                lse[:, :, c:] = l2
             if i < cp - 1:
                 _wait(works)
                 kv = nxt
