@@ -6,7 +6,8 @@
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
-wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs).
+wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs). On a
+shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
 micro-batch: norm, QKV / proj / FC1 / FC2 GEMMs, flash attention, elementwise, TP all-reduces or
@@ -213,9 +214,11 @@ def run_case(c: Shape, link_sharing: bool = True) -> dict:
     t1 = time.perf_counter()
     cluster = load_cluster(c.cluster, num_gpus=c.world)
     t2 = time.perf_counter()
+    c2 = time.process_time()
     res = simulate(trace, cluster, link_sharing=link_sharing)
     t3 = time.perf_counter()
     return {"case": c.name, "gpus": c.world, "synth_s": t1 - t0, "cluster_s": t2 - t1, "simulate_s": t3 - t2,
+            "cpu_s": time.process_time() - c2, "symmetry": res.stats["symmetry"],
             "iteration_s": res.iteration_time_s, "mfu": res.mfu, "classes": res.stats["classes"],
             "solves": res.stats["network_solves"], "maxrss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
 
@@ -227,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-link-sharing", action="store_true")
     a = ap.parse_args(argv)
     names = a.case or (QUICK if a.quick else list(CASES))
-    print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'s/1k GPU':>9} "
-          f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'solves':>7} {'maxRSS GB':>9}")
+    print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'CPU s':>7} {'s/1k GPU':>9} "
+          f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'symmetry':>8} {'solves':>7} {'maxRSS GB':>9}")
     for n in names:
         r = run_case(CASES[n], link_sharing=not a.no_link_sharing)
         print(f"{r['case']:<20} {r['gpus']:>6} {r['synth_s']:>8.2f} {r['cluster_s']:>9.2f} {r['simulate_s']:>9.2f} "
-              f"{r['simulate_s'] / r['gpus'] * 1000:>9.3f} {r['iteration_s']:>8.3f} {r['mfu'] * 100:>5.1f}% "
-              f"{r['classes']:>7} {r['solves']:>7} {r['maxrss_GB']:>9.2f}", flush=True)
+              f"{r['cpu_s']:>7.2f} {r['simulate_s'] / r['gpus'] * 1000:>9.3f} {r['iteration_s']:>8.3f} "
+              f"{r['mfu'] * 100:>5.1f}% {r['classes']:>7} {r['symmetry']:>8} {r['solves']:>7} {r['maxrss_GB']:>9.2f}",
+              flush=True)
     return 0
 
 

@@ -288,24 +288,36 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
     base = rank_classes(trace, w.gpu_type, extra)
     if symmetry == "max":
         return _Sim(w, base, skeletons, xp, exact=False).run(progress)
+    if symmetry == "exact":
+        max_restarts = world
     limit = world if symmetry == "exact" else (max_classes or max(64, 4 * (max(base) + 1)))
     class_of = base
-    for attempt in range(world + 1 if symmetry == "exact" else max_restarts + 1):
+    state: dict[str, Any] = {}
+
+    def refine(groups: list[list[int]]) -> bool:
+        """Split classes by how replicas ended; False (go on in ``max`` mode) past the limits."""
+        new_extra = list(extra)
+        for idx, ranks in enumerate(groups):
+            for r in ranks:
+                new_extra[r] = new_extra[r] + (idx,)
+        new = rank_classes(trace, w.gpu_type, new_extra)
+        if max(new) + 1 > limit or state.get("restarts", 0) >= max_restarts:
+            return False
+        extra[:] = new_extra
+        state["class_of"] = new
+        return True
+
+    restarts = 0
+    while True:
         try:
-            run = _Sim(w, class_of, skeletons, xp, exact=True).run(progress)
-        except _Asymmetric as e:
-            for idx, ranks in enumerate(e.groups):
-                for r in ranks:
-                    extra[r] = extra[r] + (idx,)
-            class_of = rank_classes(trace, w.gpu_type, extra)
-            if max(class_of) + 1 > limit:
-                break
+            run = _Sim(w, class_of, skeletons, xp, exact=True, refine=refine).run(progress)
+        except _Asymmetric:
+            restarts += 1
+            state["restarts"] = restarts
+            class_of = state["class_of"]
             continue
-        run.restarts = attempt
+        run.restarts = restarts
         return run
-    run = _Sim(w, base, skeletons, xp, exact=False).run(progress)
-    run.restarts = attempt + 1
-    return run
 
 
 class _Class:
@@ -336,11 +348,13 @@ class _Class:
 
 class _Sim:
     def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any,
-                 exact: bool = True):
+                 exact: bool = True, refine: Callable[[list[list[int]]], bool] | None = None):
         self.w = w
         self.exact = exact
+        self.refine = refine
         self.asymmetric = 0
         self.max_spread = 0.0
+        self.switched_at = math.nan
         self.trace = trace = w.trace
         self.class_of = class_of
         members: dict[int, list[int]] = {}
@@ -556,19 +570,19 @@ class _Sim:
         """All replicas of a class-level transfer ended (at ``ends``): they must agree."""
         lo, hi = min(ends), max(ends)
         if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
-            if not self.exact:
-                self.asymmetric += 1
-                t0 = self.inst_start[key]
-                self.max_spread = max(self.max_spread, (hi - lo) / max(hi - t0, 1e-30))
-                del self.inst_shape[key]
-                self.complete(key, hi)
-                return
-            order = sorted(set(ends))
-            groups: list[list[int]] = [[] for _ in order]
-            reps = self.inst_shape[key].replica_ranks
-            for j, e in enumerate(ends):
-                groups[order.index(e)].extend(reps[j])
-            raise _Asymmetric(groups)
+            if self.exact:
+                order = sorted(set(ends))
+                groups: list[list[int]] = [[] for _ in order]
+                reps = self.inst_shape[key].replica_ranks
+                for j, e in enumerate(ends):
+                    groups[order.index(e)].extend(reps[j])
+                if self.refine is not None and self.refine(groups):
+                    raise _Asymmetric(groups)
+                self.exact = False  # past the class budget: go on with the slowest replica
+                self.switched_at = self.inst_start[key]
+            self.asymmetric += 1
+            t0 = self.inst_start[key]
+            self.max_spread = max(self.max_spread, (hi - lo) / max(hi - t0, 1e-30))
         del self.inst_shape[key]
         self.complete(key, hi)
 
