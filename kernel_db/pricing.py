@@ -34,7 +34,7 @@ from heterosim.errors import UnknownKernelError
 
 from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key
-from .opmap import canonical_signature, kernel_class_of
+from .opmap import canonical_signature, kernel_class_of, writes_only
 from .roofline import EfficiencyModel, load_efficiency, roofline_time
 
 __all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor", "scale_time"]
@@ -149,7 +149,8 @@ class Pricer:
         sig = _get(op, "signature", "")
         dtype = _get(op, "dtype", "")
         flops = float(_get(op, "flops", 0.0))
-        nbytes = float(_get(op, "bytes_read", 0)) + float(_get(op, "bytes_written", 0))
+        written = float(_get(op, "bytes_written", 0))
+        nbytes = written if writes_only(name) else float(_get(op, "bytes_read", 0)) + written
         key = (spec.name, kc, sig or name, dtype, tuple(sorted(dims.items())), flops, nbytes)
         hit = self._cache.get(key)
         if hit is None:

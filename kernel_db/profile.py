@@ -240,6 +240,14 @@ def _builder(spec: KernelSpec, torch: Any, device: str) -> tuple[Callable[[], tu
         return mkb, lambda o, ins, g: torch.autograd.grad(o, ins, g, retain_graph=True), "sdpa bwd (autograd)"
     # Other classes: call the aten op itself on tensors shaped as in the signature; else a proxy.
     _, _, shapes = parse_signature(spec.signature) if spec.signature else ("", "", ())
+    if spec.kernel_class == "embedding" and len(shapes) >= 2:
+        return _embedding_builder(spec, shapes, torch, dt, device)
+    if spec.kernel_class == "optimizer" and shapes:
+        # Multi-tensor (foreach / fused) ops touch every listed tensor: one streaming read+write pass
+        # over all of their elements (fused Adam: 4N listed, ~7N moved; foreach_mul_: exact).
+        total = sum(math.prod(s) for s in shapes)
+        odt = dt if dt.is_floating_point else torch.float32
+        return (lambda: (_rand(torch, (total,), odt, device),)), lambda x: x.mul_(0.999), "proxy stream"
     op = _resolve_aten(torch, spec.name)
     if op is not None and shapes:
         def mk_sig() -> tuple:
@@ -261,8 +269,7 @@ def _builder(spec: KernelSpec, torch: Any, device: str) -> tuple[Callable[[], tu
         "softmax": (1, lambda x: torch.softmax(x, -1), "proxy softmax"),
         "cross_entropy": (1, lambda x: torch.log_softmax(x, -1), "proxy log_softmax"),
         "embedding": (1, lambda x: x.index_select(0, torch.arange(0, x.shape[0], 2, device=x.device)), "proxy index_select"),
-        "optimizer": (4, lambda p, g, m, v: torch._foreach_addcdiv_([p], [m.mul_(0.9).add_(g)], [v.mul_(0.99).addcmul_(g, g).sqrt_()]),
-                      "proxy adam step"),
+        "optimizer": (1, lambda x: x.mul_(0.999), "proxy stream"),
     }
     if spec.kernel_class not in proxies:
         raise KernelDBError(f"no profiling proxy for kernel class {spec.kernel_class!r} ({spec.signature})")
@@ -273,6 +280,29 @@ def _builder(spec: KernelSpec, torch: Any, device: str) -> tuple[Callable[[], tu
         width = math.gcd(numel, 8192)
         shape = (numel // width, width) if spec.kernel_class in ("norm", "softmax", "cross_entropy") else (numel,)
     return (lambda: tuple(_rand(torch, shape, dt if dt.is_floating_point else torch.float32, device) for _ in range(nargs))), fn, note
+
+
+def _embedding_builder(spec: KernelSpec, shapes: Sequence[tuple[int, ...]], torch: Any, dt: Any,
+                       device: str) -> tuple[Callable[[], tuple], Callable, str]:
+    """Embedding lookup (weight, indices) or its dense backward (grad, indices) with int64 indices."""
+    if "backward" not in spec.name:
+        (v, h), idx = shapes[0][-2:], shapes[1]
+
+        def mk() -> tuple:
+            return (_rand(torch, (v, h), dt, device), torch.randint(0, v, tuple(idx), device=device))
+
+        return mk, lambda w, i: torch.nn.functional.embedding(i, w), "F.embedding"
+    grad, idx = shapes[0], shapes[1]
+    h = grad[-1]
+    rows = math.prod(idx)
+    # NB: the vocabulary shard is not in the signature; the grad table is taken as 2 x the lookups.
+    v = 2 * rows
+
+    def mkb() -> tuple:
+        return (torch.zeros(v, h, dtype=dt, device=device), torch.randint(0, v, (rows,), device=device),
+                _rand(torch, (rows, h), dt, device))
+
+    return mkb, lambda table, i, g: table.index_add_(0, i, g), "proxy index_add"
 
 
 def _resolve_aten(torch: Any, name: str) -> Any:
@@ -373,6 +403,7 @@ def profile(
             provenance=f"profile:{device} {note}{' ' + provenance if provenance else ''} host={host}",
             recorded_utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")))
         result.measured += 1
+        done.add(key)
         if len(pending) >= flush_every:
             merge_rows(db_path, pending)
             pending = []

@@ -42,3 +42,11 @@ def test_parse_signature():
     assert parse_signature("aten.sum.default:fp32:") == ("aten.sum.default", "fp32", ())
     with pytest.raises(UnknownKernelError, match="is not '<aten name>:<dtype>:<shapes>'"):
         parse_signature("mm")
+
+
+def test_write_only_ops():
+    """zero_/fill_/factory ops only write; add_ reads too."""
+    from kernel_db.opmap import writes_only
+
+    assert writes_only("aten.zero_.default") and writes_only("aten.arange.start")
+    assert not writes_only("aten.add_.Tensor")

@@ -167,3 +167,12 @@ def test_cache_reuses_prices():
     pr = Pricer()
     op = gemm_op(512, 512, 512)
     assert pr.price(op, "A100") is pr.price(op, "A100-SXM4-80GB")
+
+
+def test_zero_fill_priced_by_bytes_written_only():
+    """A zero_ of N bytes (captured as N read + N written) is priced as N bytes of writes."""
+    n = 1 << 30
+    op = {"kind": "compute", "name": "aten.zero_.default", "kernel_class": "copy", "dtype": "bf16",
+          "dims": {"numel": n // 2}, "flops": 0.0, "bytes_read": n, "bytes_written": n,
+          "signature": f"aten.zero_.default:bf16:{n // 2}"}
+    assert price(op, "H100").seconds == pytest.approx(3.5e-6 + n / (3.35e12 * 0.90))
