@@ -82,13 +82,14 @@ result = dict(comm=comm_ops(log.ops), ranks=sorted({tuple(o["ranks"]) for o in l
 
 
 def test_moe_dispatch_combine_traffic_in_fake_world():
-    """EP 2, TP 2 (SP), 8 experts top-2, 32 local tokens: a2a of the 64 token copies over EP,
+    """EP 2, TP 2 (SP), 8 experts top-2, 32 local tokens: token counts (8 int64) all-gathered over
+    EP, a2a of the 64 token copies over EP,
     all-gather / reduce-scatter over TP, one batched GEMM per projection for the 4 local experts."""
     r = run_fake(FAKE, rank=3, world=8)
     assert r["ep"] == [1, 3] and r["local"] == 4
     copies = 32 * 2 * 64 * 2  # T*k rows x h x bf16
     fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
-    assert fwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
+    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
                    ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", copies]]
     bwd = [c[:2] for c in r["comm"] if c[2] == "bwd"]
     assert bwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies],

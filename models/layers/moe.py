@@ -17,9 +17,10 @@ FakeTensorMode (token counts per expert are data, split sizes need a device-to-h
 every expert receives exactly ``T*k/E`` token copies from every rank: the permutation is fixed
 (copy ``j`` of token ``t`` goes to expert ``(t*k + j) mod E``) and the all-to-all splits are
 equal. The router GEMM, top-k and softmax still run, and the probabilities weight the combine.
-This ignores load imbalance, token dropping / capacity factors, the auxiliary load-balancing
-loss and the dispatcher's token-count exchange (a small all-gather of ``E`` int64 plus a
-device-to-host sync in Megatron).
+The dispatcher's token-count exchange is kept: an all-gather over EP of the ``E`` int64
+per-expert counts (Megatron's ``preprocess``), though not the device-to-host copy that follows
+it. This ignores load imbalance, token dropping / capacity factors and the auxiliary
+load-balancing loss.
 
 Expert parameters carry ``param.allreduce = False``: their gradients are averaged over the
 expert-data-parallel group, not the data-parallel group.
@@ -36,7 +37,7 @@ import torch.nn as nn
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import gemm_scope, init_normal, scaled_init_std
-from models.layers.mappings import gather_from_sp, group_size, reduce_scatter_to_sp
+from models.layers.mappings import all_gather_dim0, gather_from_sp, group_size, reduce_scatter_to_sp
 from models.layers.mlp import activation_fn
 
 __all__ = ["MoELayer", "balanced_permutation"]
@@ -135,10 +136,13 @@ class MoELayer(nn.Module):
         logits = torch.nn.functional.linear(tokens, self.router)  # [T, E]
         scores, _ = torch.topk(logits, self.topk, dim=-1)
         probs = torch.softmax(scores.float(), dim=-1).to(x.dtype)  # [T, k]
+        ps = self.pstate
+        if ps.ep_size > 1:  # tokens per expert, exchanged so each rank can size its all-to-all
+            counts = torch.full((self.E,), T * self.topk // self.E, dtype=torch.int64, device=x.device)
+            all_gather_dim0(counts, ps.ep_group)
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
-        ps = self.pstate
         recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
         recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
         sources, n = ps.tp_size * ps.ep_size, T * self.topk // self.E
