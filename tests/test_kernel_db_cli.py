@@ -1,4 +1,7 @@
-"""``python -m kernel_db`` end to end: gpus, show, price (table and --json), profile --device cpu, calibrate."""
+"""``python -m kernel_db`` end to end: gpus, show, price (table and --json), profile --device cpu, calibrate.
+
+Most tests call ``kernel_db.__main__.main`` in-process (same argv, same output); one runs the module
+as a subprocess to pin the ``python -m`` entry point."""
 
 import json
 import os
@@ -15,10 +18,27 @@ from test_kernel_db_profile import small_trace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args):
+def run_subprocess(*args):
     env = dict(os.environ)
     env.pop("HETEROSIM_KERNEL_DB", None)
     return subprocess.run([sys.executable, "-m", "kernel_db", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def run(*args):
+    """In-process ``main(args)``; returns an object with returncode, stdout, stderr like subprocess."""
+    import contextlib
+    import io
+    import types
+
+    from kernel_db.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as e:  # argparse errors
+            rc = e.code
+    return types.SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +47,8 @@ def trace_dir(tmp_path_factory):
 
 
 def test_gpus_lists_catalogue():
-    """`gpus` prints every catalogue GPU; --json gives datasheet figures with sources."""
-    p = run("gpus")
+    """`python -m kernel_db gpus` prints every catalogue GPU; --json gives datasheet figures with sources."""
+    p = run_subprocess("gpus")
     assert p.returncode == 0 and "H100-SXM5-80GB" in p.stdout and "MI300X" in p.stdout
     doc = json.loads(run("gpus", "--json").stdout)
     h100 = next(g for g in doc if g["name"] == "H100-SXM5-80GB")
@@ -63,7 +83,7 @@ def test_profile_without_gpu_exits_nonzero(trace_dir, tmp_path):
 
 def test_bad_inputs(trace_dir):
     """Unknown GPU and a profile without TRACE/--sweep each give one clear error and exit 2."""
-    p = run("price", trace_dir, "--gpu", "Q8000")
+    p = run("price", trace_dir, "--gpu", "Q8000", "--db", "/nonexistent/k.csv")
     assert p.returncode == 2 and "error: unknown GPU 'Q8000'; known GPUs:" in p.stderr
     p = run("profile")
     assert p.returncode == 2 and "profile needs exactly one of TRACE or --sweep KIND" in p.stderr
