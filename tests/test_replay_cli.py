@@ -1,0 +1,99 @@
+"""``python -m replay`` (replay.__main__): simulate and clusters, outputs and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from capture.ir import write_trace
+from heterosim.errors import ConfigError, UnknownGPUError
+from replay.__main__ import main
+from replay.cluster import load_cluster
+from replay.simulate import simulate
+from test_replay_engine import coll, comp, make_trace, wait
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    """An 8-rank TP-8 trace written with capture's writer."""
+    groups = {"tp": (list(range(8)), "tp", "tp")}
+    rows = [comp(1e12), coll("all_reduce", "tp", 64 << 20), wait(1), comp(1e12)]
+    path = tmp_path_factory.mktemp("trace") / "tiny"
+    write_trace(make_trace(8, groups, [(list(range(8)), {"b": rows}, [("b", 0)])],
+                           layout={"tp": 8, "global_batch_size": 4, "seq_length": 2048}), path)
+    return path
+
+
+def test_simulate_json_has_the_contract_keys(trace_dir, capsys):
+    """--json prints one object with iteration_time_s, tflops_per_gpu, mfu and breakdown."""
+    assert main(["simulate", str(trace_dir), "--cluster", "dgx-h100", "--json", "--no-progress"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"iteration_time_s", "tflops_per_gpu", "mfu", "breakdown"} <= set(d)
+    assert d["tokens_per_s"] == pytest.approx(4 * 2048 / d["iteration_time_s"])
+    assert d["cluster"] == "dgx-h100" and d["gpu_counts"] == {"H100-SXM5-80GB": 8}
+
+
+def test_simulate_writes_timeline_and_plot(trace_dir, tmp_path, capsys):
+    """--timeline and --plot write their files; the summary names the cluster and iteration time."""
+    tl, png = tmp_path / "t.json", tmp_path / "p.png"
+    assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--timeline", str(tl), "--plot", str(png),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dgx-a100: 8 ranks, iteration ")
+    assert json.loads(tl.read_text())["traceEvents"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_clusters_lists_the_presets(capsys):
+    """`clusters` prints one line per preset; --json gives names and GPUs."""
+    assert main(["clusters"]) == 0
+    out = capsys.readouterr().out
+    for name in ("dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie", "mixed-a100-h100"):
+        assert any(line.startswith(name) for line in out.splitlines())
+    assert main(["clusters", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert "dgx-a100" in [p["name"] for p in d["presets"]]
+
+
+def test_errors_are_one_line_and_exit_2(trace_dir, capsys):
+    """Unknown preset and unavailable backend: 'error: ...' on stderr, exit status 2."""
+    assert main(["simulate", str(trace_dir), "--cluster", "nope", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cluster 'nope'") and err.count("\n") == 1
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--backend", "cupy"]) == 2
+        assert "CuPy is not installed / no GPU: use --backend numpy" in capsys.readouterr().err
+
+
+def test_world_size_mismatch_names_both_sizes(trace_dir):
+    """A cluster built for 16 GPUs and an 8-rank trace: one error with both numbers and the fix."""
+    with pytest.raises(ConfigError) as e:
+        simulate(trace_dir, load_cluster("dgx-a100", num_gpus=16))
+    assert str(e.value).startswith("the trace has world size 8 but the cluster places 16 ranks (16 GPUs)")
+    assert "load_cluster(..., num_gpus=8)" in str(e.value)
+
+
+def test_gpu_missing_from_the_catalogue(trace_dir):
+    """A cluster whose GPU type the catalogue lacks fails before simulating, naming it."""
+    from replay.cluster import read_spec  # noqa: F401  (the spec schema lives with the cluster)
+    import yaml
+    from replay.cluster_presets import preset_path
+
+    spec = yaml.safe_load(preset_path("dgx-a100").read_text())
+    for g in spec["node_groups"]:
+        g["gpu"] = "Z100-FANTASY"
+    with pytest.raises(UnknownGPUError, match="Z100-FANTASY"):
+        simulate(trace_dir, spec)
+
+
+def test_module_entry_point_runs(trace_dir):
+    """`python -m replay simulate ... --json` works as a subprocess."""
+    p = subprocess.run([sys.executable, "-m", "replay", "simulate", str(trace_dir), "--cluster", "dgx-a100",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["world_size"] == 8
