@@ -15,8 +15,6 @@ import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------

@@ -49,10 +49,12 @@ def flash_bwd(dout, q, k, v, out, lse, causal: bool):
 
 
 def _merge(out, lse, part_out, part_lse):
-    """Combine two softmax-normalised partial attentions by their log-sum-exp (fp32)."""
+    """Combine two softmax-normalised partial attentions by their log-sum-exp (fp32): the online
+    softmax rescaling of Milakov & Gimelshein 2018 (arXiv:1805.02867), as flash-attn merges blocks."""
     new_lse = torch.logaddexp(lse, part_lse)
-    out = out * torch.exp(lse - new_lse).unsqueeze(-1) + part_out.float() * torch.exp(part_lse - new_lse).unsqueeze(-1)
-    return out, new_lse
+    scale_old = torch.exp(lse - new_lse).unsqueeze(-1)
+    scale_new = torch.exp(part_lse - new_lse).unsqueeze(-1)
+    return out * scale_old + part_out.float() * scale_new, new_lse
 
 
 def _exchange(send: torch.Tensor, pstate: Any) -> tuple[torch.Tensor, list]:
