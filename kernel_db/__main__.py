@@ -12,6 +12,8 @@ import yaml
 from heterosim.atomic import atomic_write_text
 from heterosim.errors import HeteroSimError, KernelDBError
 
+__all__ = ["main"]
+
 DEFAULT_DB = os.environ.get("HETEROSIM_KERNEL_DB", "kernels.csv")
 
 
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except HeteroSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
 
 
 def _gpus(args: argparse.Namespace) -> int:

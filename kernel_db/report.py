@@ -18,7 +18,8 @@ from .catalogue import Catalogue
 from .db import KernelDB
 from .pricing import Pricer
 
-__all__ = ["OpCost", "TracePrice", "price_trace", "format_gpus", "format_db", "format_trace_price", "format_calibration"]
+__all__ = ["OpCost", "TracePrice", "price_trace", "db_summary", "format_gpus", "format_db", "format_trace_price",
+           "format_calibration"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
