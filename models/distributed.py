@@ -92,7 +92,8 @@ class DataParallel:
         expert_dp_group: group for parameters marked ``allreduce = False`` (MoE experts).
         bucket_size: elements per bucket; None gives Megatron's default when overlapping and one
             bucket per buffer otherwise (Megatron turns bucketing off without overlap).
-        disable_bucketing: one bucket per buffer (Megatron does this for chunks > 0).
+        disable_bucketing: one bucket per buffer (Megatron does this for pipeline stages > 0
+            and for model chunks > 0).
         separate_params: parameters that must start their own bucket (Megatron puts the shared
             embedding in its own bucket with the distributed optimizer).
     """

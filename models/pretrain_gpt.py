@@ -86,7 +86,10 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                         overlap_grad_reduce=pcfg.overlap_grad_reduce,
                         use_distributed_optimizer=pcfg.use_distributed_optimizer,
                         overlap_param_gather=pcfg.overlap_param_gather,
-                        bucket_size=cfg.optim.bucket_size, disable_bucketing=c > 0,
+                        bucket_size=cfg.optim.bucket_size,
+                        # Megatron buckets only chunk 0 of the first stage (DistributedDataParallel:
+                        # "DP communication on these stages is not on the critical path").
+                        disable_bucketing=c > 0 or ps.pp_rank > 0,
                         separate_params=shared if pcfg.use_distributed_optimizer else ())
            for c, m in enumerate(chunks)]
     gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
