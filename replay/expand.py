@@ -36,6 +36,9 @@ __all__ = [
     "comm_instance",
     "check_match",
     "role_comm_families",
+    "rank_classes",
+    "RoleSkeleton",
+    "build_skeleton",
 ]
 
 
@@ -265,3 +268,170 @@ class RankTimes:
     """Per comm op (program order): when it completed."""
     waits: list[WaitRecord]
     """Waits that blocked (t_end > t_block), in program order."""
+
+
+# --------------------------------------------------------------------------------------------
+# Classes of equivalent ranks
+
+
+def _family(trace: Trace, g: str) -> str:
+    return trace.groups[g].family or g
+
+
+def rank_classes(trace: Trace, gpu_type: Sequence[str], extra: Sequence[Hashable] | None = None) -> list[int]:
+    """Class id of every rank (ids in order of first rank), by colour refinement.
+
+    Start: (role, GPU type, position in each group the role does p2p on, ``extra``). Refine until
+    stable: add the sorted classes of the members of each group the role's collectives use, and
+    the class of each p2p peer.
+    """
+    world = trace.world_size
+    role_of = [0] * world
+    for role in trace.roles:
+        for r in role.ranks:
+            role_of[r] = role.id
+    fams = [role_comm_families(trace, role.id) for role in trace.roles]
+    coll = [sorted(c) for c, _ in fams]
+    p2p = [sorted(p) for _, p in fams]
+    p2p_groups = [sorted({g for g, _ in p}) for p in p2p]
+    col: list[Hashable] = []
+    for r in range(world):
+        rid = role_of[r]
+        pos = tuple(trace.groups[trace.group_for(g, r)].ranks.index(r) for g in p2p_groups[rid])
+        col.append((rid, gpu_type[r], pos, extra[r] if extra is not None else None))
+    ids = _relabel(col)
+    while True:
+        memo: dict[str, tuple[int, ...]] = {}
+
+        def members(g: str) -> tuple[int, ...]:
+            v = memo.get(g)
+            if v is None:
+                v = tuple(sorted(ids[x] for x in trace.groups[g].ranks))
+                memo[g] = v
+            return v
+
+        new = []
+        for r in range(world):
+            rid = role_of[r]
+            new.append((
+                ids[r],
+                tuple(members(trace.group_for(g, r)) for g in coll[rid]),
+                tuple(ids[trace.peer_global(g, p, r)] for g, p in p2p[rid]),
+            ))
+        new_ids = _relabel(new)
+        if max(new_ids) == max(ids):
+            return new_ids
+        ids = new_ids
+
+
+def _relabel(colors: Sequence[Hashable]) -> list[int]:
+    seen: dict[Hashable, int] = {}
+    return [seen.setdefault(c, len(seen)) for c in colors]
+
+
+# --------------------------------------------------------------------------------------------
+# Role skeletons: the comm / wait ops of a role's program, with compute spans between them
+
+
+@dataclass(slots=True, kw_only=True)
+class RoleSkeleton:
+    """The non-compute ops ("points") of a role's expanded program, in order."""
+
+    role: int
+    op_id: list[int]
+    kind: list[str]
+    name: list[str]
+    phase: list[str]
+    mb: list[int]
+    stream: list[str]
+    group: list[str]
+    collective: list[str]
+    nbytes: list[int]
+    dtype: list[str]
+    peer: list[int]
+    target: list[int]
+    """Wait points: point index of the awaited comm op."""
+    coalesced: list[int]
+    """Comm points: point index of the first op of their coalesced launch (own index if none)."""
+    num_ops: int
+    spans: dict[str, np.ndarray] = field(default_factory=dict)
+    """GPU type -> compute seconds before each point (len points + 1; the last is the tail)."""
+    phase_compute: dict[str, dict[str, float]] = field(default_factory=dict)
+    """GPU type -> phase -> compute seconds of the whole program."""
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np) -> RoleSkeleton:
+    """Collect a role's points and, for each GPU type, its compute spans (prefix sums)."""
+    role = w.trace.roles[role_id]
+    sk = RoleSkeleton(role=role_id, op_id=[], kind=[], name=[], phase=[], mb=[], stream=[], group=[],
+                      collective=[], nbytes=[], dtype=[], peer=[], target=[], coalesced=[],
+                      num_ops=role.num_ops)
+    pos_cache: dict[str, np.ndarray] = {}
+    for b, blk in role.blocks.items():
+        pos_cache[b] = np.fromiter((i for i, k in enumerate(blk.columns["kind"]) if k != "compute"), dtype=np.int64)
+    point_of_op: dict[int, int] = {}
+    base = 0
+    for seg in role.program:
+        cols = role.blocks[seg.block].columns
+        for i in pos_cache[seg.block].tolist():
+            oid = base + i
+            p = len(sk.kind)
+            point_of_op[oid] = p
+            kind = cols["kind"][i]
+            sk.op_id.append(oid)
+            sk.kind.append(kind)
+            sk.name.append(cols["name"][i])
+            sk.phase.append(cols["phase"][i])
+            sk.mb.append(seg.mb)
+            sk.stream.append(cols["stream"][i])
+            sk.group.append(cols["group"][i])
+            sk.collective.append(cols["collective"][i])
+            sk.nbytes.append(int(cols["comm_bytes"][i]))
+            sk.dtype.append(cols["dtype"][i])
+            sk.peer.append(int(cols["peer"][i]))
+            sk.target.append(point_of_op[oid - cols["target"][i]] if kind == "wait" else -1)
+            coal = cols["coalesced"][i]
+            sk.coalesced.append(point_of_op.get(oid - coal, p) if coal and kind != "wait" else p)
+        base += len(cols["kind"])
+    for gpu in dict.fromkeys(gpus):
+        block_spans: dict[str, np.ndarray] = {}
+        phase_tot: dict[str, float] = {}
+        for b, blk in role.blocks.items():
+            dur = xp.asarray(w.block_durations(role_id, b, gpu))
+            prefix = xp.concatenate([xp.zeros(1), xp.cumsum(dur)])
+            pos = xp.asarray(pos_cache[b])
+            starts = xp.concatenate([xp.zeros(1, dtype=pos.dtype), pos + 1])
+            ends = xp.concatenate([pos, xp.asarray([len(blk)], dtype=pos.dtype)])
+            block_spans[b] = _host(prefix[ends] - prefix[starts])
+        counts: dict[str, int] = {}
+        for seg in role.program:
+            counts[seg.block] = counts.get(seg.block, 0) + 1
+        for b, n in counts.items():
+            dur = w.block_durations(role_id, b, gpu)
+            for ph, d in zip(role.blocks[b].columns["phase"], dur.tolist()):
+                phase_tot[ph] = phase_tot.get(ph, 0.0) + d * n
+        spans = np.zeros(len(sk.kind) + 1)
+        k = 0
+        carry = 0.0
+        for seg in role.program:
+            bs = block_spans[seg.block]
+            n = bs.size - 1
+            if n == 0:
+                carry += float(bs[0])
+                continue
+            spans[k:k + n] = bs[:n]
+            spans[k] += carry
+            carry = float(bs[n])
+            k += n
+        spans[k] += carry
+        sk.spans[gpu] = spans
+        sk.phase_compute[gpu] = phase_tot
+    return sk
+
+
+def _host(a: Any) -> np.ndarray:
+    get = getattr(a, "get", None)  # cupy arrays copy to host with .get()
+    return np.asarray(get() if callable(get) else a, dtype=np.float64)

@@ -294,7 +294,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
 
 def _reference_as_run(w: Workload) -> FastRun:
     """Run the reference engine and present it as a FastRun with singleton classes."""
-    from .engine import build_skeleton
+    from .expand import build_skeleton
     from .reference import run_reference
 
     out = run_reference(w)

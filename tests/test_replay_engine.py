@@ -12,7 +12,8 @@ import pytest
 
 from capture.ir import Block, GroupInfo, Role, Segment, Trace
 from heterosim.errors import TraceMismatchError
-from replay.engine import rank_classes, run_fast
+from replay.engine import run_fast
+from replay.expand import rank_classes
 from replay.expand import CommInstance, Workload
 from replay.flows import FlowSpec, PhaseSpec, TransferSpec
 from replay.reference import run_reference
