@@ -182,9 +182,17 @@ def merge_rows(path: str | os.PathLike, rows: Iterable[KernelRow]) -> int:
     rows = list(rows)
     with _locked(path):
         old = _parse(path, path.read_text()) if path.exists() else []
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
         merged = _merge(old, rows)
         atomic_write_text(path, _render(merged))
+        os.chmod(path, mode)  # the atomic write's temp file is 0600; keep the DB shareable
     return len(merged)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class KernelDB:

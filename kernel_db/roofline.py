@@ -65,12 +65,13 @@ class RooflineTime:
 def _merge(base: dict, over: Mapping) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict) and out[k]:
             out[k] = _merge(out[k], v)
         else:
-            if k not in out:
+            # An empty mapping in the defaults (gemm.dtype) is open: overrides may add any key to it.
+            if k not in out and base:
                 raise ConfigError(f"efficiency override names unknown parameter {k!r}; known: {sorted(out)}")
-            out[k] = copy.deepcopy(v)
+            out[k] = copy.deepcopy(dict(v) if isinstance(v, Mapping) else v)
     return out
 
 
@@ -192,11 +193,14 @@ def roofline_time(
     mem = params["memory"]
     memory_s = nbytes / (gpu.hbm_bw * float(mem["mem_eff_max"]) * float(mem["mem_factor"].get(kernel_class, 1.0)))
     if kernel_class == "gemm":
+        gp = params["gemm"]
+        if dtype in gp.get("dtype", {}):  # per-dtype overrides (fp8 / tf32 kernels differ from bf16)
+            gp = {**gp, **gp["dtype"][dtype]}
         if dims:
             eff = gemm_efficiency(dims.get("m", 1), dims.get("n", 1), dims.get("k", 1), dims.get("batch", 1),
-                                  gpu.sm_count, params["gemm"])
+                                  gpu.sm_count, gp)
         else:  # NB: no shape: assume a large GEMM (eff_max only)
-            eff = float(params["gemm"]["eff_max"])
+            eff = float(gp["eff_max"])
         compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
     elif kernel_class == "attention":
         eff = attention_efficiency(dims, gpu.sm_count, params["attention"])

@@ -84,3 +84,19 @@ def test_wrong_version_rejected(tmp_path):
 def test_missing_file_is_empty_db(tmp_path):
     """Loading a DB that does not exist yet gives an empty DB."""
     assert len(KernelDB.load(tmp_path / "none.csv")) == 0
+
+
+def test_new_db_file_mode_follows_umask(tmp_path):
+    """A new DB file is created with 0666 & ~umask (not the temp file's 0600); an existing mode is kept."""
+    import os
+
+    p = tmp_path / "db.csv"
+    old = os.umask(0o022)
+    try:
+        merge_rows(p, [_row(1)])
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644
+    os.chmod(p, 0o640)
+    merge_rows(p, [_row(2)])
+    assert p.stat().st_mode & 0o777 == 0o640
