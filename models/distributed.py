@@ -10,7 +10,10 @@ so autograd accumulates every micro-batch in place. A bucket is reduced over the
   then also live in a contiguous buffer);
 * with ``overlap_grad_reduce`` the collective is issued asynchronously from a grad hook as soon
   as every parameter of the bucket has its last micro-batch's gradient, and waited in
-  :meth:`DataParallel.finish_grad_sync`; otherwise all buckets are reduced after the backward;
+  :meth:`DataParallel.finish_grad_sync` (the schedules let hooks do this only where Megatron
+  does, and otherwise issue a chunk's remaining buckets at once with
+  :meth:`DataParallel.start_grad_sync`); without overlap, all buckets are reduced after the
+  backward, as one bucket per buffer (Megatron turns bucketing off then);
 * with ``overlap_param_gather`` the all-gathers are issued at the next iteration's first forward
   and waited in forward pre-hooks of the modules that own the parameters.
 
@@ -214,11 +217,15 @@ class DataParallel:
         else:
             b.grad_work = dist.all_reduce(b.grad, group=b.group, async_op=async_op)
 
-    def finish_grad_sync(self) -> None:
-        """Issue the buckets not issued yet (all of them without overlap), then wait all."""
+    def start_grad_sync(self) -> None:
+        """Issue every bucket its grad hooks have not issued (async when overlapping)."""
         for b in self.buckets:
             if not b.grad_issued:
                 self._start_bucket_grad_sync(b, async_op=self.overlap_grad_reduce)
+
+    def finish_grad_sync(self) -> None:
+        """Issue the buckets not issued yet (all of them without overlap), then wait all."""
+        self.start_grad_sync()
         for b in self.buckets:
             if b.grad_work is not None:
                 b.grad_work.wait()
@@ -320,6 +327,9 @@ class ModelGradSync:
     def set_grad_sync(self, enabled: bool) -> None:
         for c in self.chunks:
             c.grad_sync_enabled = enabled
+
+    def start_grad_sync(self, chunk: int) -> None:
+        self.chunks[chunk].start_grad_sync()
 
     def zero_grad(self) -> None:
         for c in self.chunks:

@@ -69,6 +69,11 @@ class GradSync(Protocol):
         """Megatron's ``no_sync`` switch: grad hooks reduce buckets only while enabled."""
         ...
 
+    def start_grad_sync(self, chunk: int) -> None:
+        """Megatron's ``grad_sync_func``: issue (async) the reduction of every bucket of ``chunk``
+        that its grad hooks have not issued yet."""
+        ...
+
     def finalize(self) -> None:
         """Megatron's ``finalize_model_grads``: finish DP sync, tied-embedding and SP-norm grads."""
         ...
@@ -222,9 +227,27 @@ class _Runner:
     def last_virtual(self, chunk: int) -> bool:
         return self.pp_rank == self.pp - 1 and chunk == self.vpp - 1
 
+    @property
+    def overlap(self) -> bool:
+        return bool(self.gs is not None and self.gs.overlap_grad_reduce)
+
     def syncs_in_backward(self, mb: int) -> bool:
-        """The last micro-batch's backward issues the overlapped grad reduction (a distinct block)."""
-        return bool(self.gs is not None and self.gs.overlap_grad_reduce and mb == self.m - 1)
+        """The last micro-batch's backward issues the overlapped grad reduction (a distinct block).
+
+        With pipelining, Megatron (``align_grad_reduce``, its default) lets grad hooks do that
+        only on the first stage of 1F1B and never in the interleaved schedule; the other
+        stages issue the chunk's reduction from the schedule (``start_grad_sync``).
+        """
+        if not self.overlap or mb != self.m - 1 or self.vpp > 1:
+            return False
+        return self.pp_rank == 0
+
+    def start_grad_sync(self, chunk: int) -> None:
+        if self.overlap:
+            assert self.gs is not None
+            self.set_grad_sync(True)
+            with self.ann.scope(phase="grad_sync", chunk=chunk):
+                self.gs.start_grad_sync(chunk)
 
     def key_suffix(self, mb: int) -> tuple:
         """Per-iteration key part for the micro-batch whose backward issues async grad reduction.
@@ -318,7 +341,7 @@ def _one_f_one_b(r: _Runner) -> None:
         inputs.append(x)
         outputs.append(y)
         bx, by = inputs.pop(0), outputs.pop(0)
-        if warmup == 0 and last_iteration:
+        if warmup == 0 and last_iteration and r.syncs_in_backward(bwd_mb):
             r.set_grad_sync(True)
         dx = r.backward(0, bwd_mb, bx, by, dy)
         if last_iteration:
@@ -328,11 +351,14 @@ def _one_f_one_b(r: _Runner) -> None:
             x = r.p2p("bwd", bwd_mb, 0, c.send_backward_recv_forward, dx)
     for i in range(warmup):
         bwd_mb = remaining + i
-        if i == warmup - 1:
+        if i == warmup - 1 and r.syncs_in_backward(bwd_mb):
             r.set_grad_sync(True)
         dy = r.p2p("bwd", bwd_mb, 0, c.recv_backward)
         dx = r.backward(0, bwd_mb, inputs.pop(0), outputs.pop(0), dy)
         r.p2p("bwd", bwd_mb, 0, c.send_backward, dx)
+    # Stages > 0 reduce after their whole backward, in the pipeline bubble (Megatron's
+    # "Launch any remaining grad reductions"); on the first stage the hooks already did.
+    r.start_grad_sync(0)
 
 
 def _interleaved(r: _Runner) -> None:
@@ -360,13 +386,20 @@ def _interleaved(r: _Runner) -> None:
         outputs[chunk].append(y)
         return y
 
+    synced: set[int] = set()
+
     def bwd_helper(k: int) -> Tensor | None:
         chunk, mb = _chunk_id(k, pp, vpp, False), _mb_in_chunk(k, pp, vpp)
-        if is_last_mb_of_chunk(k):
-            r.set_grad_sync(True)
         if r.last_virtual(chunk) and not grads[chunk]:
             grads[chunk].append(None)
         dx = r.backward(chunk, mb, inputs[chunk].pop(0), outputs[chunk].pop(0), grads[chunk].pop(0))
+        # Megatron launches a chunk's reduction pp_rank steps after its last backward, so that
+        # all stages launch it at the same time (schedules.py, custom grad_sync_func path).
+        sync_k = k - rank
+        if sync_k >= 0 and is_last_mb_of_chunk(sync_k):
+            sync_chunk = _chunk_id(sync_k, pp, vpp, False)
+            r.start_grad_sync(sync_chunk)
+            synced.add(sync_chunk)
         r.set_grad_sync(False)
         return dx
 
@@ -430,6 +463,9 @@ def _interleaved(r: _Runner) -> None:
         _, dy = r.p2p("bwd", *tag(k, False), c.communicate, send_prev=dx, recv_next=recv_next)
         if recv_next:
             grads[next_b].append(dy)
+    for chunk in range(vpp):  # "Launch any remaining grad reductions."
+        if chunk not in synced:
+            r.start_grad_sync(chunk)
 
 
 def forward_backward(

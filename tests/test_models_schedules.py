@@ -257,12 +257,16 @@ def test_block_keys_with_eight_microbatches():
 
 
 class _OverlapSync:
-    """Grad-sync stand-in that overlaps: records the enable switch at every backward."""
+    """Grad-sync stand-in that overlaps: logs the no-sync switch and chunk launches, each with
+    the number of backward blocks run so far."""
 
     overlap_grad_reduce = True
 
     def __init__(self, ann):
-        self.enabled, self.ann, self.at_bwd, self.finalized = True, ann, [], 0
+        self.ann, self.events, self.finalized = ann, [], 0
+
+    def _bwds(self):
+        return sum(1 for k, *_ in self.ann.blocks if k[0] == "bwd")
 
     def param_sync_pending(self, chunk):
         return False
@@ -271,33 +275,59 @@ class _OverlapSync:
         pass
 
     def set_grad_sync(self, enabled):
-        self.enabled = enabled
+        self.events.append(("sync", enabled, self._bwds()))
+
+    def start_grad_sync(self, chunk):
+        self.events.append(("start", chunk, self._bwds()))
 
     def finalize(self):
         self.finalized += 1
 
 
-def test_overlapped_grad_sync_makes_last_microbatch_distinct():
-    """With overlapped grad reduction the last micro-batch's forward and backward get their own
-    keys (7 + 1 each), grad sync is on exactly for that backward, and finalize runs once."""
+def _overlap_run(rank, pp, m, vpp=1, cache=False):
     holder = {}
 
     def factory(chunks):
-        holder["gs"] = _OverlapSync(None)
-        gs = holder["gs"]
-        real = gs.set_grad_sync
-        gs.set_grad_sync = lambda e: (real(e), gs.at_bwd.append(e))[0]
-        return gs
+        holder["gs"] = _OverlapSync(annotate.get_annotator())
+        return holder["gs"]
 
-    ann, _, _ = run_rank(1, 4, 8, grad_sync_factory=factory)
+    ann, _, _ = run_rank(rank, pp, m, vpp=vpp, cache=cache, grad_sync_factory=factory)
+    return ann, holder["gs"]
+
+
+def test_first_stage_overlaps_grad_sync_in_last_backward():
+    """1F1B stage 0 with overlapped reduction: grad hooks are switched on just before the last
+    backward, whose forward and backward get their own keys (7 + 1 each); finalize runs once."""
+    ann, gs = _overlap_run(0, 4, 8)
     # The last micro-batch's two keys also carry the schedule call, ("call", n).
     tails = {k[-1] for k, *_ in ann.blocks if (k[0] == "fwd" and k[3]) or (k[0] == "bwd" and k[2])}
     assert len(tails) == 1 and next(iter(tails))[0] == "call"
     counts = Counter(k[:5] if k[0] == "fwd" else k[:4] for k, *_ in ann.blocks)
-    assert counts == Counter({("fwd", 0, False, False, SHAPE): 7, ("fwd", 0, False, True, SHAPE): 1,
-                              ("bwd", 0, False, SHAPE): 7, ("bwd", 0, True, SHAPE): 1})
-    assert holder["gs"].finalized == 1
-    assert holder["gs"].at_bwd == [False, True, True]  # off at start, on before last bwd, on at finalize
+    assert counts == Counter({("fwd", 0, False, False, None): 7, ("fwd", 0, False, True, None): 1,
+                              ("bwd", 0, False, None): 7, ("bwd", 0, True, None): 1})
+    assert gs.finalized == 1
+    assert gs.events[:2] == [("sync", False, 0), ("sync", True, 7)]
+    assert ("start", 0, 8) in gs.events  # no-op there: the hooks issued every bucket
+
+
+def test_later_stages_reduce_after_backward_not_in_hooks():
+    """1F1B stages > 0 keep hooks off (Megatron align_grad_reduce) and launch the chunk's
+    reduction once the whole backward is done; every micro-batch then shares one key pair."""
+    ann, gs = _overlap_run(1, 4, 8)
+    assert Counter(ann.blocks[i][0][:5] for i in range(len(ann.blocks))) == Counter(
+        {("fwd", 0, False, False, SHAPE): 8, ("bwd", 0, False, SHAPE): 8})
+    assert [e for e in gs.events if e[0] == "start" or e[1]] == [
+        ("sync", True, 8), ("start", 0, 8), ("sync", True, 8)]  # the last one: finalize
+
+
+@pytest.mark.parametrize("rank,expect", [(0, [("start", 1, 6), ("start", 0, 8)]),
+                                         (1, [("start", 1, 7), ("start", 0, 8)])])
+def test_interleaved_launches_chunk_sync_rank_steps_after_its_last_backward(rank, expect):
+    """pp 2 x vpp 2 x 4 micro-batches: chunk c's reduction is launched pp_rank backwards after
+    the chunk's last one (all stages launch together), the rest after the cool-down."""
+    ann, gs = _overlap_run(rank, 2, 4, vpp=2)
+    assert [e for e in gs.events if e[0] == "start"] == expect
+    assert all(not (k[3] if k[0] == "fwd" else k[2]) for k, *_ in ann.blocks)
 
 
 def test_async_grad_sync_blocks_rerun_every_iteration():
@@ -306,7 +336,7 @@ def test_async_grad_sync_blocks_rerun_every_iteration():
     keep theirs."""
     keys = []
     for _ in range(2):
-        ann, _, _ = run_rank(1, 4, 4, cache=True, grad_sync_factory=lambda chunks: _OverlapSync(None))
+        ann, _ = _overlap_run(0, 4, 4, cache=True)
         keys.append(set(k for k, *_ in ann.blocks))
     assert len(keys[0]) == len(keys[1]) == 4
     assert len(keys[0] & keys[1]) == 2
