@@ -100,3 +100,18 @@ def test_calibrate_on_cpu_sweep(tmp_path):
     fit = json.loads(p.stdout)["fits"][0]
     assert (fit["gpu"], fit["kernel_class"], fit["rows"]) == ("CPU-host", "gemm", 8)
     assert Path(out).read_text().startswith("arch:")
+
+
+def test_profile_cpu_on_a_captured_trace(tmp_path):
+    """A real `python -m capture` trace (tests/scripts/tiny_tp.py, 4 ranks): profile --device cpu fills a DB
+    with every distinct kernel, and price on cpu then takes all of its time from source measured."""
+    trace = tmp_path / "tiny"
+    cap = subprocess.run([sys.executable, "-m", "capture", "--world-size", "4", "-o", str(trace),
+                          str(ROOT / "tests" / "scripts" / "tiny_tp.py")], capture_output=True, text=True, cwd=ROOT)
+    assert cap.returncode == 0, cap.stderr
+    db = str(tmp_path / "k.csv")
+    p = run("profile", str(trace), "--device", "cpu", "--db", db, "--warmup", "1", "--repeats", "3")
+    assert p.returncode == 0 and "failed 0" in p.stdout, p.stdout + p.stderr
+    doc = json.loads(run("price", str(trace), "--gpu", "cpu", "--db", db, "--json").stdout)
+    assert doc["fraction_by_source"] == {"measured": pytest.approx(1.0)}
+    assert doc["compute_seconds_per_role"]["0"] > 0
