@@ -1,23 +1,27 @@
 """The capture library API: run a script as the ranks that matter and write the trace.
 
-Each captured rank runs in its own worker process (``python -m capture.worker``), because
-torch.distributed's state is per process; workers run in parallel, one per CPU core.
+Each captured rank runs in its own process, forked from this one, because torch.distributed's
+state is per process; workers run in parallel, one per CPU core (``python -m capture.worker``
+runs one rank standalone, for debugging).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+import warnings
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from capture.ir import write_trace
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
-from capture.runner import RankCapture
+from capture.runner import RankCapture, run_rank
+from heterosim.atomic import atomic_write_text
 from heterosim.errors import CaptureError, ConfigError, ScriptError
 
 __all__ = ["capture", "capture_command"]
@@ -31,21 +35,65 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
-def _run_worker(script: str, args: Sequence[str], rank: int, world: int, nproc: int, tmp: Path) -> RankCapture:
-    out = tmp / f"rank_{rank}.json"
-    cmd = [
-        sys.executable, "-m", "capture.worker", "--rank", str(rank), "--world-size", str(world),
-        "--nproc-per-node", str(nproc), "--out", str(out), "--", script, *args,
-    ]
-    env = dict(os.environ)
-    # Workers share the cores: keep each to one intra-op thread.
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONWARNINGS"] = env.get("PYTHONWARNINGS", "ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        err = proc.stderr.strip() or proc.stdout.strip()
-        raise ScriptError(f"capturing rank {rank} failed (exit status {proc.returncode}):\n{err}")
-    return RankCapture.from_json(json.loads(out.read_text()))
+def _child(script: str, args: Sequence[str], rank: int, world: int, nproc: int, tmp: Path) -> None:
+    """Body of a forked worker: run one rank, write its JSON (or its error) and exit."""
+    code = 0
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        warnings.simplefilter("ignore")
+        cap = run_rank(script, list(args), rank, world, nproc)
+        atomic_write_text(tmp / f"rank_{rank}.json", json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":")))
+    except ScriptError as e:
+        (tmp / f"rank_{rank}.err").write_text(str(e))
+        code = 3
+    except BaseException:  # a bug of ours: keep the traceback
+        (tmp / f"rank_{rank}.err").write_text(traceback.format_exc())
+        code = 4
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_ranks(
+    script: str,
+    args: Sequence[str],
+    ranks: Sequence[int],
+    world: int,
+    nproc: int,
+    tmp: Path,
+    jobs: int,
+    on_done: Callable[[], None] | None,
+) -> list[RankCapture]:
+    """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
+
+    Forking after torch and FakeTensorMode's imports are loaded here saves each rank the few
+    seconds of importing them again. The main thread starts no other thread, so forking is safe.
+    """
+    ctx = mp.get_context("fork")
+    todo = list(ranks)
+    running: dict[int, Any] = {}
+    failed: list[str] = []
+    while todo or running:
+        while todo and len(running) < jobs and not failed:
+            r = todo.pop(0)
+            p = ctx.Process(target=_child, args=(script, args, r, world, nproc, tmp), daemon=False)
+            p.start()
+            running[p.sentinel] = (r, p)
+        if not running:
+            break
+        for sentinel in mp_wait(list(running)):
+            r, p = running.pop(sentinel)
+            p.join()
+            if p.exitcode != 0:
+                err = tmp / f"rank_{r}.err"
+                msg = err.read_text() if err.exists() else f"worker died with exit code {p.exitcode}"
+                failed.append(f"capturing rank {r} failed:\n{msg}")
+            elif on_done:
+                on_done()
+    if failed:
+        raise ScriptError(failed[0])
+    return [RankCapture.from_json(json.loads((tmp / f"rank_{r}.json").read_text())) for r in ranks]
 
 
 def capture(
@@ -76,31 +124,35 @@ def capture(
     if not os.path.isfile(script):
         raise CaptureError(f"script {script!r} does not exist")
     jobs = jobs or max(1, os.cpu_count() or 1)
+    # Load what every worker needs before forking them (FakeTensorMode imports dynamo lazily).
+    import torch._dynamo  # noqa: F401
+
     command = capture_command(script, script_args, world_size, nproc, ranks)
     with tempfile.TemporaryDirectory(prefix="heterosim-capture-") as td:
         tmp = Path(td)
 
-        def run(rs: Sequence[int], done0: int, total: int) -> list[RankCapture]:
-            results: list[RankCapture] = []
-            with ThreadPoolExecutor(max_workers=jobs) as ex:
-                futs = [ex.submit(_run_worker, script, script_args, r, world_size, nproc, tmp) for r in rs]
-                for i, f in enumerate(futs):
-                    results.append(f.result())
-                    if on_rank_done:
-                        on_rank_done(done0 + i + 1, total)
-            return results
+        done = [0, 0]
+
+        def tick() -> None:
+            done[0] += 1
+            if on_rank_done:
+                on_rank_done(done[0], done[1])
+
+        def run(rs: Sequence[int]) -> list[RankCapture]:
+            return _run_ranks(script, script_args, rs, world_size, nproc, tmp, jobs, tick)
 
         if ranks == "all":
-            caps = run(range(world_size), 0, world_size)
+            done[1] = world_size
+            caps = run(range(world_size))
             roles = group_by_program(caps)
             reps = None
         else:
-            first = run([0], 0, 0)[0]
+            done[1] = 1
+            first = run([0])[0]
             roles = roles_from_groups(first.groups, world_size)
             reps = [r[0] for r in roles] if ranks == "auto" else parse_rank_list(ranks, world_size)
             rest = [r for r in reps if r != 0]
-            if on_rank_done:
-                on_rank_done(1, 1 + len(rest))
-            caps = [first, *run(rest, 1, 1 + len(rest))]
+            done[1] = 1 + len(rest)
+            caps = [first, *run(rest)]
         trace = merge_captures(caps, roles, command, representatives=reps)
     return write_trace(trace, out)

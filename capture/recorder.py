@@ -263,8 +263,9 @@ class Recorder(TorchDispatchMode, Annotator):
             name = ""
             if parent is not None:
                 pname = self._mod_names.get(id(parent), "")
-                for child_name, child in parent._modules.items():
-                    if child is mod:
+                # Direct child, or deeper (a layer of a ModuleList the parent iterates itself).
+                for child_name, child in parent.named_modules(remove_duplicate=False):
+                    if child is mod and child_name:
                         name = f"{pname}.{child_name}" if pname else child_name
                         break
                 else:
@@ -334,7 +335,7 @@ class Recorder(TorchDispatchMode, Annotator):
             return func(*args, **kwargs)
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
-        if any(t not in (torch.Tensor, torch.nn.Parameter) and not _is_fake_type(t) for t in types):
+        if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         out = func(*args, **kwargs)
         if func.namespace in ("c10d", "_c10d_functional"):
@@ -505,7 +506,15 @@ class Recorder(TorchDispatchMode, Annotator):
         return blocks, program
 
 
+_PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
 def _is_fake_type(t: type) -> bool:
+    if t in _PLAIN_TYPES:
+        return True
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return issubclass(t, FakeTensor) or t is torch.nn.Parameter
+    if issubclass(t, FakeTensor):
+        _PLAIN_TYPES.add(t)
+        return True
+    return False

@@ -127,10 +127,14 @@ class MixedPrecisionAdam:
     def _grad_norm(self, grads: list[torch.Tensor], counted: list[bool]) -> torch.Tensor:
         """sqrt(sum of squared norms of counted grads over the stats group); Megatron
         ``get_grad_norm_fp32`` (multi_tensor_l2norm, then all-reduce of norm**2)."""
-        mine = [g for g, c in zip(grads, counted) if c]
+        # Every rank runs the same kernels: the norms of all grads, weighted 1 (counted) or 0
+        # (a TP duplicate or the tied copy). Megatron filters the list instead; the result is the
+        # same and the op sequence no longer depends on the TP rank, so one captured rank stands
+        # for its whole pipeline stage.
         total = torch.zeros((), dtype=torch.float32)
-        if mine:
-            total = torch.stack(torch._foreach_norm(mine)).square().sum()
+        if grads:
+            weights = torch.tensor([1.0 if c else 0.0 for c in counted], dtype=torch.float32)
+            total = (torch.stack(torch._foreach_norm(grads)).square() * weights).sum()
         if _group_size(self.grad_stats_group) > 1:
             dist.all_reduce(total, group=self.grad_stats_group)
         return total.sqrt()

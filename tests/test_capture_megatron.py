@@ -1,0 +1,141 @@
+"""Capturing models/pretrain_gpt.py: FLOPs and collective volumes against Megatron's formulas.
+
+FLOP formulas (Narayanan et al., SC'21, eq. 3 and the recompute variant):
+model    = 72 B s l h^2 (1 + s/6h + V/12lh)
+hardware = 96 B s l h^2 (1 + s/6h + V/16lh) with full recomputation.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from capture.ir import load_trace
+from capture.roles import canonical_program  # noqa: F401  (imported to keep the API exercised)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "models" / "pretrain_gpt.py")
+
+
+def capture(out, world, *args, ranks="auto"):
+    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", str(world), "--ranks", ranks,
+                        "-o", str(out), SCRIPT, *args], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    return load_trace(out)
+
+
+def inspect(out):
+    p = subprocess.run([sys.executable, "-m", "capture", "--inspect", str(out), "--json"], capture_output=True,
+                       text=True, cwd=ROOT)
+    return json.loads(p.stdout)
+
+
+def megatron_flops(m, B, recompute=False):
+    s, l, h, V = m["seq_length"], m["num_layers"], m["hidden_size"], m["vocab_size"]
+    if recompute:
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+TINY = ["--preset", "tiny", "--num-layers", "4", "--micro-batch-size", "1", "--bf16"]
+
+
+@pytest.mark.parametrize("world,tp,pp,extra", [
+    (4, 1, 1, []),
+    (8, 2, 2, []),
+    (8, 4, 2, ["--sequence-parallel"]),
+])
+def test_model_flops_match_megatron(tmp_path, world, tp, pp, extra):
+    """model_flops equals 72 B s l h^2 (1 + s/6h + V/12lh) within 1% for several layouts."""
+    gbs = 8
+    out = tmp_path / "t"
+    t = capture(out, world, *TINY, "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size",
+                str(pp), "--global-batch-size", str(gbs), *extra)
+    s = inspect(out)
+    assert len(t.roles) == pp
+    assert s["model_flops"] == pytest.approx(megatron_flops(t.model, gbs), rel=0.01)
+    assert s["hardware_flops"] == pytest.approx(s["model_flops"], rel=1e-12)
+
+
+def test_full_recompute_hardware_flops(tmp_path):
+    """With full recomputation hardware_flops equals 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    out = tmp_path / "t"
+    t = capture(out, 4, *TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                "--global-batch-size", "4", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1")
+    s = inspect(out)
+    assert s["hardware_flops"] == pytest.approx(megatron_flops(t.model, 4, recompute=True), rel=0.01)
+    assert s["model_flops"] == pytest.approx(megatron_flops(t.model, 4), rel=0.01)
+    assert any(o.phase == "recompute" for o in t.roles[0].iter_ops())
+
+
+def test_collective_volumes(tmp_path):
+    """TP all-reduce 2bsh bytes, 2 per layer fwd + 2 bwd; DP sync = 2 bytes/param; p2p = 2 x micro-batches."""
+    out = tmp_path / "t"
+    gbs, mbs = 8, 1
+    t = capture(out, 8, *TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                "--global-batch-size", str(gbs))
+    m = t.model
+    b, s, h = mbs, m["seq_length"], m["hidden_size"]
+    nmb = gbs // (mbs * 2)
+    layers_per_stage = m["num_layers"] // 2
+    for role in t.roles:
+        ops = role.ops()
+        tp_ar = [o for o in ops if o.kind == "collective" and o.collective == "all_reduce"
+                 and t.groups[o.group].dim == "tp" and o.comm_bytes == 2 * b * s * h and ".layers." in o.module]
+        by_phase = Counter(o.phase for o in tp_ar)
+        assert by_phase["fwd"] == 2 * layers_per_stage * nmb
+        assert by_phase["bwd"] == 2 * layers_per_stage * nmb
+        sends = [o for o in ops if o.kind == "p2p" and o.collective == "send"]
+        assert len(sends) == nmb  # one boundary per stage: activations (stage 0) or grads (stage 1)
+        dp = [o for o in ops if o.kind == "collective" and t.groups[o.group].dim == "dp"]
+        grad_bytes = sum(o.comm_bytes for o in dp if o.phase == "grad_sync")
+        assert grad_bytes == 2 * stage_params(m, tp=2, stage=role.id, pp=2)
+        emb = [o for o in ops if o.phase == "grad_sync" and o.kind == "collective" and t.groups[o.group].dim == "pp"]
+        assert [o.comm_bytes for o in emb] == [2 * (m["vocab_size"] // 2) * h]  # tied embedding grads
+
+
+def stage_params(m, tp, stage, pp):
+    """Parameters one TP rank of a GPT pipeline stage holds (LayerNorm, biases, tied embeddings)."""
+    h, f, V, s = m["hidden_size"], m["ffn_hidden_size"], m["vocab_size"], m["seq_length"]
+    layer = (2 * h                      # input layer norm
+             + h * 3 * h // tp + 3 * h // tp  # qkv column-parallel weight + bias
+             + h // tp * h + h            # proj row-parallel weight + (unsplit) bias
+             + 2 * h                      # pre-MLP layer norm
+             + h * f // tp + f // tp      # fc1
+             + f // tp * h + h)           # fc2
+    n = layer * m["num_layers"] // pp
+    if stage == 0:
+        n += V // tp * h + s * h          # word + learned position embeddings
+    if stage == pp - 1:
+        n += 2 * h + V // tp * h          # final layer norm + the tied output-embedding copy
+    return n
+
+
+def test_ranks_all_equals_auto_expanded(tmp_path):
+    """--ranks all on world 8 (tp2 pp2 dp2) finds the same roles and programs as --ranks auto."""
+    args = [*TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+            "--global-batch-size", "8"]
+    auto = capture(tmp_path / "auto", 8, *args)
+    full = capture(tmp_path / "all", 8, *args, ranks="all")
+    assert [r.ranks for r in auto.roles] == [r.ranks for r in full.roles] == [tuple(range(4)), tuple(range(4, 8))]
+    for ra, rf in zip(auto.roles, full.roles):
+        fa = [(o.name, o.kind, o.comm_bytes, auto.groups[o.group].family if o.group else "") for o in ra.iter_ops()]
+        ff = [(o.name, o.kind, o.comm_bytes, full.groups[o.group].family if o.group else "") for o in rf.iter_ops()]
+        assert fa == ff
+
+
+def test_capture_is_deterministic(tmp_path):
+    """Two captures of the same pretrain_gpt command are byte-identical."""
+    args = [*TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+            "--global-batch-size", "8", "--use-distributed-optimizer"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    capture(a, 8, *args)
+    capture(b, 8, *args)
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
