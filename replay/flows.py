@@ -91,18 +91,17 @@ class _Batch:
         self.ends: list[float] = [math.nan] * n
         self.solo: list[int] = []
         """Replicas running on the fast path."""
-        self.solo_links: np.ndarray | None = None
+        self.solo_links: list[int] = []
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
 
 
 class _ShapeInfo:
-    __slots__ = ("links", "rid", "collide", "durations", "keep")
+    __slots__ = ("links", "collide", "durations", "keep")
 
-    def __init__(self, links: np.ndarray, rid: np.ndarray, collide: np.ndarray, durations: np.ndarray, keep: Any):
-        self.links = links  # every replica's distinct links, concatenated
-        self.rid = rid  # replica of each entry of ``links``
+    def __init__(self, links: list[tuple[int, ...]], collide: list[bool], durations: list[float], keep: Any):
+        self.links = links  # each replica's distinct links
         self.collide = collide  # replica shares a link with another replica of the batch
         self.durations = durations  # idle-network time of each replica
         self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
@@ -137,8 +136,7 @@ class FluidNetwork:
         self._next_fid = 0
         self._next_tid = 0
         self._next_bid = 0
-        self._busy = np.zeros(cap.size, dtype=np.int64)  # fluid flows per link
-        self._owner = np.full(cap.size, -1, dtype=np.int64)  # solo batch holding the link
+        self._owned: dict[int, int] = {}  # link -> solo batch holding it
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
         self._shape_info: dict[tuple, tuple[np.ndarray, bool]] = {}
         self.now = 0.0
@@ -188,39 +186,43 @@ class FluidNetwork:
             return [(key, [])]
         info = self._shape(specs, shape)
         n = len(specs)
+        lf, owned = self._link_flows, self._owned
         if self.solo_enabled:
-            if info.links.size:
-                hit = (self._busy[info.links] > 0) | (self._owner[info.links] >= 0)
-                blocked = info.collide | (np.bincount(info.rid[hit], minlength=n) > 0)
-            else:
-                blocked = info.collide
+            blocked = list(info.collide)
+            if lf or owned:
+                for j, links in enumerate(info.links):
+                    if not blocked[j]:
+                        for l in links:
+                            if l in lf or l in owned:
+                                blocked[j] = True
+                                break
         else:
-            blocked = np.ones(n, dtype=bool)
-        fluid = np.flatnonzero(blocked).tolist()
+            blocked = [True] * n
+        fluid = [j for j in range(n) if blocked[j]]
         if len(fluid) < n:
-            solo = np.flatnonzero(~blocked)
-            ends = now + info.durations[solo]
             batch.t0, batch.specs = now, specs
-            for j, e in zip(solo.tolist(), ends.tolist()):
-                batch.ends[j] = e
-                if e > now:
-                    batch.solo.append(j)
-                else:
-                    batch.left -= 1  # nothing to move: done at once
+            durations = info.durations
+            for j in range(n):
+                if not blocked[j]:
+                    e = now + durations[j]
+                    batch.ends[j] = e
+                    if e > now:
+                        batch.solo.append(j)
+                    else:
+                        batch.left -= 1  # nothing to move: done at once
             if batch.left == 0:
                 del self._batches[bid]
                 return [(key, batch.ends)]
-        if fluid:
-            if info.links.size:
-                mine = info.links[blocked[info.rid]]
-                for ob in np.unique(self._owner[mine]).tolist():
-                    if ob >= 0:
-                        self._materialize(ob, now)
+        if fluid and owned:
+            others = {owned[l] for j in fluid for l in info.links[j] if l in owned}
+            for ob in sorted(others):
+                self._materialize(ob, now)
         if batch.solo:
-            on = np.zeros(n, dtype=bool)
-            on[batch.solo] = True
-            batch.solo_links = info.links[on[info.rid]]
-            self._owner[batch.solo_links] = bid
+            sl = batch.solo_links
+            for j in batch.solo:
+                for l in info.links[j]:
+                    owned[l] = bid
+                    sl.append(l)
             self._push(max(batch.ends[j] for j in batch.solo), 2, bid, batch.version)
         touched: set[int] = set()
         done: list[tuple[Hashable, list[float]]] = []
@@ -257,7 +259,6 @@ class FluidNetwork:
                 for l in f.links:
                     lf = self._link_flows[l]
                     del lf[ident]
-                    self._busy[l] -= 1
                     if not lf:
                         del self._link_flows[l]
                     touched.add(l)
@@ -271,7 +272,9 @@ class FluidNetwork:
                 b = self._batches.get(ident)
                 if b is None or not b.solo or b.version != version:
                     continue
-                self._owner[b.solo_links] = -1
+                for l in b.solo_links:
+                    del self._owned[l]
+                b.solo_links = []
                 b.left -= len(b.solo)
                 b.solo = []
                 self.solo_batches += 1
@@ -337,13 +340,13 @@ class FluidNetwork:
         v = self._shape_info.get(k)
         if v is None:
             infos = [self._info(s) for s in specs]
-            parts = [i[1] for i in infos]
-            allk = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            rid = np.repeat(np.arange(len(specs)), [p.size for p in parts])
-            uniq, inv, counts = np.unique(allk, return_inverse=True, return_counts=True)
-            shared = counts[inv] > 1
-            collide = np.bincount(rid[shared], minlength=len(specs)) > 0
-            v = _ShapeInfo(allk, rid, collide, np.array([i[2] for i in infos], dtype=np.float64), shape)
+            links = [tuple(i[1].tolist()) for i in infos]
+            uses: dict[int, int] = {}
+            for ls in links:
+                for l in ls:
+                    uses[l] = uses.get(l, 0) + 1
+            collide = [any(uses[l] > 1 for l in ls) for ls in links]
+            v = _ShapeInfo(links, collide, [float(i[2]) for i in infos], shape)
             self._shape_info[k] = v
         return v
 
@@ -360,7 +363,9 @@ class FluidNetwork:
         """Turn the solo replicas of batch ``bid`` into fluid flows, replayed alone up to ``now``."""
         b = self._batches[bid]
         b.version += 1
-        self._owner[b.solo_links] = -1
+        for l in b.solo_links:
+            del self._owned[l]
+        b.solo_links = []
         touched: set[int] = set()
         solo, b.solo = b.solo, []
         for j in solo:
@@ -395,7 +400,6 @@ class FluidNetwork:
         self._flows[fid] = _Flow(links, nbytes, cap, tid, now)
         for l in links:
             self._link_flows.setdefault(l, {})[fid] = None
-            self._busy[l] += 1
             touched.add(l)
 
     def _advance_phase(self, tid: int, tr: _Transfer, now: float, touched: set[int]) -> bool:
