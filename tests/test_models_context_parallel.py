@@ -12,6 +12,7 @@ import pytest
 from test_models_mappings import ROOT, comm_ops, run_fake
 
 REAL = """import os, sys, json, torch, torch.distributed as dist
+torch.set_num_threads(1)
 def main(rank, world, port, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

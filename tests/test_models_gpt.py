@@ -14,6 +14,7 @@ from test_models_mappings import ROOT, run_fake
 
 TRAIN = """
 import os, json, torch, torch.distributed as dist
+torch.set_num_threads(1)
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
 dist.init_process_group("gloo", rank=0, world_size=1)
 from models import parallel_state

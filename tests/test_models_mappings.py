@@ -24,6 +24,7 @@ PRELUDE = """
 import sys, json
 sys.path.insert(0, {tests!r})
 from test_models_mappings import *
+torch.set_num_threads(1)  # tiny tensors: threads only contend on a loaded 2-core machine
 """
 
 
@@ -46,6 +47,7 @@ GLOO = """
 import os, sys, json
 sys.path.insert(0, {tests!r})
 import torch, torch.distributed as dist
+torch.set_num_threads(1)
 
 def main(rank, world, port, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
