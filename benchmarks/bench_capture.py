@@ -10,6 +10,7 @@ PP16 on 16,384 GPUs in <= 120 s.
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import subprocess
 import sys
@@ -30,7 +31,8 @@ CASES = {
     ),
     "llama-405b": dict(
         world=16384,
-        args=["--preset", "llama3-405b", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "16",
+        args=["--preset", "llama-405b", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "16",
+              "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7",
               "--micro-batch-size", "1", "--global-batch-size", "2048", "--sequence-parallel", "--bf16",
               "--use-distributed-optimizer", "--train-iters", "1"],
         limits=(120.0, 2.0, 20.0),
@@ -59,10 +61,11 @@ def main() -> int:
             if p.returncode != 0:
                 print(p.stderr, file=sys.stderr)
                 return 1
+            # Largest RSS of any finished child process (the capture parent or one of its workers).
             rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9
-            insp = subprocess.run([sys.executable, "-m", "capture", "--inspect", str(out)], cwd=ROOT,
+            insp = subprocess.run([sys.executable, "-m", "capture", "--inspect", str(out), "--json"], cwd=ROOT,
                                   capture_output=True, text=True).stdout
-            nroles = insp.count("\n") and sum(1 for ln in insp.splitlines() if ln[:4].strip().isdigit())
+            nroles = len(json.loads(insp)["roles"])
             rows.append((name, case["world"], nroles, wall, rss_gb, _dir_mb(out), case["limits"]))
     print(f"{'case':<12} {'GPUs':>6} {'roles':>5} {'wall s':>8} {'peak RSS GB':>12} {'trace MB':>9}  limits (s, GB, MB)")
     for name, world, nroles, wall, rss, mb, lim in rows:
