@@ -75,20 +75,19 @@ class GPTModel(nn.Module):
         self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process)
         if post_process:
             tied = not mcfg.untie_embeddings_and_output_weights
-            shared = self.word_embeddings.weight if (tied and pre_process) else None
+            same = self.word_embeddings.weight if (tied and pre_process) else None
             self.output_layer = ColumnParallelLinear(
                 mcfg.hidden_size, mcfg.vocab_size, tp_group=pstate.tp_group,
-                sequence_parallel=self.sp, bias=False, dtype=dtype, init_std=std, weight=shared)
+                sequence_parallel=self.sp, bias=False, dtype=dtype, init_std=std, weight=same)
             if tied and not pre_process:
-                # Megatron zeroes the last stage's copy and sums it with the first stage's.
-                w = self.output_layer.weight
+                # Megatron zeroes the last stage's copy; the sum below copies the first stage's.
                 with torch.no_grad():
-                    w.zero_()
-                w.shared_embedding = True
-                if pstate.embedding_group is not None:
-                    dist.all_reduce(w.data, group=pstate.embedding_group)
-        if pre_process and pstate.pp_size > 1 and not mcfg.untie_embeddings_and_output_weights:
-            self.word_embeddings.weight.shared_embedding = True
+                    self.output_layer.weight.zero_()
+        for w in self.shared_embedding_params():
+            w.shared_embedding = True
+            # First and last stage both join (setup_embeddings_and_output_layer).
+            if pstate.embedding_group is not None:
+                dist.all_reduce(w.data, group=pstate.embedding_group)
 
     # ---- shapes and shared parameters -------------------------------------------------------
     def hidden_shape(self, micro_batch_size: int) -> tuple[int, int, int]:

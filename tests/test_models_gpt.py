@@ -207,3 +207,31 @@ def test_tp_and_cp_models_equal_the_single_rank_model(tmp_path):
     for case, r in res.items():
         assert r["n"] == 14, case
         assert r["loss"] < 2e-6 and r["grad"] < 1e-6, (case, r)
+
+
+TIED = """
+from models import parallel_state
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.gpt import GPTModel
+torch.manual_seed(rank)  # different init on each stage
+mcfg = ModelConfig(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8, vocab_size=32)
+pcfg = ParallelConfig(world_size=world, pp=2)
+ps = parallel_state.initialize(pcfg, rank)
+m = GPTModel(mcfg, pcfg, TrainConfig(params_dtype="fp32"), ps, layers=range(rank, rank + 1),
+             pre_process=ps.is_first_stage, post_process=ps.is_last_stage)
+(w,) = m.shared_embedding_params()
+other = torch.empty_like(w)
+dist.broadcast(other.copy_(w), src=0)  # the first stage's embedding table
+flag = torch.tensor([int(torch.equal(w, other))])
+dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # rank 0 reports whether the last stage matched
+result = dict(equal=bool(flag.item()), shared=bool(w.shared_embedding), shape=list(w.shape))
+"""
+
+
+def test_tied_embedding_copy_synced_between_first_and_last_stage(tmp_path):
+    """pp 2 over 2 gloo ranks: both stages join the embedding-group all-reduce at construction,
+    after which the last stage's output weight equals the first stage's word embeddings."""
+    from test_models_mappings import run_gloo
+
+    res = run_gloo(TIED, world=2, tmp_path=tmp_path)
+    assert res == {"equal": True, "shared": True, "shape": [32, 16]}
