@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Sequence
 
@@ -91,20 +92,24 @@ class _Batch:
         self.ends: list[float] = [math.nan] * n
         self.solo: list[int] = []
         """Replicas running on the fast path."""
-        self.solo_links: list[int] = []
+        self.solo_links: Sequence[int] = ()
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
 
 
 class _ShapeInfo:
-    __slots__ = ("links", "collide", "durations", "keep")
+    __slots__ = ("links", "collide", "durations", "keep", "all_links", "simple", "longest")
 
     def __init__(self, links: list[tuple[int, ...]], collide: list[bool], durations: list[float], keep: Any):
         self.links = links  # each replica's distinct links
         self.collide = collide  # replica shares a link with another replica of the batch
         self.durations = durations  # idle-network time of each replica
         self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
+        self.all_links = tuple(l for ls in links for l in ls)
+        self.simple = not any(collide) and all(d > 0 for d in durations)
+        """No replica shares a link with another and every one takes time: all-solo is possible."""
+        self.longest = max(durations, default=0.0)
 
 
 class FluidNetwork:
@@ -187,6 +192,15 @@ class FluidNetwork:
         info = self._shape(specs, shape)
         n = len(specs)
         lf, owned = self._link_flows, self._owned
+        if (self.solo_enabled and info.simple and lf.keys().isdisjoint(info.all_links)
+                and owned.keys().isdisjoint(info.all_links)):
+            # Every replica runs solo (the common case): bulk bookkeeping at C speed.
+            batch.t0, batch.specs, batch.solo = now, specs, list(range(n))
+            batch.ends = [now + d for d in info.durations]
+            owned.update(dict.fromkeys(info.all_links, bid))
+            batch.solo_links = info.all_links
+            self._push(now + info.longest, 2, bid, batch.version)
+            return []
         if self.solo_enabled:
             blocked = list(info.collide)
             if lf or owned:
@@ -218,7 +232,7 @@ class FluidNetwork:
             for ob in sorted(others):
                 self._materialize(ob, now)
         if batch.solo:
-            sl = batch.solo_links
+            sl = batch.solo_links = []
             for j in batch.solo:
                 for l in info.links[j]:
                     owned[l] = bid
@@ -272,9 +286,8 @@ class FluidNetwork:
                 b = self._batches.get(ident)
                 if b is None or not b.solo or b.version != version:
                     continue
-                for l in b.solo_links:
-                    del self._owned[l]
-                b.solo_links = []
+                deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+                b.solo_links = ()
                 b.left -= len(b.solo)
                 b.solo = []
                 self.solo_batches += 1
@@ -363,9 +376,8 @@ class FluidNetwork:
         """Turn the solo replicas of batch ``bid`` into fluid flows, replayed alone up to ``now``."""
         b = self._batches[bid]
         b.version += 1
-        for l in b.solo_links:
-            del self._owned[l]
-        b.solo_links = []
+        deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+        b.solo_links = ()
         touched: set[int] = set()
         solo, b.solo = b.solo, []
         for j in solo:
