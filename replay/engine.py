@@ -4,10 +4,11 @@ Ranks of one role on the same GPU type, whose groups hold ranks of the same clas
 p2p peers are of the same class, run the same ops at the same times: the engine simulates one
 representative per *class* (found by colour refinement, Weisfeiler-Lehman style, over the process
 groups) and reports its times for every member. The network still carries every replica of every
-transfer (the 16 DP copies of a TP all-reduce are 16 transfers) so link sharing stays exact; if
+transfer (the 16 DP copies of a TP all-reduce are 16 transfers) so link sharing stays exact. If
 replicas of one class-level transfer end at different times (the network is not symmetric for
-them), the classes are split by that outcome and the simulation restarts, so the answer always
-equals the per-rank reference (:mod:`replay.reference`).
+them), ``symmetry="exact"`` splits the classes by that outcome and restarts, so the answer equals
+the per-rank reference (:mod:`replay.reference`); ``"max"`` lets all replicas end with the slowest;
+``"auto"`` (default) is exact within a class budget, then max (see :func:`run_fast`).
 
 Compute between two comm / wait ops is one *span*: its length comes from prefix sums of the
 block's prices (one ``price_block`` per distinct (block, GPU type)), computed with the array
