@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -263,7 +262,6 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         symmetry: ``auto``, ``exact`` or ``max``: how the fast engine treats replicas of one
             transfer that end at different times (see :func:`replay.engine.run_fast`).
     """
-    t0 = time.perf_counter()
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     xp = get_backend(backend)
@@ -288,8 +286,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
                      dtype=dtype, sources=sources,
                      options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
                               "symmetry": symmetry,
-                              "nccl_env": dict(nccl_env or {})},
-                     stats={"wall_s": round(time.perf_counter() - t0, 3)})
+                              "nccl_env": dict(nccl_env or {})})
 
 
 def _reference_as_run(w: Workload) -> FastRun:

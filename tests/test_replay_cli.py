@@ -97,3 +97,12 @@ def test_module_entry_point_runs(trace_dir):
                         "--json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["world_size"] == 8
+
+
+def test_json_output_is_byte_identical_across_runs(trace_dir, capsys):
+    """Same trace, same cluster: the same bytes (no wall-clock fields in the result)."""
+    outs = []
+    for _ in range(2):
+        assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--json", "--no-progress"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
