@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_replay.py            # all cases (the 16k one takes a while)
     .venv/bin/python benchmarks/bench_replay.py --quick    # 64 .. 1024 GPUs only
     .venv/bin/python benchmarks/bench_replay.py --case gpt3-175b-1024
+    .venv/bin/python benchmarks/bench_replay.py --trace TRACE --cluster dgx-a100   # a captured trace
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
@@ -223,12 +224,34 @@ def run_case(c: Shape, link_sharing: bool = True) -> dict:
             "solves": res.stats["network_solves"], "maxrss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
 
 
+def _bench_trace(path: str, cluster: str, link_sharing: bool) -> int:
+    from capture.ir import load_trace
+    from replay.simulate import simulate
+
+    t0 = time.perf_counter()
+    trace = load_trace(path)
+    t1, c1 = time.perf_counter(), time.process_time()
+    res = simulate(trace, cluster, link_sharing=link_sharing)
+    t2, c2 = time.perf_counter(), time.process_time()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(f"{'trace':<28} {'GPUs':>6} {'load s':>7} {'replay s':>9} {'CPU s':>7} {'iter s':>8} {'MFU':>6} "
+          f"{'classes':>7} {'symmetry':>8} {'maxRSS GB':>9}")
+    print(f"{path[-28:]:<28} {trace.world_size:>6} {t1 - t0:>7.2f} {t2 - t1:>9.2f} {c2 - c1:>7.2f} "
+          f"{res.iteration_time_s:>8.3f} {res.mfu * 100:>5.1f}% {res.stats['classes']:>7} "
+          f"{res.stats['symmetry']:>8} {rss:>9.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the cases up to 1024 GPUs")
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases")
     ap.add_argument("--no-link-sharing", action="store_true")
+    ap.add_argument("--trace", help="time a captured trace directory instead (with --cluster)")
+    ap.add_argument("--cluster", default="dgx-a100", help="preset for --trace (default dgx-a100)")
     a = ap.parse_args(argv)
+    if a.trace:
+        return _bench_trace(a.trace, a.cluster, not a.no_link_sharing)
     names = a.case or (QUICK if a.quick else list(CASES))
     print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'CPU s':>7} {'s/1k GPU':>9} "
           f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'symmetry':>8} {'solves':>7} {'maxRSS GB':>9}")
