@@ -65,6 +65,8 @@ class FakeWorld:
     """torch group_name -> our gid, for groups this rank belongs to."""
     batch_hook: Callable[[bool], None] | None = None
     """Called with True/False around ``batch_isend_irecv`` (the recorder tags the batch)."""
+    quiet: Callable[[], Any] = contextlib.nullcontext
+    """Context in which the recorder records nothing (set by the runner)."""
     _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
     _family_of_site: dict[str, list[str]] = field(default_factory=dict)
     _family_members: dict[str, set[int]] = field(default_factory=dict)
@@ -167,6 +169,25 @@ class FakeWorld:
                 if world.batch_hook is not None:
                     world.batch_hook(False)
 
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed import device_mesh
+
+        orig_mesh_init = device_mesh.DeviceMesh.__init__
+
+        def mesh_init(mesh_self: Any, *args: Any, **kwargs: Any) -> None:
+            # A DeviceMesh reads its (tiny, integer) rank map back with tolist(): build it from
+            # real tensors, outside FakeTensorMode, and do not record that bookkeeping.
+            with unset_fake_temporarily(), world.quiet():
+                orig_mesh_init(mesh_self, *args, **kwargs)
+
+        orig_init_mesh = device_mesh.init_device_mesh
+
+        def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+            with unset_fake_temporarily(), world.quiet():
+                return orig_init_mesh(*args, **kwargs)
+
+        self._patch(device_mesh.DeviceMesh, "__init__", mesh_init)
+        self._patch(device_mesh, "init_device_mesh", init_device_mesh)
         self._patch(dist, "init_process_group", init_process_group)
         self._patch(dist, "new_group", new_group)
         self._patch(dist, "batch_isend_irecv", batch_isend_irecv)

@@ -103,6 +103,7 @@ class Recorder(TorchDispatchMode, Annotator):
         super().__init__()
         self.world = world
         world.batch_hook = self._batch
+        world.quiet = self.quiet
         self.layout: dict[str, Any] = {}
         self.model: dict[str, Any] = {}
         self.blocks: dict[str, Block] = {}
@@ -250,6 +251,15 @@ class Recorder(TorchDispatchMode, Annotator):
             return t
 
         return tree_map(make, meta, is_leaf=lambda m: isinstance(m, tuple) and bool(m) and m[0] == "__tensor__")
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Run framework bookkeeping without recording it."""
+        self.suppress += 1
+        try:
+            yield
+        finally:
+            self.suppress -= 1
 
     def _batch(self, entering: bool) -> None:
         self.in_batch = entering

@@ -1,0 +1,48 @@
+"""Recorder details: functional-collective waits at first use, DTensor local shapes, grouped p2p."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture.ir import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fd") / "t"
+    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "4", "-o", str(out),
+                        str(ROOT / "tests" / "scripts" / "funcol_dtensor.py")], capture_output=True, text=True,
+                       cwd=ROOT, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    return load_trace(out).roles[0].ops()
+
+
+def test_funcol_wait_lands_at_first_use(ops):
+    """all_reduce, then the independent mm, then the wait, then the add that reads the result."""
+    names = [o.name for o in ops]
+    ar = names.index("_c10d_functional.all_reduce.default")
+    mm = names.index("aten.mm.default", ar)
+    wait = next(o for o in ops if o.kind == "wait" and o.target == ar)
+    add = names.index("aten.add.Tensor", ar)
+    assert ar < mm < wait.id < add
+    assert ops[ar].comm_bytes == 8 * 16 * 4 and ops[ar].collective == "all_reduce"
+
+
+def test_dtensor_local_shapes(ops):
+    """The matmul on the DTensor's local shard is recorded with local (per-rank) dims."""
+    gemms = [o for o in ops if o.kernel_class == "gemm"]
+    assert {"m": 32, "k": 32, "n": 16, "batch": 1} in [dict(o.dims) for o in gemms]
+    assert all(o.dims["n"] != 64 for o in gemms)
+
+
+def test_batched_p2p_is_one_grouped_launch(ops):
+    """batch_isend_irecv's send and recv are tagged as one coalesced launch, with global peers in groups."""
+    p2p = [o for o in ops if o.kind == "p2p"]
+    assert [o.collective for o in p2p] == ["send", "recv"]
+    assert p2p[1].coalesced == p2p[0].id and p2p[0].coalesced == -1
+    assert p2p[0].peer == 1 and p2p[1].peer == 3 and p2p[0].comm_bytes == 64
