@@ -94,8 +94,8 @@ def run_fake(argv: list[str], rank: int, world: int):
 TINY = ["--preset", "tiny", "--bf16", "--train-iters", "1"]
 
 
-def _local_params(cfg, rank, world):
-    """Parameter count this rank holds, built in a fake world of its own."""
+def _local_params(cfg, rank, world, only_sequence_parallel=False):
+    """Parameter count this rank holds (or of its sequence-parallel ones), built in a fake world."""
     from models import parallel_state
     from models.gpt import GPTModel
 
@@ -108,7 +108,8 @@ def _local_params(cfg, rank, world):
             return sum(p.numel() for c in range(vpp) for p in GPTModel(
                 cfg.model, cfg.parallel, cfg.train, ps, layers=layers[c], chunk=c,
                 pre_process=ps.is_first_stage and c == 0,
-                post_process=ps.is_last_stage and c == vpp - 1).parameters())
+                post_process=ps.is_last_stage and c == vpp - 1).parameters()
+                if getattr(p, "sequence_parallel", False) or not only_sequence_parallel)
     finally:
         dist.destroy_process_group()
 
@@ -116,7 +117,8 @@ def _local_params(cfg, rank, world):
 def test_pipeline_dp_sync_and_p2p_counts():
     """tp2 pp2 dp2, 4 micro-batches, stage 1 rank 5: 4 activation receives and 4 gradient sends
     of [s/tp, b, h] bf16 (sequence parallel); one DP all-reduce of every local param x 2 bytes;
-    the tied embedding all-reduce over first+last stage; the grad-norm all-reduce over tp x pp."""
+    the tied embedding all-reduce over first+last stage; one all-reduce of the sequence-parallel
+    (norm, row-parallel bias) grads over TP; the grad-norm all-reduce over tp x pp."""
     argv = TINY + ["--global-batch-size", "16", "--tensor-model-parallel-size", "2",
                    "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
     ann, log, cfg = run_fake(argv, rank=5, world=8)
@@ -130,6 +132,8 @@ def test_pipeline_dp_sync_and_p2p_counts():
     # (The all-reduce of the zeroed output copy at construction has no phase.)
     emb = [o for o in log.ops if o[0] == "allreduce_" and o[1] == (1, 5) and o[3]]
     assert [(n, ph) for _, _, n, ph, _ in emb] == [(cfg.model.vocab_size // 2 * 64 * 2, "grad_sync")]
+    sp = [o for o in log.ops if o[1] == (4, 5) and o[3] == "grad_sync"]
+    assert [(o[0], o[2]) for o in sp] == [("allreduce_", _local_params(cfg, 5, 8, True) * 2)]
     norm = [o for o in log.ops if o[3] == "optimizer"]
     assert [(o[0], o[1], o[2]) for o in norm] == [("allreduce_", (0, 1, 4, 5), 4)]
 
@@ -165,13 +169,13 @@ def test_block_keys_interleaved_eight_microbatches():
 def test_overlap_grad_reduce_keys_last_microbatch_apart():
     """With --overlap-grad-reduce the first stage's last micro-batch has its own forward and
     backward keys (its backward issues the DP reduction); stage 1 reduces after its backward."""
-    argv = TINY + ["--global-batch-size", "32", "--pipeline-model-parallel-size", "2",
+    argv = TINY + ["--global-batch-size", "16", "--pipeline-model-parallel-size", "2",
                    "--overlap-grad-reduce"]
     ann, log, _ = run_fake(argv, rank=1, world=4)
     # (those two keys also name the iteration's schedule call, so a capture re-runs them)
     assert Counter(k[:5] if k[0] == "fwd" else k[:4] for k in ann.blocks) == Counter({
-        ("fwd", 0, False, False, None): 7, ("fwd", 0, False, True, None): 1,
-        ("bwd", 0, False, None): 7, ("bwd", 0, True, None): 1})
+        ("fwd", 0, False, False, None): 3, ("fwd", 0, False, True, None): 1,
+        ("bwd", 0, False, None): 3, ("bwd", 0, True, None): 1})
     assert {o[3] for o in log.ops if o[0] == "allreduce_" and o[1] == (0, 1)} == {"grad_sync"}
     ann, log, _ = run_fake(argv, rank=3, world=4)
     assert len(set(ann.blocks)) == 2
