@@ -23,4 +23,4 @@ echo "== 2. capture as 16 ranks -> $OUT"
 
 echo "== 3. trace totals and replay"
 "$PY" -m capture --inspect "$OUT"
-"$PY" -m replay simulate "$OUT" --cluster dgx-a100 || echo "(replay not available in this checkout)"
+"$PY" -m replay simulate "$OUT" --cluster dgx-a100
