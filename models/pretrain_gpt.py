@@ -11,9 +11,12 @@ over ``global_batch / (micro_batch x dp)`` micro-batches with DP gradient sync, 
 fp32-master Adam step (and the parameter all-gather of the distributed optimizer).
 
 Data are synthetic: each sample is an arithmetic run of token ids ``(start + t) % V`` with a
-random start, labels the next token, so the loss of a real run visibly falls. Every pipeline
-stage draws the same samples from a generator seeded by (seed, iteration, micro-batch, dp rank).
-Loss lines are printed only when nothing is capturing (no data-dependent ops under capture).
+random start, labels the next token, so the loss of a real run visibly falls. The starts of a
+whole global batch come from a generator seeded by (seed, iteration), and data-parallel rank r
+takes samples [r * gbs/dp, (r+1) * gbs/dp) in micro-batch order (Megatron's data layout), so
+every pipeline stage sees the same samples and any dp/mbs split trains on the same batch.
+Loss lines (averaged over data-parallel ranks, as Megatron logs them) are printed only when
+nothing is capturing (no data-dependent ops under capture).
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ __all__ = ["main", "synthetic_batch", "train"]
 
 
 def synthetic_batch(cfg: RunConfig, iteration: int, mb: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and next-token labels, both [b, s] int64, identical on every stage of a pipeline."""
-    key = ((cfg.seed * 1_000_003 + iteration) * 1_000_003 + mb) * 1_000_003 + dp_rank
-    gen = torch.Generator().manual_seed(key % (2**63 - 1))
+    """Token ids and next-token labels, both [b, s] int64: micro-batch ``mb`` of data-parallel
+    rank ``dp_rank`` in ``iteration`` (the same on every pipeline stage and for any layout)."""
+    gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + iteration) % (2**63 - 1))
     b, s, v = cfg.train.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size
-    start = torch.randint(0, v, (b, 1), generator=gen)
+    gbs = cfg.train.global_batch_size
+    first = dp_rank * (gbs // cfg.parallel.dp) + mb * b
+    start = torch.randint(0, v, (gbs, 1), generator=gen)[first:first + b]
     ids = (start + torch.arange(s)) % v
     return ids, (ids + 1) % v
 
@@ -125,8 +130,11 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                                   comm=comm, grad_sync=gs)
         opt.step()
         if losses and not ann.active:
-            total = sum(float(l.detach()) for l in losses) / (o.loss_scale or 1.0)
-            history.append(total)
+            total = torch.stack([l.detach().float() for l in losses]).sum() / (o.loss_scale or 1.0)
+            if ps.dp_size * ps.cp_size > 1:
+                dist.all_reduce(total, group=ps.dp_cp_group)
+                total /= ps.dp_size * ps.cp_size
+            history.append(float(total))
     return history
 
 
