@@ -203,7 +203,11 @@ def roofline_time(
             eff = float(gp["eff_max"])
         compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
     elif kernel_class == "attention":
-        eff = attention_efficiency(dims, gpu.sm_count, params["attention"])
+        if dims.get("sq"):
+            eff = attention_efficiency(dims, gpu.sm_count, params["attention"])
+        else:  # NB: no shape: assume a long-sequence kernel (eff_max of its direction only)
+            a = params["attention"]
+            eff = float(a["eff_max_bwd"] if dims.get("dir") == "bwd" else a["eff_max_fwd"])
         compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
     else:
         # NB: non-GEMM math runs on CUDA cores, not tensor cores: fp32 vector rate x vector_eff.

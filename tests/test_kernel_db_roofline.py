@@ -91,3 +91,10 @@ def test_memory_model_is_not_nan_for_zero_work():
     g = get_gpu("B200")
     r = roofline_time("copy", "bf16", {"numel": 0}, 0.0, 0, g, EFF.params(g))
     assert r.seconds == pytest.approx(g.launch_overhead_s) and not math.isnan(r.seconds)
+
+
+def test_shapeless_attention_uses_eff_max():
+    """An attention op without dims is priced at its direction's eff_max (not as a 1-token kernel)."""
+    g = get_gpu("H100")
+    r = roofline_time("attention", "bf16", {}, 1e12, 0, g, EFF.params(g))
+    assert r.efficiency == 0.75 and r.seconds == pytest.approx(3.5e-6 + 1e12 / (989.4e12 * 0.75))
