@@ -84,7 +84,7 @@ class _Transfer:
 
 
 class _Batch:
-    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version")
+    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version", "rep_links", "partial")
 
     def __init__(self, key: Hashable, n: int):
         self.key = key
@@ -93,6 +93,9 @@ class _Batch:
         self.solo: list[int] = []
         """Replicas running on the fast path."""
         self.solo_links: Sequence[int] = ()
+        self.rep_links: Sequence[tuple[int, ...]] = ()
+        self.partial = False
+        """Some solo replicas were materialized: release the others' links one by one."""
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
@@ -198,7 +201,7 @@ class FluidNetwork:
             batch.t0, batch.specs, batch.solo = now, specs, list(range(n))
             batch.ends = [now + d for d in info.durations]
             owned.update(dict.fromkeys(info.all_links, bid))
-            batch.solo_links = info.all_links
+            batch.solo_links, batch.rep_links = info.all_links, info.links
             self._push(now + info.longest, 2, bid, batch.version)
             return []
         if self.solo_enabled:
@@ -228,10 +231,11 @@ class FluidNetwork:
                 del self._batches[bid]
                 return [(key, batch.ends)]
         if fluid and owned:
-            others = {owned[l] for j in fluid for l in info.links[j] if l in owned}
-            for ob in sorted(others):
-                self._materialize(ob, now)
+            hit = {l for j in fluid for l in info.links[j] if l in owned}
+            for ob in sorted({owned[l] for l in hit}):
+                self._materialize(ob, now, hit)
         if batch.solo:
+            batch.rep_links = info.links
             sl = batch.solo_links = []
             for j in batch.solo:
                 for l in info.links[j]:
@@ -286,7 +290,12 @@ class FluidNetwork:
                 b = self._batches.get(ident)
                 if b is None or not b.solo or b.version != version:
                     continue
-                deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+                if b.partial:
+                    for j in b.solo:
+                        for l in b.rep_links[j]:
+                            del self._owned[l]
+                else:
+                    deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
                 b.solo_links = ()
                 b.left -= len(b.solo)
                 b.solo = []
@@ -372,15 +381,19 @@ class FluidNetwork:
             del self._batches[bid]
             done.append((b.key, b.ends))
 
-    def _materialize(self, bid: int, now: float) -> None:
-        """Turn the solo replicas of batch ``bid`` into fluid flows, replayed alone up to ``now``."""
+    def _materialize(self, bid: int, now: float, hit: set[int]) -> None:
+        """Turn the solo replicas of batch ``bid`` that use a link in ``hit`` into fluid flows,
+        replayed alone up to ``now``; the others stay solo."""
         b = self._batches[bid]
-        b.version += 1
-        deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
-        b.solo_links = ()
+        owned = self._owned
+        victims = [j for j in b.solo if not hit.isdisjoint(b.rep_links[j])]
+        b.solo = [j for j in b.solo if hit.isdisjoint(b.rep_links[j])]
+        b.partial = True
+        for j in victims:
+            for l in b.rep_links[j]:
+                del owned[l]
         touched: set[int] = set()
-        solo, b.solo = b.solo, []
-        for j in solo:
+        for j in victims:
             spec = b.specs[j]
             dt = now - b.t0
             snaps = self._schedule(spec)
@@ -402,6 +415,8 @@ class FluidNetwork:
                 self._add_flow(tid, links, rem - rate * (dt - t_last), cap, now, touched)
         if b.left == 0:
             raise AssertionError("materialized a batch that had completed")
+        if not b.solo:
+            b.version += 1  # its solo-end event is void
         if touched:
             self._recompute(touched, now)
 
