@@ -4,14 +4,19 @@ The three schedules follow Megatron-LM's ``megatron/core/pipeline_parallel/sched
 (``forward_backward_no_pipelining``, ``forward_backward_pipelining_without_interleaving``,
 ``forward_backward_pipelining_with_interleaving``) and its ``p2p_communication.py``: the same
 warm-up / steady / cool-down counts, the same virtual-stage order, the same p2p pairs issued with
-``batch_isend_irecv`` and waited at once, grad sync switched on only for the last micro-batch of
-each model chunk, and ``finalize`` (DP reduction, tied embeddings, SP norms) at the end.
+``batch_isend_irecv`` and waited at once, and ``finalize`` (DP reduction, tied embeddings, SP
+norms) at the end. Overlapped DP reduction follows Megatron's default ``align_grad_reduce``:
+grad hooks reduce buckets during the last micro-batch's backward without pipelining and on the
+first 1F1B stage; later stages launch it after their backward, and the interleaved schedule
+launches chunk c's reduction ``pp_rank`` backward steps after c's last one, so that all stages
+launch it together.
 
 A schedule knows nothing about the model: it calls ``forward_step(chunk, mb, input)`` which
 returns the chunk's output (hidden states, or the mean loss on the last virtual stage) and runs
 autograd itself. Every micro-batch's forward and backward is wrapped in the annotator's
 ``scope`` and ``block``; block keys are equal exactly when the ops would be equal (see
-``_Runner.forward``).
+``_Runner.forward``), except that the micro-batch whose backward leaves grad collectives open
+is keyed per iteration (``_Runner.key_suffix``).
 
 Example::
 
