@@ -155,6 +155,9 @@ _COPY = {
     "arange",
 }
 
+# In-place ops that overwrite their destination without reading it.
+_WRITE_ONLY = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_", "bernoulli_"}
+
 # Estimated FLOPs per output element for memory-bound classes (what the kernel's arithmetic is,
 # roughly): a layer norm does mean, variance, normalise and affine (~8/elt fwd); softmax max,
 # sub, exp, sum, div (~5); an elementwise op ~1 (gelu's tanh polynomial is ~10, ignored). These
@@ -314,6 +317,8 @@ def describe(
     floats = [t.dtype for t in ins + outs if t.dtype.is_floating_point]
     dtype = dtype_name(floats[0]) if floats else (dtype_name(ins[0].dtype) if ins else "")
     seen: set[int] = set()
+    if packet in _WRITE_ONLY:  # the destination is overwritten, not read
+        seen.update(id(t) for t in mutated)
     bytes_read = 0
     for t in ins:
         if id(t) not in seen:

@@ -139,3 +139,22 @@ def test_capture_is_deterministic(tmp_path):
     capture(b, 8, *args)
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert files and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def test_sequence_parallel_volumes(tmp_path):
+    """With SP each layer's forward has 2 all-gathers and 2 reduce-scatters of 2bsh bytes (bf16),
+    and its backward re-gathers the column-parallel inputs: 4 all-gathers and 2 reduce-scatters."""
+    gbs = 4
+    t = capture(tmp_path / "t", 4, *TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                "2", "--global-batch-size", str(gbs), "--sequence-parallel")
+    m = t.model
+    size = 2 * 1 * m["seq_length"] * m["hidden_size"]
+    nmb, layers = gbs // 2, m["num_layers"] // 2
+    for role in t.roles:
+        counts = Counter((o.phase, o.collective) for o in role.iter_ops()
+                         if o.kind == "collective" and ".layers." in o.module and o.comm_bytes == size
+                         and t.groups[o.group].dim == "tp")
+        assert counts[("fwd", "all_gather")] == 2 * layers * nmb
+        assert counts[("fwd", "reduce_scatter")] == 2 * layers * nmb
+        assert counts[("bwd", "all_gather")] == 4 * layers * nmb
+        assert counts[("bwd", "reduce_scatter")] == 2 * layers * nmb

@@ -70,3 +70,14 @@ def test_attention_backward_counts_megatron_and_flash():
     c = describe(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, args, {}, res, [], "bwd")
     fwd = 4 * 1 * 2 * 128 * 128 * 16
     assert c.dims["dir"] == "bwd" and c.flops_full == 2 * fwd and c.flops == 2.5 * fwd
+
+
+def test_write_only_ops_do_not_read_their_destination():
+    """copy_(dst, src) reads src only; zero_ reads nothing; add_ reads both operands."""
+    dst, src = torch.empty(4, 8), torch.randn(4, 8)
+    c = describe(aten.copy_.default, (dst, src), {}, dst, [dst], "fwd")
+    assert c.bytes_read == 128 and c.bytes_written == 128
+    z = describe(aten.zero_.default, (dst,), {}, dst, [dst], "fwd")
+    assert z.bytes_read == 0 and z.bytes_written == 128
+    a = describe(aten.add_.Tensor, (dst, src), {}, dst, [dst], "fwd")
+    assert a.bytes_read == 256 and a.bytes_written == 128
