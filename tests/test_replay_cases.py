@@ -1,0 +1,175 @@
+"""Tests for replay.cases: free text of a validation case -> GPU, cluster, Megatron flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterosim.errors import ConfigError, UnknownGPUError
+from replay.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags
+from replay.cluster import load_cluster
+
+
+def _case(**kw) -> Case:
+    base = dict(
+        id="t", category="end_to_end",
+        hardware={"gpu": "NVIDIA H100 80GB HBM3 (SXM5)", "gpus_per_node": 8, "system": "DGX H100",
+                  "intra_node": "NVLink4 + NVSwitch (18 links)", "inter_node": "8 x 400 Gb/s NDR InfiniBand"},
+        model={"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "seq_len": 4096,
+               "vocab": 128256, "arch": "LLaMA (GQA, SwiGLU, RMSNorm, RoPE)"},
+        parallelism={"tp": 4, "pp": 2, "dp": 2, "cp": 1, "vpp": 2, "sequence_parallel": True,
+                     "recompute": "selective"},
+        batch={"micro": 1, "global": 64}, precision="fp8 (hybrid) with bf16",
+    )
+    base.update(kw)
+    return Case(**base)
+
+
+@pytest.mark.parametrize("text,name", [
+    ("NVIDIA H100 80GB HBM3 (SXM5)", "H100-SXM5-80GB"),
+    ("NVIDIA A100 (SXM4; 40GB assumed for a 2020 DGX A100 - unverified)", "A100-SXM4-40GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+    ("NVIDIA V100-SXM3-32GB (DGX-2; memory size assumed)", "V100-SXM2-32GB"),
+    ("NVIDIA A100-PCIE-40GB (NOT SXM; lower power limit)", "A100-PCIe-40GB"),
+    ("H200 141GB", "H200-SXM-141GB"),
+])
+def test_gpu_from_text(text, name):
+    """Model number, form factor and memory words pick exactly one catalogue GPU."""
+    assert gpu_from_text(text) == name
+
+
+def test_gpu_from_text_ambiguous_lists_candidates():
+    """Words that fit several GPUs raise, listing them, instead of guessing one."""
+    with pytest.raises(UnknownGPUError, match=r"several catalogue GPUs fit \(A100-PCIe-40GB, A100-PCIe-80GB\)"):
+        gpu_from_text("some A100 PCIe card")
+    with pytest.raises(UnknownGPUError, match="no catalogue GPU fits"):
+        gpu_from_text("Quantum Q9000")
+
+
+@pytest.mark.parametrize("text,want", [
+    ("8 x 400 Gb/s NDR InfiniBand", (8, 400.0)),
+    ("InfiniBand HDR, 8 x 200 Gb/s HCAs per node for compute", (8, 200.0)),
+    ("IB 200Gb x4 per node (dual port)", (4, 200.0)),
+    ("InfiniBand HDR 200 Gb/s (count per node not stated)", (None, 200.0)),
+    ("InfiniBand NDR", (None, 400.0)),
+])
+def test_nic_words(text, want):
+    """NIC count and line rate come from 'N x R Gb/s', 'R Gb x N' or the IB generation name."""
+    assert _nics(text) == want
+
+
+def test_cluster_from_preset_system_with_case_gpu():
+    """A system naming a preset keeps that node's layout but takes the case's GPU and NICs."""
+    hw = {"gpu": "NVIDIA A100 (SXM4; 40GB)", "gpus_per_node": 8, "system": "DGX A100 (2020)",
+          "intra_node": "NVLink3 + NVSwitch (600 GB/s bidirectional per GPU)",
+          "inter_node": "InfiniBand HDR 200 Gb/s (count per node not stated)"}
+    spec, gpu, notes = cluster_for(hw, 16)
+    assert gpu == "A100-SXM4-40GB"
+    node = spec["node_types"]["dgx-a100"]
+    assert node["nvlink"]["lanes"] == 12 and node["nvlink"]["lane_GBps"] == 25.0  # 600/2/25
+    assert node["nics"] == {"count": 8, "bw_Gbps": 200.0}
+    assert "NICs per node not stated: 8" in notes
+    c = load_cluster(spec, num_gpus=16)
+    assert c.num_nodes == 2 and c.gpu_type(9) == "A100-SXM4-40GB"
+
+
+def test_cluster_built_from_words():
+    """Without a matching preset the node is built from the words: NVLink lanes, NICs, PCIe gen."""
+    hw = {"gpu": "NVIDIA A100-SXM4-80GB", "gpus_per_node": 8, "system": "user cluster",
+          "intra_node": "NVLink3 + NVSwitch (12 links x 25 GB/s)", "inter_node": "IB 200Gb x4 per node"}
+    spec, _, notes = cluster_for(hw, 16)
+    node = spec["node_types"]["node"]
+    assert node["nics"] == {"count": 4, "bw_Gbps": 200.0} and node["pcie"] == {"gen": 4}
+    assert node["nvlink"]["lanes"] == 12
+    assert load_cluster(spec, num_gpus=16).num_gpus == 16
+
+
+def test_partial_node_job():
+    """A job on fewer GPUs than a node holds is modelled on a node of just those GPUs."""
+    hw = {"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2 (V100)",
+          "intra_node": "NVLink2 + NVSwitch (300 GB/s bidirectional per GPU)", "inter_node": "n/a"}
+    spec, _, notes = cluster_for(hw, 4)
+    node = spec["node_types"]["dgx-2"]
+    assert node["gpus_per_node"] == 4 and node["nvlink"]["lanes"] == 6 and node["nics"]["count"] == 2
+    assert load_cluster(spec, num_gpus=4).num_gpus == 4
+
+
+def test_megatron_flags_llama_fp8():
+    """Architecture words, kv heads, vpp, SP, selective recompute and fp8 map to pretrain_gpt flags."""
+    ci = megatron_flags(_case())
+    f = list(ci.flags)
+    assert ci.world_size == 16 and ci.gpu == "H100-SXM5-80GB"
+    for seq in (["--group-query-attention", "--num-query-groups", "8"], ["--swiglu"],
+                ["--normalization", "RMSNorm"], ["--position-embedding-type", "rope"],
+                ["--num-layers-per-virtual-pipeline-stage", "8"], ["--sequence-parallel"],
+                ["--recompute-granularity", "selective"], ["--bf16", "--fp8-format", "hybrid"],
+                ["--micro-batch-size", "1", "--global-batch-size", "64"], ["--ffn-hidden-size", "14336"]):
+        i = f.index(seq[0])
+        assert f[i:i + len(seq)] == seq
+    assert "--fp16" not in f
+
+
+def test_megatron_flags_defaults_are_reported():
+    """'not stated' fields take Megatron's defaults and each default is listed."""
+    c = _case(model={"layers": 24, "hidden": 2304, "heads": 24, "ffn": 9216, "seq_len": 2048, "vocab": 51200,
+                     "arch": "GPT (MHA, GeLU MLP, LayerNorm, learned/rotary pos. not specified)"},
+              parallelism={"tp": 1, "pp": 2, "dp": 4, "vpp": "not stated", "recompute": "full activation recomputation"},
+              batch={"micro": "not stated in Table 1", "global": 512}, precision="mixed precision (fp16/bf16 autocast)")
+    ci = megatron_flags(c)
+    f = list(ci.flags)
+    assert f[f.index("--position-embedding-type") + 1] == "learned_absolute"
+    assert f[f.index("--micro-batch-size") + 1] == "1" and "--fp16" in f
+    assert f[f.index("--recompute-granularity"):f.index("--recompute-granularity") + 6] == [
+        "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    assert "--num-layers-per-virtual-pipeline-stage" not in f
+    text = " | ".join(ci.assumptions)
+    for word in ("position embedding not stated", "vpp not stated: non-interleaved", "micro-batch not stated: 1",
+                 "precision fp16 (first of several named)"):
+        assert word in text
+
+
+def test_unknown_arch_word_is_an_error():
+    """An architecture word the reader does not know is one clear error naming it."""
+    c = _case(model={**_case().model, "arch": "GPT (MHA, Mamba, LayerNorm)"})
+    with pytest.raises(ConfigError, match=r"unknown word 'mamba'; known words: .*swiglu"):
+        megatron_flags(c)
+
+
+def test_squared_relu_and_mqa():
+    """'squared ReLU' and MQA (one kv head) are understood."""
+    m = {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 1024, "arch": "GPT, MQA, squared ReLU"}
+    f = list(megatron_flags(_case(model=m)).flags)
+    assert "--squared-relu" in f and f[f.index("--num-query-groups") + 1] == "1"
+
+
+def test_flop_convention_from_notes():
+    """The SC'21 note (96·B·s·l·h², recompute included) means the hardware count; silence means None."""
+    assert flop_convention(_case(notes="F = 96*B*s*l*h^2*(1 + s/(6h)) which INCLUDES the recompute forward")) == "hardware"
+    assert flop_convention(_case(notes="72*B*s*l*h^2 (MFU)")) == "model"
+    assert flop_convention(_case(notes="Single-node runs")) is None
+
+
+def test_load_cases_checks_schema(tmp_path):
+    """Unknown schema versions and duplicate ids are rejected with the fix."""
+    p = tmp_path / "c.yaml"
+    p.write_text("schema_version: 2\ncases: []\n")
+    with pytest.raises(ConfigError, match="schema_version 2 is not supported; write schema_version: 1"):
+        load_cases(p)
+    p.write_text("schema_version: 1\ncases:\n- {id: a, category: spec}\n- {id: a, category: spec}\n")
+    with pytest.raises(ConfigError, match="case id 'a' appears twice"):
+        load_cases(p)
+
+
+def test_public_file_reads():
+    """Every case of the public file maps to flags and a cluster without error."""
+    from pathlib import Path
+
+    path = Path("/work/shared/validation/public_cases.yaml")
+    if not path.is_file():
+        pytest.skip("shared validation file not present")
+    n = 0
+    for c in load_cases(path):
+        if c.category == "end_to_end":
+            ci = megatron_flags(c)
+            load_cluster(ci.cluster, num_gpus=ci.world_size)
+            n += 1
+    assert n >= 20
