@@ -3,6 +3,7 @@
     python -m replay simulate TRACE --cluster PRESET|FILE [--kernel-db DB] [--backend numpy|cupy]
                               [--placement FILE] [--no-link-sharing] [--json] [--timeline F] [--plot F]
     python -m replay clusters [--json]
+    python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--json] [--markdown] [--plot F]
 
 Thin over :func:`replay.simulate.simulate` and :func:`replay.cluster.list_presets`. Errors print
 one line (``error: ...``) and exit 2.
@@ -38,7 +39,33 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c = sub.add_parser("clusters", help="list the cluster presets")
     c.add_argument("--json", action="store_true", help="one JSON object")
+    v = sub.add_parser("validate", help="predict published runs and collective benchmarks; print the error")
+    v.add_argument("cases", help="cases YAML (schema of shared/validation/public_cases.yaml)")
+    v.add_argument("--only", nargs="+", metavar="ID", help="run only these case ids")
+    v.add_argument("--cache-dir", help="trace cache (default ~/.cache/heterosim/traces)")
+    v.add_argument("--kernel-db", help="kernel database CSV; default: roofline only")
+    v.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    v.add_argument("--markdown", action="store_true", help="print the table as Markdown (README)")
+    v.add_argument("--plot", metavar="FILE", help="write a PNG of predicted vs measured")
     return ap
+
+
+def _validate(a: argparse.Namespace) -> int:
+    from replay.validate import validate
+
+    def progress(case_id: str) -> None:
+        print(f"validate: {case_id}", file=sys.stderr, flush=True)
+
+    rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
+                   progress=None if a.json else progress)
+    if a.plot:
+        rep.write_plot(a.plot)
+    if a.json:
+        print(rep.to_json(), end="")
+    else:
+        print(rep.table(markdown=a.markdown))
+        print("\nassumptions (what 'not stated' became):\n" + rep.assumptions_text())
+    return 0
 
 
 def _ranks(text: str) -> list[int]:
@@ -95,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     from heterosim.errors import HeteroSimError
 
     try:
+        if a.cmd == "validate":
+            return _validate(a)
         return _simulate(a) if a.cmd == "simulate" else _clusters(a)
     except HeteroSimError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,402 @@
+"""``replay validate``: predict published training runs and collective benchmarks, report the error.
+
+For an end-to-end case: :func:`replay.cases.megatron_flags` gives ``models/pretrain_gpt.py``
+flags, the world size and a cluster; the script is captured (``--ranks auto``; traces cached
+under ``cache_dir`` by a hash of flags, world size and the code of ``capture/`` and ``models/``),
+replayed with :func:`replay.simulate.simulate`, and compared with the measured iteration time
+(measured, or derived by the source from its TFLOP/s) and TFLOP/s per GPU counted in the
+source's own FLOP convention (:func:`replay.cases.flop_convention`: the SC'21 table counts the
+recompute forward, i.e. ``flop_totals(trace)["hardware"]``). For a collective case: every
+measured ``*busbw_GBps`` figure is planned by ``ncclshim`` on the case's cluster at the message
+size the source used.
+
+Nothing here reads a measured number to set a prediction: calibration lives in
+``kernel_db/data`` and ``ncclshim/constants.py`` and applies to every case alike
+(``docs/calibration.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from heterosim.errors import ConfigError, HeteroSimError
+
+from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags
+
+__all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "capture_cached",
+           "code_version", "DEFAULT_CACHE_DIR", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "heterosim" / "traces"
+_SCRIPT = Path(__file__).resolve().parent.parent / "models" / "pretrain_gpt.py"
+# How close F/(T x GPUs) must come to a source's TFLOP/s for a convention to be inferred from a
+# case that states both but names no convention (rounding of published 3-4 digit figures).
+_INFER_TOL = 0.03
+_PRIMARY = ("iteration_time_s", "busbw_GBps")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """One predicted vs measured number. ``error`` = predicted / measured - 1 (signed)."""
+
+    metric: str
+    measured: float
+    predicted: float
+    error: float
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseResult:
+    """The outcome of one case. ``status``: ok, missing_feature (``message`` names it) or error."""
+
+    id: str
+    category: str
+    status: str
+    comparisons: tuple[Comparison, ...] = ()
+    assumptions: tuple[str, ...] = ()
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> Comparison | None:
+        """The first comparison MAPE uses: iteration time (end to end) or a busbw figure."""
+        for c in self.comparisons:
+            if c.metric in _PRIMARY and "approximate" not in c.note:
+                return c
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """All case results, with MAPE and worst case per category."""
+
+    cases: tuple[CaseResult, ...]
+
+    def errors(self, category: str) -> list[tuple[str, float]]:
+        """(case id, signed error) of every primary comparison: each case's iteration time, each
+        busbw figure of a collective case; approximate published values ("~200") excluded."""
+        return [(r.id, c.error) for r in self.cases if r.category == category and r.status == "ok"
+                for c in r.comparisons
+                if c.metric in _PRIMARY and "approximate" not in c.note]
+
+    def mape(self, category: str) -> float | None:
+        """Mean |error| of the primary metric over the category's ok cases (None if none)."""
+        errs = self.errors(category)
+        return sum(abs(e) for _, e in errs) / len(errs) if errs else None
+
+    def worst(self, category: str) -> tuple[str, float] | None:
+        errs = self.errors(category)
+        return max(errs, key=lambda x: abs(x[1])) if errs else None
+
+    def summary_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for cat in sorted({r.category for r in self.cases}):
+            w = self.worst(cat)
+            out[cat] = {"cases": sum(r.category == cat for r in self.cases),
+                        "compared": len(self.errors(cat)),
+                        "compared_cases": len({i for i, _ in self.errors(cat)}), "mape": self.mape(cat),
+                        "worst": {"id": w[0], "error": w[1]} if w else None}
+        return out
+
+    def to_json(self) -> str:
+        """One JSON object (sorted keys): byte-identical for identical inputs."""
+        doc = {"schema_version": SCHEMA_VERSION, "summary": self.summary_dict(),
+               "cases": [asdict(r) for r in self.cases]}
+        return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+    def table(self, *, markdown: bool = False) -> str:
+        """Predicted vs measured, one row per comparison, then MAPE and worst case per category."""
+        head = ("case", "metric", "measured", "predicted", "error")
+        rows = []
+        for r in self.cases:
+            if r.status != "ok":
+                rows.append((r.id, r.status, "-", "-", r.message))
+            for c in r.comparisons:
+                rows.append((r.id, c.metric + (" ~" if "approximate" in c.note else ""), f"{c.measured:.4g}",
+                             f"{c.predicted:.4g}", f"{c.error:+.1%}"))
+        lines = []
+        if markdown:
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+        else:
+            w = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+            fmt = lambda row: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(row))
+            lines.append(fmt(head))
+            lines += [fmt(row) if len(row[4]) < 40 else fmt(row[:4] + ("",)) + "  " + row[4] for row in rows]
+        lines.append("")
+        for cat, s in self.summary_dict().items():
+            if s["mape"] is None:
+                lines.append(f"{cat}: no case compared ({s['cases']} cases)")
+                continue
+            lines.append(f"{cat}: MAPE {s['mape']:.1%} over {s['compared']} figures of {s['compared_cases']} of "
+                         f"{s['cases']} cases; "
+                         f"worst {s['worst']['id']} {s['worst']['error']:+.1%}")
+        return "\n".join(lines)
+
+    def assumptions_text(self) -> str:
+        """The defaults and assumptions each case used (what 'not stated' became)."""
+        out = []
+        for r in self.cases:
+            if r.assumptions:
+                out.append(f"{r.id}:")
+                out += [f"  - {a}" for a in r.assumptions]
+        return "\n".join(out)
+
+    def write_plot(self, path: str | os.PathLike) -> None:
+        """Predicted vs measured (log-log) for the primary metric of every compared case."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import io
+
+        import matplotlib.pyplot as plt
+
+        from heterosim.atomic import atomic_write_bytes
+
+        cats = sorted({r.category for r in self.cases})
+        fig, axes = plt.subplots(1, len(cats), figsize=(5 * len(cats), 4.5), squeeze=False)
+        for ax, cat in zip(axes[0], cats):
+            pts = [(r.id, c) for r in self.cases if r.category == cat and r.status == "ok"
+                   for c in r.comparisons if c.metric in _PRIMARY and "approximate" not in c.note]
+            if not pts:
+                ax.set_visible(False)
+                continue
+            xs = [p.measured for _, p in pts]
+            ys = [p.predicted for _, p in pts]
+            lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
+            ax.plot([lo, hi], [lo, hi], color="#888", lw=1)
+            ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="#ddd", label="±10%")
+            ax.scatter(xs, ys, s=18, color="#4c72b0")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(f"measured {pts[0][1].metric}")
+            ax.set_ylabel(f"predicted {pts[0][1].metric}")
+            ax.set_title(f"{cat}: MAPE {self.mape(cat):.1%}")
+            ax.legend(loc="upper left")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        atomic_write_bytes(path, buf.getvalue())
+
+
+# --------------------------------------------------------------------------------- capturing
+def code_version() -> str:
+    """Hash of the sources a capture depends on (``capture/`` and ``models/``)."""
+    root = _SCRIPT.parent.parent
+    h = hashlib.sha256()
+    for pkg in ("capture", "models"):
+        for p in sorted((root / pkg).rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.PathLike | None = None,
+                   *, script: str | os.PathLike = _SCRIPT) -> Path:
+    """The trace of ``script flags`` at ``world_size`` (``--ranks auto``), captured once per
+    (flags, world size, code version) under ``cache_dir``."""
+    from capture.api import capture
+
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    key = hashlib.sha256(json.dumps({"script": Path(script).name, "flags": list(flags), "world": world_size,
+                                     "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
+    out = cache / key
+    if (out / "trace.json").is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    capture(str(script), list(flags), out, world_size=world_size, ranks="auto")
+    return out
+
+
+# ------------------------------------------------------------------------------------- cases
+def _num(v: Any) -> tuple[float | None, bool]:
+    """(value, approximate) of a measured field: 3.53, '~200 (still rising)'; (None, False) else."""
+    if isinstance(v, bool):
+        return None, False
+    if isinstance(v, (int, float)):
+        return float(v), False
+    m = re.match(r"\s*(~)?\s*(\d+(?:\.\d+)?)", str(v))
+    return (float(m.group(2)), bool(m.group(1))) if m else (None, False)
+
+
+def _missing_feature(msg: str) -> str | None:
+    """The feature an error says is missing (capture raising on an unsupported flag), or None."""
+    low = msg.lower()
+    for key in ("not supported", "unsupported", "not implemented", "unrecognized arguments"):
+        if key in low:
+            return msg.strip().splitlines()[-1][:300]
+    return None
+
+
+def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
+    from capture.ir import flop_totals, load_trace
+
+    from .cluster import load_cluster
+    from .simulate import simulate
+
+    inputs: CaseInputs = megatron_flags(case)
+    notes = list(inputs.assumptions)
+    try:
+        path = capture_cached(inputs.flags, inputs.world_size, cache_dir)
+    except HeteroSimError as e:
+        miss = _missing_feature(str(e))
+        if miss:
+            return CaseResult(id=case.id, category=case.category, status="missing_feature",
+                              assumptions=tuple(notes), message=f"capture cannot run it: {miss}")
+        raise
+    trace = load_trace(path)
+    cluster = load_cluster(inputs.cluster, num_gpus=inputs.world_size, layout=trace.layout)
+    res = simulate(trace, cluster, kernel_db, nccl_env=nccl_env)
+    t_pred = res.iteration_time_s
+    flops = flop_totals(trace)
+    meas = case.measured
+    t_meas, _ = _num(meas.get("iteration_time_s"))
+    t_note = ""
+    conv = flop_convention(case)
+    tf_meas, _ = _num(meas.get("tflops_per_gpu"))
+    if conv is None and tf_meas and t_meas:  # infer which count the source's TFLOP/s used
+        for name in ("hardware", "model"):
+            if abs(flops[name] / (t_meas * inputs.world_size) / 1e12 / tf_meas - 1) < _INFER_TOL:
+                conv = name
+                notes.append(f"FLOP convention not stated: its TFLOP/s match the {name} count "
+                             f"({'recompute forward counted, 96·B·s·l·h²' if name == 'hardware' else '72·B·s·l·h²'}) "
+                             "within 3% of the published time")
+                break
+    if t_meas is None:
+        t_meas, _ = _num(meas.get("iteration_time_s_derived"))
+        if t_meas is not None and conv is not None and tf_meas:
+            # Re-derive from the published TFLOP/s with the trace's count (exact; the file's
+            # derived value is rounded to 2-3 digits).
+            t_meas = flops[conv] / (tf_meas * 1e12 * inputs.world_size)
+            t_note = f"derived: {conv} FLOPs / (published TFLOP/s x GPUs)"
+    comps = []
+    if t_meas:
+        comps.append(Comparison(metric="iteration_time_s", measured=t_meas, predicted=t_pred,
+                                error=t_pred / t_meas - 1, note=t_note))
+    if tf_meas and conv is not None:
+        tf_pred = flops[conv] / (t_pred * inputs.world_size) / 1e12
+        comps.append(Comparison(metric="tflops_per_gpu", measured=tf_meas, predicted=tf_pred,
+                                error=tf_pred / tf_meas - 1, note=f"{conv} FLOP count"))
+    b = res.breakdown
+    detail = {"world_size": inputs.world_size, "gpu": inputs.gpu, "flags": list(inputs.flags),
+              "flop_convention": conv, "compute_s": b.compute_s, "bubble_s": b.bubble_s,
+              "exposed_comm_s": dict(b.exposed_comm_s), "mfu": res.mfu}
+    if not comps:
+        return CaseResult(id=case.id, category=case.category, status="error", assumptions=tuple(notes),
+                          message="no measured iteration_time_s or tflops_per_gpu to compare", detail=detail)
+    return CaseResult(id=case.id, category=case.category, status="ok", comparisons=tuple(comps),
+                      assumptions=tuple(notes), detail=detail)
+
+
+_WORD_NUM = {"single": 1, "one": 1, "two": 2, "three": 3, "four": 4, "eight": 8}
+
+
+def _coll(case: Case, nccl_env: Any) -> CaseResult:
+    import ncclshim
+
+    from .cluster import load_cluster
+
+    col, hw = case.collective, case.hardware
+    op = str(col.get("op", "all_reduce"))
+    gpn = int(hw.get("gpus_per_node") or 8)
+    env = dict(nccl_env or {})
+    notes: list[str] = []
+    m = re.search(r"NCCL_ALGO=(\w+)", case.notes)
+    if m and "NCCL_ALGO" not in env:
+        env["NCCL_ALGO"] = m.group(1)
+        notes.append(f"NCCL_ALGO={m.group(1)} as the source recommends for representative numbers")
+    tool_max = re.search(r"-e\s*(\d+[KMGT]?)", str(col.get("tool", "")))
+    comps, skipped = [], []
+    for key, value in case.measured.items():
+        if "busbw" not in key or not key.endswith("_GBps") or key.startswith("theoretical"):
+            continue
+        if re.search(r"hca|nic|link", key):
+            skipped.append(f"{key} (a per-device figure, not a collective of the cluster)")
+            continue
+        val, approx = _num(value)
+        if val is None:
+            skipped.append(f"{key} (not a number: {value!r})")
+            continue
+        nodes_m = re.search(r"(single|one|two|three|four|eight|\d+)_node", key)
+        gpus_m = re.search(r"(\d+)gpu", key)
+        if nodes_m:
+            w = nodes_m.group(1)
+            nodes = _WORD_NUM.get(w) or int(w)
+        else:
+            n = re.search(r"\d+", str(col.get("nodes", 1)))
+            nodes = int(n.group()) if n else 1
+            if not str(col.get("nodes", 1)).strip().isdigit():
+                notes.append(f"nodes {col.get('nodes')!r}: {nodes}")
+        ranks = int(gpus_m.group(1)) if gpus_m else int(col.get("ranks") or nodes * gpn)
+        size_m = re.search(r"at_(\d+)(MB|GB)", key)
+        if size_m:
+            size = int(size_m.group(1)) << (20 if size_m.group(2) == "MB" else 30)
+        elif tool_max:
+            from ncclshim.bench import parse_size
+
+            size = parse_size(tool_max.group(1))
+        else:
+            size = 8 << 30
+            notes.append(f"{key}: message size not stated: 8 GiB (nccl-tests' -e 8G peak-bandwidth size)")
+        spec, _, hw_notes = cluster_for(hw, ranks)
+        notes += [n for n in hw_notes if n not in notes]
+        cluster = load_cluster(spec, num_gpus=max(ranks, nodes * min(gpn, ranks)))
+        view = cluster.topology_view()
+        p = ncclshim.plan(op, size, list(range(ranks)), view, env=env or None, dtype="fp32")
+        pred = p.busbw / 1e9
+        comps.append(Comparison(metric="busbw_GBps", measured=val, predicted=pred, error=pred / val - 1,
+                                note=f"{op} {ranks} GPUs / {nodes} node(s), {size >> 20} MiB, {p.algo}/{p.proto}"
+                                     + ("; approximate published value" if approx else "")))
+    if skipped:
+        notes.append("not compared: " + "; ".join(skipped))
+    if not comps:
+        return CaseResult(id=case.id, category=case.category, status="error", assumptions=tuple(notes),
+                          message="no *busbw_GBps measurement this reader can map")
+    return CaseResult(id=case.id, category=case.category, status="ok", comparisons=tuple(comps),
+                      assumptions=tuple(notes))
+
+
+def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env: Any = None,
+             kernel_db: Any = None) -> CaseResult | None:
+    """Predict one case; None for categories that are not predictions (spec, kernel)."""
+    if case.category == "end_to_end":
+        return _e2e(case, cache_dir, nccl_env, kernel_db)
+    if case.category == "collective":
+        return _coll(case, nccl_env)
+    return None
+
+
+def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
+             cache_dir: str | os.PathLike | None = None, nccl_env: Any = None, kernel_db: Any = None,
+             progress: Callable[[str], None] | None = None) -> Report:
+    """Run every end-to-end and collective case of ``path`` (or those in ``only``)."""
+    cases = load_cases(path)
+    if only:
+        ids = {c.id for c in cases}
+        bad = [i for i in only if i not in ids]
+        if bad:
+            raise ConfigError(f"--only {bad[0]!r}: no such case in {path}; ids: {', '.join(sorted(ids))}")
+        cases = [c for c in cases if c.id in set(only)]
+    out = []
+    for c in cases:
+        if c.category not in ("end_to_end", "collective"):
+            continue
+        if progress is not None:
+            progress(c.id)
+        try:
+            r = run_case(c, cache_dir=cache_dir, nccl_env=nccl_env, kernel_db=kernel_db)
+        except HeteroSimError as e:
+            r = CaseResult(id=c.id, category=c.category, status="error", message=f"{type(e).__name__}: {e}")
+        if r is not None:
+            out.append(r)
+    return Report(cases=tuple(out))

@@ -1,0 +1,181 @@
+"""Tests for replay.validate: capture (cached) + replay of cases, errors, MAPE, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from heterosim.errors import ConfigError
+
+_HW_A100 = {"gpu": "NVIDIA A100-SXM4-80GB", "gpus_per_node": 8, "system": "DGX A100",
+            "intra_node": "NVLink3 + NVSwitch (12 links x 25 GB/s per direction)",
+            "inter_node": "InfiniBand HDR, 8 x 200 Gb/s HCAs per node"}
+E2E = {
+    "id": "small-1gpu", "category": "end_to_end", "hardware": _HW_A100,
+    "model": {"layers": 2, "hidden": 1024, "heads": 8, "ffn": 4096, "seq_len": 1024, "vocab": 2048,
+              "arch": "GPT (MHA, GeLU MLP, LayerNorm, learned pos)"},
+    "parallelism": {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "sequence_parallel": False, "recompute": "full"},
+    "batch": {"micro": 4, "global": 4}, "precision": "fp16 mixed precision",
+    "measured": {"iteration_time_s": 0.05, "tflops_per_gpu": 100.0},
+    "notes": "TFLOP/s counted with F = 96*B*s*l*h^2*(...) which INCLUDES the recompute forward.",
+}
+COLL = {
+    "id": "coll-8", "category": "collective", "hardware": {**_HW_A100, "system": "8-GPU box", "inter_node": "n/a"},
+    "collective": {"op": "all_reduce", "tool": "all_reduce_perf -b 8 -e 4G -f 2 -g 8"},
+    "measured": {"single_node_8gpu_busbw_GBps": 230.0, "theoretical_busbw_GBps": 240,
+                 "single_hca_busbw_GBps": 24},
+}
+
+
+def _write(tmp: Path, cases: list[dict]) -> Path:
+    p = tmp / "cases.yaml"
+    p.write_text(yaml.safe_dump({"schema_version": 1, "cases": cases}))
+    return p
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("validate")
+    return tmp, _write(tmp, [E2E, COLL, {"id": "spec-x", "category": "spec"}]), tmp / "cache"
+
+
+@pytest.fixture(scope="module")
+def report(env):
+    from replay.validate import validate
+
+    _, path, cache = env
+    return validate(path, cache_dir=cache)
+
+
+def test_end_to_end_case(report, env):
+    """An end-to-end case is captured and replayed; time and TFLOP/s (its FLOP convention) compare."""
+    from capture.ir import flop_totals, load_trace
+
+    r = next(c for c in report.cases if c.id == "small-1gpu")
+    assert r.status == "ok" and r.detail["flop_convention"] == "hardware"
+    t, tf = r.comparisons
+    assert t.metric == "iteration_time_s" and t.measured == 0.05
+    assert t.error == pytest.approx(t.predicted / 0.05 - 1)
+    trace = load_trace(next(Path(env[2]).iterdir()))
+    assert tf.predicted == pytest.approx(flop_totals(trace)["hardware"] / t.predicted / 1e12)
+    assert tf.error == pytest.approx(tf.predicted / 100.0 - 1)
+    assert [c.id for c in report.cases] == ["small-1gpu", "coll-8"]  # spec cases are not predictions
+
+
+def test_collective_case_matches_preset_plan(report):
+    """A busbw figure is planned at the tool's largest size on a node built from the words; the
+    result equals ncclshim on the dgx-a100 preset (same NVSwitch). Per-device and theoretical
+    figures are not compared."""
+    import ncclshim
+    from replay.cluster import load_cluster
+
+    r = next(c for c in report.cases if c.id == "coll-8")
+    (c,) = r.comparisons
+    view = load_cluster("dgx-a100", num_gpus=8).topology_view()
+    want = ncclshim.plan("all_reduce", 4 << 30, list(range(8)), view, dtype="fp32").busbw / 1e9
+    assert c.predicted == pytest.approx(want, rel=1e-6)
+    assert c.measured == 230.0 and "4096 MiB" in c.note
+    assert any("single_hca_busbw_GBps" in a for a in r.assumptions)
+
+
+def test_mape_and_worst(report):
+    """MAPE is the mean |error| of the primary figures; worst is the largest |error|."""
+    errs = report.errors("end_to_end") + report.errors("collective")
+    assert len(errs) == 2
+    s = report.summary_dict()
+    assert s["collective"]["mape"] == pytest.approx(abs(errs[1][1]))
+    assert s["end_to_end"]["worst"]["id"] == "small-1gpu"
+    text = report.table()
+    assert "end_to_end: MAPE" in text and "coll-8" in text
+    assert report.table(markdown=True).startswith("| case | metric | measured | predicted | error |")
+
+
+def test_json_is_byte_identical(report, env):
+    """Re-running (from the trace cache) gives byte-identical JSON; a cache hit does not capture."""
+    import capture.api
+    from replay.validate import validate
+
+    def boom(*a, **k):
+        raise AssertionError("captured again despite the cache")
+
+    orig = capture.api.capture
+    capture.api.capture = boom
+    try:
+        again = validate(env[1], cache_dir=env[2])
+    finally:
+        capture.api.capture = orig
+    assert again.to_json() == report.to_json()
+    assert json.loads(report.to_json())["schema_version"] == 1
+
+
+def test_sensitivity_gemm_efficiency(env):
+    """Halving the Ampere GEMM efficiency slows the 1-GPU case by exactly the extra GEMM time
+    (serial, no communication), by less than 2x overall (memory-bound ops do not change), and
+    leaves the collective case unchanged: a calibration constant acts by its physics, alike on
+    every case."""
+    import numpy as np
+
+    from capture.ir import load_trace
+    from kernel_db import Pricer
+    from kernel_db.roofline import load_efficiency
+    from replay.cases import load_cases
+    from replay.validate import run_case
+
+    tmp, path, cache = env
+    src = Path(__import__("kernel_db").__file__).parent / "data" / "efficiency.yaml"
+    doc = yaml.safe_load(src.read_text())
+    doc["arch"]["ampere"]["gemm"]["eff_max"] /= 2
+    (tmp / "eff.yaml").write_text(yaml.safe_dump(doc))
+    slow = Pricer(efficiency=load_efficiency(tmp / "eff.yaml"))
+    base = Pricer()
+    e2e, coll = load_cases(path)[:2]
+    r0 = run_case(e2e, cache_dir=cache, kernel_db=base)
+    r1 = run_case(e2e, cache_dir=cache, kernel_db=slow)
+    t0, t1 = r0.comparisons[0].predicted, r1.comparisons[0].predicted
+    trace = load_trace(next(Path(cache).iterdir()))
+    role = trace.roles[0]
+    extra = 0.0
+    for seg in role.program:
+        blk = role.blocks[seg.block]
+        gemm = np.array([k == "gemm" for k in blk.columns["kernel_class"]])
+        a = base.price_block(blk, "A100-SXM4-80GB")[0]
+        b = slow.price_block(blk, "A100-SXM4-80GB")[0]
+        extra += float(np.sum((b - a)[gemm]))
+        assert np.allclose(a[~gemm], b[~gemm])
+    assert extra > 0
+    assert t1 - t0 == pytest.approx(extra, rel=1e-6)
+    assert 1.0 < t1 / t0 < 2.0
+    c0 = run_case(coll, kernel_db=base).comparisons[0].predicted
+    c1 = run_case(coll, kernel_db=slow).comparisons[0].predicted
+    assert c0 == c1
+
+
+def test_only_unknown_id(env):
+    """--only with an id not in the file is one error listing the ids."""
+    from replay.validate import validate
+
+    with pytest.raises(ConfigError, match=r"--only 'nope': no such case in .*; ids: coll-8, small-1gpu, spec-x"):
+        validate(env[1], only=["nope"], cache_dir=env[2])
+
+
+def test_missing_feature_message():
+    """A capture failure naming an unsupported feature becomes a missing_feature result."""
+    from replay.validate import _missing_feature
+
+    assert _missing_feature("Traceback...\nConfigError: --cp-comm-type a2a is not supported") == \
+        "ConfigError: --cp-comm-type a2a is not supported"
+    assert _missing_feature("some other failure") is None
+
+
+def test_cli_json_and_plot(env, capsys, tmp_path):
+    """python -m replay validate --only ID --json prints one JSON object; --plot writes a PNG."""
+    from replay.__main__ import main
+
+    assert main(["validate", str(env[1]), "--only", "coll-8", "--json", "--plot", str(tmp_path / "v.png"),
+                 "--cache-dir", str(env[2])]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["collective"]["compared"] == 1
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
