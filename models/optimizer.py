@@ -3,7 +3,8 @@
 One step (Megatron ``MixedPrecisionOptimizer.step`` / ``DistributedOptimizer``):
 
 1. copy the bf16/fp16 gradients into fp32 main gradients of the fp32 master parameters (whole
-   parameters, or with the distributed optimizer only this rank's 1/dp shard of every bucket);
+   parameters, or with the distributed optimizer only this rank's 1/dp shard of every bucket,
+   kept flat with per-element norm and weight-decay masks so every dp rank runs the same ops);
 2. fp16 only: unscale, check for inf/nan and all-reduce the flag (MAX);
 3. global gradient norm: squared norms of the non-duplicated gradients summed locally, then
    all-reduced over the model-parallel group (tp x pp), or over every rank with the distributed
@@ -89,29 +90,44 @@ class MixedPrecisionAdam:
         self.grad_stats_group = grad_stats_group
         self.loss_scale = loss_scale
         self.distributed = use_distributed_optimizer
+        self.lr, self.weight_decay = lr, weight_decay
         excluded = {id(p) for p in exclude_from_norm}
-        # (model-side parameter slice, model-side gradient slice, fp32 master, counts in norm)
+
+        def counted(p: nn.Parameter) -> bool:
+            return (getattr(p, "tensor_model_parallel", False) or tp_rank == 0) and id(p) not in excluded
+
+        # Whole parameters: (model parameter, its gradient, fp32 master, counts in norm).
         self.slices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
+        # Distributed optimizer: this rank's 1/dp shard of every bucket as ONE flat fp32 master
+        # (model shard, gradient shard, master, norm weights, weight-decay weights), so that every
+        # dp rank runs the same kernels on the same shapes (one captured rank stands for all).
+        # NB: Megatron keeps one master per parameter piece inside the shard; FusedAdam treats
+        # them as one multi-tensor launch, so the kernels priced are alike.
+        self.flat: list[tuple[torch.Tensor, ...]] = []
         decay: list[torch.Tensor] = []
         no_decay: list[torch.Tensor] = []
         for bucket in grad_sync.buckets():
-            lo, hi = 0, bucket.numel
             if use_distributed_optimizer:
+                assert bucket.param is not None, "buffers were built without the distributed optimizer"
                 n = bucket.numel // _group_size(bucket.group)
                 lo = _group_rank(bucket.group) * n
-                hi = lo + n
-            off = 0
-            for p in bucket.params:
-                a, b = max(lo, off), min(hi, off + p.numel())
-                off += p.numel()
-                if a >= b:
-                    continue
-                base = off - p.numel()
-                model = p.detach().view(-1)[a - base:b - base]
-                grad = p.grad.view(-1)[a - base:b - base]
+                model, grad = bucket.param[lo:lo + n], bucket.grad[lo:lo + n]
+                norm_w = torch.zeros(n, dtype=torch.float32)
+                decay_w = torch.zeros(n, dtype=torch.float32)
+                off = 0
+                for p in bucket.params:
+                    a, b = max(lo, off), min(lo + n, off + p.numel())
+                    off += p.numel()
+                    if a < b:
+                        norm_w[a - lo:b - lo] = 1.0 if counted(p) else 0.0
+                        decay_w[a - lo:b - lo] = 1.0 if p.dim() > 1 else 0.0
                 master = model.clone().float()
-                counted = (getattr(p, "tensor_model_parallel", False) or tp_rank == 0) and id(p) not in excluded
-                self.slices.append((model, grad, master, counted))
+                self.flat.append((model, grad, master, norm_w, decay_w))
+                no_decay.append(master)  # decoupled decay applied with decay_w in step()
+                continue
+            for p in bucket.params:
+                master = p.detach().clone().float()
+                self.slices.append((p.detach(), p.grad, master, counted(p)))
                 # Megatron: no weight decay for biases and 1-D (norm) parameters.
                 (no_decay if p.dim() == 1 else decay).append(master)
         groups = [{"params": decay, "weight_decay": weight_decay},
@@ -122,9 +138,9 @@ class MixedPrecisionAdam:
 
     @property
     def master_params(self) -> list[torch.Tensor]:
-        return [m for _, _, m, _ in self.slices]
+        return [e[2] for e in self.slices] + [e[2] for e in self.flat]
 
-    def _grad_norm(self, grads: list[torch.Tensor], counted: list[bool]) -> torch.Tensor:
+    def _grad_norm(self) -> torch.Tensor:
         """sqrt(sum of squared norms of counted grads over the stats group); Megatron
         ``get_grad_norm_fp32`` (multi_tensor_l2norm, then all-reduce of norm**2)."""
         # Every rank runs the same kernels: the norms of all grads, weighted 1 (counted) or 0
@@ -132,9 +148,12 @@ class MixedPrecisionAdam:
         # same and the op sequence no longer depends on the TP rank, so one captured rank stands
         # for its whole pipeline stage.
         total = torch.zeros((), dtype=torch.float32)
-        if grads:
-            weights = torch.tensor([1.0 if c else 0.0 for c in counted], dtype=torch.float32)
+        if self.slices:
+            weights = torch.tensor([1.0 if e[3] else 0.0 for e in self.slices], dtype=torch.float32)
+            grads = [e[2].grad for e in self.slices]
             total = (torch.stack(torch._foreach_norm(grads)).square() * weights).sum()
+        for _, _, master, norm_w, _ in self.flat:
+            total = total + (master.grad.square() * norm_w).sum()
         if _group_size(self.grad_stats_group) > 1:
             dist.all_reduce(total, group=self.grad_stats_group)
         return total.sqrt()
@@ -142,9 +161,9 @@ class MixedPrecisionAdam:
     def step(self) -> torch.Tensor:
         """One optimizer step; returns the global gradient norm (a 0-d fp32 tensor)."""
         with get_annotator().scope(phase="optimizer"):
-            for _, grad, master, _ in self.slices:
+            for _, grad, master, *_ in self.slices + self.flat:
                 master.grad = grad.float()
-            grads = [m.grad for _, _, m, _ in self.slices]
+            grads = [e[2].grad for e in self.slices + self.flat]
             skip = None
             if self.loss_scale is not None and grads:
                 found_inf = torch.zeros(1, dtype=torch.float32)
@@ -155,16 +174,20 @@ class MixedPrecisionAdam:
                 skip = found_inf
             norm = torch.zeros((), dtype=torch.float32)
             if self.clip_grad > 0:
-                norm = self._grad_norm(grads, [c for *_, c in self.slices])
+                norm = self._grad_norm()
                 coeff = torch.clamp(self.clip_grad / (norm + 1.0e-6), max=1.0)
                 if grads:
                     torch._foreach_mul_(grads, coeff)
             # Skipping on overflow is data-dependent: only decided when nothing is capturing.
             if skip is not None and not get_annotator().active and bool(skip.item() > 0):
                 return norm
+            if self.flat and self.weight_decay:
+                # AdamW's decoupled decay p *= 1 - lr * wd, on the matrix elements only.
+                for _, _, master, _, decay_w in self.flat:
+                    master.addcmul_(master, decay_w, value=-self.lr * self.weight_decay)
             if self.adam is not None:
                 self.adam.step()
-            for model, _, master, _ in self.slices:
+            for model, _, master, *_ in self.slices + self.flat:
                 model.copy_(master)
             self.grad_sync.start_param_sync()
         return norm

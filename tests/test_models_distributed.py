@@ -258,3 +258,26 @@ def test_bf16_params_follow_fp32_masters():
         assert model_slice.dtype == torch.bfloat16 and master.dtype == torch.float32
         assert torch.equal(model_slice, master.to(torch.bfloat16))
     assert Counter(m.numel() for m in opt.master_params) == Counter({4096: 2, 64: 2})
+
+
+def test_flat_distributed_masters_match_per_parameter_masters():
+    """The distributed optimizer's flat shard masters (norm and weight-decay masks per element)
+    update parameters exactly like per-parameter masters (fp32, strong decay and clipping)."""
+    results = []
+    for distributed in (False, True):
+        model = two_linears(torch.float32)
+        gs = ModelGradSync([DataParallel(model, dp_group=None, use_distributed_optimizer=distributed)])
+        opt = MixedPrecisionAdam(gs, lr=1e-2, weight_decay=0.5, clip_grad=0.05,
+                                 use_distributed_optimizer=distributed)
+        torch.manual_seed(1)
+        norms = []
+        for _ in range(3):
+            x = torch.randn(8, H)
+            gs.zero_grad()
+            forward_backward(lambda c, mb, _: model(x).square().mean(), num_microbatches=1, grad_sync=gs)
+            norms.append(opt.step())
+        assert len(opt.flat if distributed else opt.slices) == (1 if distributed else 4)
+        results.append(([p.detach().clone() for p in model.parameters()], norms))
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.stack(results[0][1]), torch.stack(results[1][1]))
