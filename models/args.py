@@ -221,6 +221,10 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
     if a["bf16"] and a["fp16"]:
         raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+    if a["overlap_param_gather"] and not (a["use_distributed_optimizer"] and a["overlap_grad_reduce"]):
+        # Megatron's arguments.py asserts both.
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
+                          "--overlap-grad-reduce")
     if a["swiglu"] and a["squared_relu"]:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
     tp, pp = a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"]

@@ -127,6 +127,8 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "layers per stage (4, 4) are not all the same multiple of --num-layers-per-virtual-pipeline-stage 3"),
     (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
+    (["--preset", "tiny", "--overlap-param-gather", "--use-distributed-optimizer"], 1,
+     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
     (["--hidden-size", "8"], 1,
      "missing --num-layers, --num-attention-heads, --seq-length, --vocab-size; give them or a --preset NAME"),
     (["--preset", "gpt4"], 1, "unknown preset 'gpt4'; valid presets: gpt3-13b, gpt3-175b, gpt3-6.7b, "
