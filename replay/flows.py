@@ -17,7 +17,6 @@ The network is deterministic: events at one instant are handled together, in ins
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import deque
@@ -84,35 +83,51 @@ class _Transfer:
 
 
 class _Batch:
-    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version", "rep_links", "partial")
+    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version", "groups", "partial")
 
     def __init__(self, key: Hashable, n: int):
         self.key = key
         self.left = n
         self.ends: list[float] = [math.nan] * n
         self.solo: list[int] = []
-        """Replicas running on the fast path."""
+        """Groups (indices into ``groups``) running on the fast path."""
         self.solo_links: Sequence[int] = ()
-        self.rep_links: Sequence[tuple[int, ...]] = ()
+        self.groups: Sequence[_Group] = ()
         self.partial = False
-        """Some solo replicas were materialized: release the others' links one by one."""
+        """Not every group ran solo from the start: release links group by group."""
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
 
 
-class _ShapeInfo:
-    __slots__ = ("links", "collide", "durations", "keep", "all_links", "simple", "longest")
+class _Group:
+    """Replicas of a batch connected by shared links, run together alone from t = 0 (cached)."""
 
-    def __init__(self, links: list[tuple[int, ...]], collide: list[bool], durations: list[float], keep: Any):
+    __slots__ = ("members", "links", "rel_ends", "specs")
+
+    def __init__(self, members: tuple[int, ...], links: tuple[int, ...], rel_ends: list[float],
+                 specs: tuple[TransferSpec, ...]):
+        self.members = members  # replica indices in the batch
+        self.links = links  # union of their links
+        self.rel_ends = rel_ends  # end of each member, from the group's start
+        self.specs = specs
+
+
+class _ShapeInfo:
+    __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "simple", "longest")
+
+    def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
-        self.collide = collide  # replica shares a link with another replica of the batch
-        self.durations = durations  # idle-network time of each replica
+        self.groups = groups
+        self.rel_ends = [0.0] * n  # each replica's end from the batch start when its group runs alone
+        for g in groups:
+            for j, e in zip(g.members, g.rel_ends):
+                self.rel_ends[j] = e
         self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
-        self.all_links = tuple(l for ls in links for l in ls)
-        self.simple = not any(collide) and all(d > 0 for d in durations)
-        """No replica shares a link with another and every one takes time: all-solo is possible."""
-        self.longest = max(durations, default=0.0)
+        self.all_links = tuple(l for g in groups for l in g.links)
+        self.simple = all(e > 0 for e in self.rel_ends)
+        """Every replica takes time: the all-solo bulk path applies when its links are free."""
+        self.longest = max(self.rel_ends, default=0.0)
 
 
 class FluidNetwork:
@@ -145,6 +160,7 @@ class FluidNetwork:
         self._next_tid = 0
         self._next_bid = 0
         self._owned: dict[int, int] = {}  # link -> solo batch holding it
+        self._pending_start: dict[int, float] = {}  # transfer -> time its next phase starts
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
         self._shape_info: dict[tuple, tuple[np.ndarray, bool]] = {}
         self.now = 0.0
@@ -192,56 +208,54 @@ class FluidNetwork:
         if not specs:
             del self._batches[bid]
             return [(key, [])]
-        info = self._shape(specs, shape)
         n = len(specs)
+        if not self.solo_enabled:
+            return self._start_fluid(bid, specs, list(range(n)), now)
+        info = self._shape(specs, shape)
         lf, owned = self._link_flows, self._owned
-        if (self.solo_enabled and info.simple and lf.keys().isdisjoint(info.all_links)
+        if (info.simple and lf.keys().isdisjoint(info.all_links)
                 and owned.keys().isdisjoint(info.all_links)):
-            # Every replica runs solo (the common case): bulk bookkeeping at C speed.
-            batch.t0, batch.specs, batch.solo = now, specs, list(range(n))
-            batch.ends = [now + d for d in info.durations]
+            # Every group runs solo (the common case): bulk bookkeeping at C speed.
+            batch.t0, batch.specs, batch.solo, batch.groups = now, specs, list(range(len(info.groups))), info.groups
+            batch.ends = [now + d for d in info.rel_ends]
             owned.update(dict.fromkeys(info.all_links, bid))
-            batch.solo_links, batch.rep_links = info.all_links, info.links
+            batch.solo_links = info.all_links
             self._push(now + info.longest, 2, bid, batch.version)
             return []
-        if self.solo_enabled:
-            blocked = list(info.collide)
-            if lf or owned:
-                for j, links in enumerate(info.links):
-                    if not blocked[j]:
-                        for l in links:
-                            if l in lf or l in owned:
-                                blocked[j] = True
-                                break
-        else:
-            blocked = [True] * n
-        fluid = [j for j in range(n) if blocked[j]]
-        if len(fluid) < n:
-            batch.t0, batch.specs = now, specs
-            durations = info.durations
-            for j in range(n):
-                if not blocked[j]:
-                    e = now + durations[j]
-                    batch.ends[j] = e
-                    if e > now:
-                        batch.solo.append(j)
-                    else:
-                        batch.left -= 1  # nothing to move: done at once
-            if batch.left == 0:
-                del self._batches[bid]
-                return [(key, batch.ends)]
+        fluid: list[int] = []
+        batch.t0, batch.specs, batch.groups = now, specs, info.groups
+        for gi, g in enumerate(info.groups):
+            if any(l in lf or l in owned for l in g.links):
+                fluid.extend(g.members)
+                continue
+            timed = False
+            for j, e in zip(g.members, g.rel_ends):
+                batch.ends[j] = now + e
+                if e > 0:
+                    timed = True
+                else:
+                    batch.left -= 1  # nothing to move: done at once
+            if timed:
+                batch.solo.append(gi)
+        if batch.left == 0:
+            del self._batches[bid]
+            return [(key, batch.ends)]
         if fluid and owned:
             hit = {l for j in fluid for l in info.links[j] if l in owned}
             for ob in sorted({owned[l] for l in hit}):
                 self._materialize(ob, now, hit)
         if batch.solo:
-            batch.rep_links = info.links
-            sl = batch.solo_links = []
-            for j in batch.solo:
-                for l in info.links[j]:
+            batch.partial = True
+            for gi in batch.solo:
+                for l in info.groups[gi].links:
                     owned[l] = bid
-                    sl.append(l)
-            self._push(max(batch.ends[j] for j in batch.solo), 2, bid, batch.version)
+            self._push(max(batch.ends[j] for gi in batch.solo for j in info.groups[gi].members), 2, bid,
+                       batch.version)
+        return self._start_fluid(bid, specs, fluid, now)
+
+    def _start_fluid(self, bid: int, specs: Sequence[TransferSpec], fluid: list[int],
+                     now: float) -> list[tuple[Hashable, list[float]]]:
+        """Start replicas ``fluid`` of batch ``bid`` as ordinary flows."""
         touched: set[int] = set()
         done: list[tuple[Hashable, list[float]]] = []
         for j in fluid:
@@ -286,18 +300,21 @@ class FluidNetwork:
                     finished_tids.append(f.tid)
             elif kind == 1:
                 phase_starts.append(ident)
+                self._pending_start.pop(ident, None)
             else:
                 b = self._batches.get(ident)
                 if b is None or not b.solo or b.version != version:
                     continue
                 if b.partial:
-                    for j in b.solo:
-                        for l in b.rep_links[j]:
+                    for gi in b.solo:
+                        g = b.groups[gi]
+                        for l in g.links:
                             del self._owned[l]
+                        b.left -= sum(1 for j, e in zip(g.members, g.rel_ends) if e > 0)
                 else:
                     deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+                    b.left -= len(b.ends)
                 b.solo_links = ()
-                b.left -= len(b.solo)
                 b.solo = []
                 self.solo_batches += 1
                 if b.left == 0:
@@ -317,58 +334,64 @@ class FluidNetwork:
         return t0, done
 
     # -- internals ------------------------------------------------------------------------------
-    def _info(self, spec: TransferSpec) -> tuple[TransferSpec, np.ndarray, float]:
-        """(spec, its distinct links, its idle-network time), cached by identity."""
-        v = self._spec_info.get(id(spec))
-        if v is None or v[0] is not spec:
-            links = np.unique(np.fromiter((l for ph in spec.phases for f in ph.flows if f.nbytes > 0
-                                           for l in f.links), dtype=np.int64))
-            v = (spec, links, solo_time(spec, self.capacity) if self.solo_enabled else math.nan)
-            self._spec_info[id(spec)] = v
-        return v
+    @staticmethod
+    def _links(spec: TransferSpec) -> tuple[int, ...]:
+        return tuple(sorted({l for ph in spec.phases for f in ph.flows if f.nbytes > 0 for l in f.links}))
 
-    def _schedule(self, spec: TransferSpec) -> list[tuple]:
-        """Snapshots of ``spec`` run alone from t=0: (t, phase, phase start or nan, flows).
-
-        Each flow is (links, remaining at t_last, rate, cap, t_last). Cached by identity.
-        """
-        k = ("sched", id(spec))
+    def _group(self, specs: tuple[TransferSpec, ...], members: tuple[int, ...], links: tuple[int, ...]) -> _Group:
+        """Run ``specs`` together on an idle network for their end times (cached by spec identity)."""
+        k = ("g",) + tuple(map(id, specs))
         v = self._spec_info.get(k)
-        if v is None or v[0] is not spec:
+        if v is None or any(a is not b for a, b in zip(v[0], specs)):
             scratch = FluidNetwork(self.capacity, solo=False)
-            snaps: list[tuple] = []
-
-            def snap(t: float) -> None:
-                if not scratch._transfers:
-                    snaps.append((t, -1, math.nan, ()))
-                    return
-                (stid, st), = scratch._transfers.items()
-                starts = [x[0] for x in scratch._heap if x[2] == 1 and x[3] == stid]
-                snaps.append((t, st.phase, min(starts) if starts else math.nan,
-                              tuple((f.links, f.remaining, f.rate, f.cap, f.t_last) for f in scratch._flows.values())))
-
-            scratch.start(0, [spec], 0.0)
-            snap(0.0)
-            while scratch._transfers:
-                t, _ = scratch.step()
-                snap(t)
-            v = (spec, snaps)
+            done = scratch.start(0, list(specs), 0.0)
+            while not done:
+                _, done = scratch.step()
+            v = (specs, done[0][1])
             self._spec_info[k] = v
-        return v[1]
+        return _Group(members, links, v[1], specs)
+
+    def _group_state(self, g: _Group, dt: float) -> dict[int, tuple]:
+        """State of group ``g`` run alone, ``dt`` after its start: member position -> (phase,
+        next phase start or nan, flows as (links, remaining, rate, cap, t_last)). Replays it."""
+        scratch = FluidNetwork(self.capacity, solo=False)
+        scratch.start(0, list(g.specs), 0.0)
+        while scratch.next_time() <= dt:
+            scratch.step()
+        flows: dict[int, list] = {}
+        for f in scratch._flows.values():
+            flows.setdefault(f.tid, []).append((f.links, f.remaining, f.rate, f.cap, f.t_last))
+        return {tr.key[1]: (tr.phase, scratch._pending_start.get(tid, math.nan), tuple(flows.get(tid, ())))
+                for tid, tr in scratch._transfers.items()}
 
     def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> _ShapeInfo:
-        """Links of a batch's replicas, which replicas share links, and their solo times (cached)."""
+        """Links of a batch's replicas grouped by shared links, with each group's solo run (cached)."""
         k = ("s", id(shape)) if shape is not None else tuple(map(id, specs))
         v = self._shape_info.get(k)
         if v is None:
-            infos = [self._info(s) for s in specs]
-            links = [tuple(i[1].tolist()) for i in infos]
-            uses: dict[int, int] = {}
-            for ls in links:
+            links = [self._links(s) for s in specs]
+            parent = list(range(len(specs)))
+
+            def find(x: int) -> int:
+                while parent[x] != x:
+                    parent[x] = parent[parent[x]]
+                    x = parent[x]
+                return x
+
+            first: dict[int, int] = {}
+            for j, ls in enumerate(links):
                 for l in ls:
-                    uses[l] = uses.get(l, 0) + 1
-            collide = [any(uses[l] > 1 for l in ls) for ls in links]
-            v = _ShapeInfo(links, collide, [float(i[2]) for i in infos], shape)
+                    o = first.setdefault(l, j)
+                    if o != j:
+                        parent[find(j)] = find(o)
+            comps: dict[int, list[int]] = {}
+            for j in range(len(specs)):
+                comps.setdefault(find(j), []).append(j)
+            groups = []
+            for members in comps.values():
+                glinks = tuple(sorted({l for j in members for l in links[j]}))
+                groups.append(self._group(tuple(specs[j] for j in members), tuple(members), glinks))
+            v = _ShapeInfo(links, groups, len(specs), shape)
             self._shape_info[k] = v
         return v
 
@@ -382,37 +405,39 @@ class FluidNetwork:
             done.append((b.key, b.ends))
 
     def _materialize(self, bid: int, now: float, hit: set[int]) -> None:
-        """Turn the solo replicas of batch ``bid`` that use a link in ``hit`` into fluid flows,
-        replayed alone up to ``now``; the others stay solo."""
+        """Turn the solo groups of batch ``bid`` that use a link in ``hit`` into fluid flows,
+        replayed (alone) up to ``now``; the others stay solo."""
         b = self._batches[bid]
         owned = self._owned
-        victims = [j for j in b.solo if not hit.isdisjoint(b.rep_links[j])]
-        b.solo = [j for j in b.solo if hit.isdisjoint(b.rep_links[j])]
-        b.partial = True
-        for j in victims:
-            for l in b.rep_links[j]:
-                del owned[l]
+        if not b.partial:  # bulk-started: switch to group-by-group link ownership
+            b.partial = True
+        victims = [gi for gi in b.solo if not hit.isdisjoint(b.groups[gi].links)]
+        b.solo = [gi for gi in b.solo if hit.isdisjoint(b.groups[gi].links)]
         touched: set[int] = set()
-        for j in victims:
-            spec = b.specs[j]
-            dt = now - b.t0
-            snaps = self._schedule(spec)
-            i = bisect.bisect_right([x[0] for x in snaps], dt) - 1
-            t_rel, phase, t_start, flows = snaps[max(i, 0)]
-            if b.ends[j] <= now or phase < 0:
-                b.left -= 1  # already complete by now; its end time stands
-                b.ends[j] = min(b.ends[j], now)
-                continue
-            b.ends[j] = math.nan
-            tid = self._next_tid
-            self._next_tid += 1
-            tr = _Transfer((bid, j), spec, b.t0)
-            tr.phase, tr.pending = phase, len(flows)
-            self._transfers[tid] = tr
-            if t_start == t_start:  # a phase start is pending
-                self._push(b.t0 + t_start, 1, tid, 0)
-            for links, rem, rate, cap, t_last in flows:
-                self._add_flow(tid, links, rem - rate * (dt - t_last), cap, now, touched)
+        dt = now - b.t0
+        for gi in victims:
+            g = b.groups[gi]
+            for l in g.links:
+                del owned[l]
+            state = self._group_state(g, dt)
+            for pos, j in enumerate(g.members):
+                if g.rel_ends[pos] <= 0:
+                    continue  # took no time: already counted done
+                if b.ends[j] <= now or pos not in state:
+                    b.left -= 1  # already complete by now; its end time stands
+                    continue
+                b.ends[j] = math.nan
+                phase, t_start, flows = state[pos]
+                tid = self._next_tid
+                self._next_tid += 1
+                tr = _Transfer((bid, j), b.specs[j], b.t0)
+                tr.phase, tr.pending = phase, len(flows)
+                self._transfers[tid] = tr
+                if t_start == t_start:  # a phase start is pending
+                    self._push(b.t0 + t_start, 1, tid, 0)
+                    self._pending_start[tid] = b.t0 + t_start
+                for links, rem, rate, cap, t_last in flows:
+                    self._add_flow(tid, links, rem - rate * (dt - t_last), cap, now, touched)
         if b.left == 0:
             raise AssertionError("materialized a batch that had completed")
         if not b.solo:
@@ -440,6 +465,7 @@ class FluidNetwork:
             ph = phases[tr.phase]
             if ph.latency_s > 0:
                 self._push(now + ph.latency_s, 1, tid, 0)
+                self._pending_start[tid] = now + ph.latency_s
                 return False
             if not self._start_flows(tid, tr, now, touched):
                 return False
