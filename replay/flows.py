@@ -138,10 +138,12 @@ class FluidNetwork:
     ``(key, [end time of each transfer])``. :meth:`next_time` is the time of the next internal
     event (inf when idle); :meth:`step` handles that instant and returns ``(time, completed)``.
 
-    Fast path (exact): a transfer whose links no flow in flight uses and no other transfer of its
-    batch uses runs *solo*: its end time is its idle-network time (cached per spec). Should a
-    later batch touch one of its links, it is *materialized*: replayed alone up to that instant,
-    it continues as ordinary fluid flows.
+    Fast path (exact): a batch's transfers are split into *groups* connected by shared links. A
+    group whose links no flow in flight uses runs *solo*: its end times are those of the group
+    alone on an idle network (computed once per distinct group and cached). Should a later batch
+    touch one of its links, the group is *materialized*: replayed alone up to that instant, it
+    continues as ordinary fluid flows. ``solo=False`` turns the fast path off (the reference
+    engine runs that way, and the tests compare the two).
     """
 
     def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True):
