@@ -116,3 +116,24 @@ def test_solo_batches_materialize_exactly():
         np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
     # ab[1] alone: 1e9/2e9 + 0.5e9/2e9 = 0.75 s; ab[0]: 1 ms + 0.699 s alone, then shares link 0.
     assert out[True]["ab"][1] == pytest.approx(0.75)
+
+
+def test_link_sharing_replicas_run_as_one_solo_group():
+    """Replicas sharing a link form a group: alone they split it (2 s each); a later transfer on
+    that link materializes the group; every end time equals the plain fluid model's."""
+    out = {}
+    for solo in (True, False):
+        net = FluidNetwork([1e9, 1e9, 1e9], solo=solo)
+        got = {}
+        net.start("pair", [one((0, 1), 1e9), one((0, 2), 1e9), one((2,), 0.5e9)], 0.0)
+        while net.next_time() < 1.0:
+            _, done = net.step()
+            got.update(dict(done))
+        net.start("late", [one((1,), 1e9)], 1.0)
+        while not net.idle():
+            _, done = net.step()
+            got.update(dict(done))
+        out[solo] = got
+    for k in ("pair", "late"):
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
+    assert FluidNetwork([1e9, 1e9, 1e9]).start("x", [one((0,), 1e9)], 0.0) == []
