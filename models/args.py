@@ -46,6 +46,8 @@ class OptimConfig:
     """Static fp16 loss scale (None for bf16/fp32)."""
     bucket_size: int | None
     """``--ddp-bucket-size`` in elements (None: Megatron's default)."""
+    align_grad_reduce: bool
+    """False with ``--no-align-grad-reduce``: every stage reduces from grad hooks."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +100,7 @@ _DEFAULTS: dict[str, Any] = {
     "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
     "sequence_parallel": False, "recompute_granularity": None, "recompute_method": None,
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
-    "overlap_param_gather": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
+    "overlap_param_gather": False, "no_align_grad_reduce": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
@@ -145,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
               "--loss-scale"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--bf16", "--fp16", "--swiglu",
-              "--squared-relu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+              "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce", "--bf16",
+              "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
+              "--disable-bias-linear"):
         add(f)
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
@@ -285,6 +288,6 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         lr=a["lr"], weight_decay=a["weight_decay"], clip_grad=a["clip_grad"],
         adam_beta1=a["adam_beta1"], adam_beta2=a["adam_beta2"], adam_eps=a["adam_eps"],
         loss_scale=(a["loss_scale"] or 65536.0) if a["fp16"] else None,
-        bucket_size=a["ddp_bucket_size"])
+        bucket_size=a["ddp_bucket_size"], align_grad_reduce=not a["no_align_grad_reduce"])
     return RunConfig(model=mcfg, parallel=pcfg, train=tcfg, optim=optim, num_microbatches=m,
                      stage_layers=counts, seed=a["seed"], preset=ns.preset)

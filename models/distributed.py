@@ -300,6 +300,8 @@ class ModelGradSync:
         sequence_parallel: whether parameters marked ``sequence_parallel`` need that sum.
         embedding_group: first+last stage group for tied embeddings (None: nothing to tie).
         embedding_params: the tied word-embedding / output weight(s) this rank holds.
+        align_grad_reduce: Megatron's default: with pipelining, only the first 1F1B stage reduces
+            from grad hooks; the others (and interleaved chunks) launch from the schedule.
     """
 
     def __init__(
@@ -310,8 +312,10 @@ class ModelGradSync:
         sequence_parallel: bool = False,
         embedding_group: Any = None,
         embedding_params: Sequence[nn.Parameter] = (),
+        align_grad_reduce: bool = True,
     ) -> None:
         self.chunks = list(chunks)
+        self.align_grad_reduce = align_grad_reduce
         self.tp_group = tp_group
         self.sequence_parallel = sequence_parallel
         self.embedding_group = embedding_group

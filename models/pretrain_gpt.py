@@ -98,7 +98,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                         separate_params=shared if pcfg.use_distributed_optimizer else ())
            for c, m in enumerate(chunks)]
     gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
-                       embedding_group=ps.embedding_group, embedding_params=shared)
+                       embedding_group=ps.embedding_group, embedding_params=shared,
+                       align_grad_reduce=cfg.optim.align_grad_reduce)
     o = cfg.optim
     opt = MixedPrecisionAdam(
         gs, lr=o.lr, weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,

@@ -62,6 +62,9 @@ class GradSync(Protocol):
     overlap_grad_reduce: bool
     """True when a backward with grad sync enabled issues collectives from grad hooks."""
 
+    align_grad_reduce: bool
+    """Megatron's ``align_grad_reduce`` (default True; ``--no-align-grad-reduce`` turns it off)."""
+
     def param_sync_pending(self, chunk: int) -> bool:
         """True when the next forward of ``chunk`` waits for overlapped parameter all-gathers."""
         ...
@@ -243,9 +246,15 @@ class _Runner:
         only on the first stage of 1F1B and never in the interleaved schedule; the other
         stages issue the chunk's reduction from the schedule (``start_grad_sync``).
         """
-        if not self.overlap or mb != self.m - 1 or self.vpp > 1:
+        if not self.overlap or mb != self.m - 1:
             return False
-        return self.pp_rank == 0
+        if not self.aligned:
+            return True  # every stage and chunk reduces from hooks in its last backward
+        return self.vpp == 1 and self.pp_rank == 0
+
+    @property
+    def aligned(self) -> bool:
+        return bool(getattr(self.gs, "align_grad_reduce", True)) and self.pp > 1
 
     def start_grad_sync(self, chunk: int) -> None:
         if self.overlap:
@@ -395,13 +404,15 @@ def _interleaved(r: _Runner) -> None:
 
     def bwd_helper(k: int) -> Tensor | None:
         chunk, mb = _chunk_id(k, pp, vpp, False), _mb_in_chunk(k, pp, vpp)
+        if r.syncs_in_backward(mb):  # not aligned: hooks reduce in the chunk's last backward
+            r.set_grad_sync(True)
         if r.last_virtual(chunk) and not grads[chunk]:
             grads[chunk].append(None)
         dx = r.backward(chunk, mb, inputs[chunk].pop(0), outputs[chunk].pop(0), grads[chunk].pop(0))
         # Megatron launches a chunk's reduction pp_rank steps after its last backward, so that
         # all stages launch it at the same time (schedules.py, custom grad_sync_func path).
         sync_k = k - rank
-        if sync_k >= 0 and is_last_mb_of_chunk(sync_k):
+        if r.aligned and sync_k >= 0 and is_last_mb_of_chunk(sync_k):
             sync_chunk = _chunk_id(sync_k, pp, vpp, False)
             r.start_grad_sync(sync_chunk)
             synced.add(sync_chunk)

@@ -284,11 +284,12 @@ class _OverlapSync:
         self.finalized += 1
 
 
-def _overlap_run(rank, pp, m, vpp=1, cache=False):
+def _overlap_run(rank, pp, m, vpp=1, cache=False, align=True):
     holder = {}
 
     def factory(chunks):
         holder["gs"] = _OverlapSync(annotate.get_annotator())
+        holder["gs"].align_grad_reduce = align
         return holder["gs"]
 
     ann, _, _ = run_rank(rank, pp, m, vpp=vpp, cache=cache, grad_sync_factory=factory)
@@ -328,6 +329,17 @@ def test_interleaved_launches_chunk_sync_rank_steps_after_its_last_backward(rank
     ann, gs = _overlap_run(rank, 2, 4, vpp=2)
     assert [e for e in gs.events if e[0] == "start"] == expect
     assert all(not (k[3] if k[0] == "fwd" else k[2]) for k, *_ in ann.blocks)
+
+
+@pytest.mark.parametrize("vpp,expect_on", [(1, [4]), (2, [6, 8])])
+def test_no_align_grad_reduce_uses_hooks_on_every_stage(vpp, expect_on):
+    """With --no-align-grad-reduce every stage (and every interleaved chunk) switches grad hooks
+    on right before its last micro-batch's backward; those keys are distinct."""
+    ann, gs = _overlap_run(1, 2, 4, vpp=vpp, align=False)
+    on = [n + 1 for kind, enabled, n in gs.events if kind == "sync" and enabled][:len(expect_on)]
+    assert on == expect_on  # (n backwards done before it) + 1 = the backward that syncs
+    distinct = [k for k, *_ in ann.blocks if k[0] == "bwd" and k[2]]
+    assert len(distinct) == vpp
 
 
 def test_async_grad_sync_blocks_rerun_every_iteration():
