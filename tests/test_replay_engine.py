@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from capture.ir import Block, GroupInfo, Role, Segment, Trace
-from heterosim.errors import TraceMismatchError
+from heterosim.errors import ReplayError, TraceMismatchError
 from replay.engine import run_fast
 from replay.expand import rank_classes
 from replay.expand import CommInstance, Workload
@@ -262,3 +262,20 @@ def test_missing_partner_deadlock_is_an_error_not_a_hang():
             run(w)
         assert "p2p recv on group 0" in str(e.value) and "no matching send on rank 0" in str(e.value)
         assert "rank 1 is blocked at op 1 (c10d.wait) waiting for op 0" in str(e.value)
+
+
+def test_max_symmetry_keeps_classes_and_uses_the_slowest_replica():
+    """symmetry='max': one class, every rank ends with the slower replica; 'auto' past its class
+    budget switches to it in place; unknown modes are refused."""
+    rows = [coll("all_reduce", "0", 10**9), wait(1), comp(1e9)]
+    groups = {"0": ([0, 1], "dp", "dp"), "1": ([2, 3], "dp", "dp")}
+    trace = make_trace(4, groups, [([0, 1, 2, 3], {"b": rows}, [("b", 0)])])
+    w = toy_workload(trace, bw=[1e9, 1e9, 2e9, 2e9])
+    run = run_fast(w, symmetry="max")
+    assert len(run.classes) == 1 and run.symmetry == "max" and run.asymmetric == 1
+    assert [run.rank_times(r).finish_s for r in range(4)] == [pytest.approx(1.0 + 1e-3)] * 4
+    assert run.max_spread == pytest.approx(0.5)
+    auto = run_fast(w, max_classes=1)
+    assert auto.symmetry == "max" and auto.restarts == 0 and auto.rank_times(2).finish_s == pytest.approx(1.001)
+    with pytest.raises(ReplayError, match="unknown symmetry mode 'fast'; valid: exact, max, auto"):
+        run_fast(w, symmetry="fast")
