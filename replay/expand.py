@@ -17,7 +17,7 @@ Pairing rules (the same for both engines):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 

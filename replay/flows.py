@@ -21,7 +21,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 

@@ -9,10 +9,8 @@ reference engine) runs the iteration.
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np

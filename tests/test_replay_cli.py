@@ -80,7 +80,6 @@ def test_world_size_mismatch_names_both_sizes(trace_dir):
 
 def test_gpu_missing_from_the_catalogue(trace_dir):
     """A cluster whose GPU type the catalogue lacks fails before simulating, naming it."""
-    from replay.cluster import read_spec  # noqa: F401  (the spec schema lives with the cluster)
     import yaml
     from replay.cluster_presets import preset_path
 
