@@ -81,3 +81,14 @@ def test_collectives_in_different_order_deadlock_with_a_clear_error():
     trace = make_trace(2, groups, [([0], {"x": r0}, [("x", 0)]), ([1], {"x": r1}, [("x", 0)])])
     with pytest.raises(TraceMismatchError, match=r"all_reduce on group a sequence 0: ranks \[0\] issued it"):
         run_reference(toy_workload(trace))
+
+
+def test_without_link_sharing_each_transfer_takes_its_idle_time():
+    """link_sharing=False: the two NIC-sharing all-reduces each take their alone time, 1 s."""
+    from replay.engine import run_fast
+
+    groups = {"0": ([0, 2], "dp", "dp"), "1": ([1, 3], "dp", "dp")}
+    trace = make_trace(4, groups, [([0, 1, 2, 3], {"b": [coll("all_reduce", "0", 10**9), wait(1)]}, [("b", 0)])])
+    w = toy_workload(trace, node=[0, 0, 1, 1], bw=[1e12] * 4, nic_bw=1e9, link_sharing=False)
+    assert run_reference(w)[0].finish_s == pytest.approx(1.0)
+    assert run_fast(w).rank_times(3).finish_s == pytest.approx(1.0)
