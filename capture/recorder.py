@@ -380,6 +380,14 @@ class Recorder(TorchDispatchMode, Annotator):
                     del self.pending_funcol[k]
                 self._record_wait(target[0], phase=phase, module=module)
 
+    def _map_sequence(self, in_bwd: bool, module: str) -> None:
+        # The autograd node of the running forward op (or custom Function) has the sequence number
+        # just issued; its backward ops look the module up by it (capture_proto.md §3).
+        if not in_bwd:
+            seq = torch.autograd._get_sequence_nr() - 1
+            if seq >= 0 and seq not in self.seq2mod:
+                self.seq2mod[seq] = module
+
     def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         if func in _ALLOC or func in _SKIP:
             return out
@@ -401,10 +409,7 @@ class Recorder(TorchDispatchMode, Annotator):
             self._flush_funcol(ins, phase, module)
         if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
             return out  # views move no data; deps flow through the shared storage
-        if not in_bwd:
-            seq = torch.autograd._get_sequence_nr() - 1
-            if seq >= 0 and seq not in self.seq2mod:
-                self.seq2mod[seq] = module
+        self._map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype)
         oid = self._append(
             {
@@ -445,6 +450,7 @@ class Recorder(TorchDispatchMode, Annotator):
             return out
         if self.pending_funcol:
             self._flush_funcol(ins, phase, module)
+        self._map_sequence(in_bwd, module)
         info = comm_info.describe_comm(func, args, kwargs, out)
         pg = comm_info.find_group(func, args, kwargs)
         gid = self.world.gid_of(pg)
