@@ -62,12 +62,13 @@ def test_model_flops_match_megatron(tmp_path, world, tp, pp, extra):
     assert s["hardware_flops"] == pytest.approx(s["model_flops"], rel=1e-12)
 
 
-def test_full_recompute_hardware_flops(tmp_path):
+@pytest.mark.parametrize("world,tp,pp", [(4, 2, 2), (2, 1, 1)])
+def test_full_recompute_hardware_flops(tmp_path, world, tp, pp):
     """With full recomputation hardware_flops equals 96 B s l h^2 (1 + s/6h + V/16lh)."""
     out = tmp_path / "t"
-    t = capture(out, 4, *TINY, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                "--global-batch-size", "4", "--recompute-granularity", "full", "--recompute-method", "uniform",
-                "--recompute-num-layers", "1")
+    t = capture(out, world, *TINY, "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size",
+                str(pp), "--global-batch-size", "4", "--recompute-granularity", "full", "--recompute-method",
+                "uniform", "--recompute-num-layers", "1")
     s = inspect(out)
     assert s["hardware_flops"] == pytest.approx(megatron_flops(t.model, 4, recompute=True), rel=0.01)
     assert s["model_flops"] == pytest.approx(megatron_flops(t.model, 4), rel=0.01)
