@@ -400,8 +400,27 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     flags += p_flags
     notes.append(p_note)
     cluster, gpu, hw_notes = cluster_for(case.hardware, world)
+    notes += _attention_notes(case, gpu)
     return CaseInputs(flags=tuple(flags), world_size=world, cluster=cluster, gpu=gpu,
                       assumptions=tuple(notes + hw_notes))
+
+
+def _attention_notes(case: Case, gpu: str) -> list[str]:
+    """What the attention kernel will be, and why that may differ from the measured run."""
+    from kernel_db.catalogue import get_gpu
+
+    word = str(case.model.get("attention", "")).lower()
+    if word and "flash" not in word:
+        raise ConfigError(f"case {case.id}: model.attention {word!r} is not implemented: models/ captures "
+                          "flash attention only (unfused baddbmm + softmax + dropout + bmm is a missing feature)")
+    notes = [] if word else ["attention kernel not stated: flash attention, the only core attention models/ "
+                             "implements (Megatron-LM before 2022 ran it unfused: baddbmm, fused softmax, "
+                             "dropout, bmm -- not modelled)"]
+    cc = get_gpu(gpu).compute_capability
+    if 0 < cc < 80:
+        notes.append(f"{gpu} (sm_{cc}) has no flash-attention kernel (FlashAttention needs sm_80+); its "
+                     "attention is priced by kernel_db's curve for the arch")
+    return notes
 
 
 def flop_convention(case: Case) -> str | None:

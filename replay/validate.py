@@ -244,7 +244,13 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
     from .cluster import load_cluster
     from .simulate import simulate
 
-    inputs: CaseInputs = megatron_flags(case)
+    try:
+        inputs: CaseInputs = megatron_flags(case)
+    except ConfigError as e:
+        miss = _missing_feature(str(e))
+        if miss:
+            return CaseResult(id=case.id, category=case.category, status="missing_feature", message=miss)
+        raise
     notes = list(inputs.assumptions)
     try:
         path = capture_cached(inputs.flags, inputs.world_size, cache_dir)

@@ -173,3 +173,14 @@ def test_public_file_reads():
             load_cluster(ci.cluster, num_gpus=ci.world_size)
             n += 1
     assert n >= 20
+
+
+def test_attention_notes_and_missing_feature():
+    """The attention kernel used is stated; pre-sm_80 GPUs are flagged; 'unfused' is a missing feature."""
+    ci = megatron_flags(_case(hardware={"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2",
+                                        "intra_node": "NVLink2 + NVSwitch", "inter_node": "8 x 100 Gb/s EDR"}))
+    text = " | ".join(ci.assumptions)
+    assert "attention kernel not stated: flash attention" in text
+    assert "V100-SXM2-32GB (sm_70) has no flash-attention kernel" in text
+    with pytest.raises(ConfigError, match="model.attention 'unfused' is not implemented"):
+        megatron_flags(_case(model={**_case().model, "attention": "unfused"}))

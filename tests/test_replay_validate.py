@@ -179,3 +179,13 @@ def test_cli_json_and_plot(env, capsys, tmp_path):
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["collective"]["compared"] == 1
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unfused_attention_case_reports_missing_feature(tmp_path):
+    """A case asking for a feature models/ lacks is reported as missing_feature, not guessed."""
+    from replay.validate import validate
+
+    case = {**E2E, "id": "unfused", "model": {**E2E["model"], "attention": "unfused"}}
+    rep = validate(_write(tmp_path, [case]), cache_dir=tmp_path / "c")
+    (r,) = rep.cases
+    assert r.status == "missing_feature" and "unfused" in r.message and rep.mape("end_to_end") is None
