@@ -72,18 +72,20 @@ class _Flow:
 
 
 class _Transfer:
-    __slots__ = ("key", "spec", "phase", "pending", "t0")
+    __slots__ = ("key", "spec", "phase", "pending", "t0", "links")
 
-    def __init__(self, key: Hashable, spec: TransferSpec, t0: float = 0.0):
+    def __init__(self, key: Hashable, spec: TransferSpec, t0: float = 0.0, links: tuple[int, ...] = ()):
         self.key = key  # (batch id, replica index)
         self.spec = spec
         self.phase = -1
         self.pending = 0
         self.t0 = t0
+        self.links = links  # every link of every phase, reserved while it is in flight (fast path on)
 
 
 class _Batch:
-    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version", "groups", "partial")
+    __slots__ = ("key", "left", "ends", "solo", "solo_links", "t0", "specs", "version", "groups", "partial",
+                 "info")
 
     def __init__(self, key: Hashable, n: int):
         self.key = key
@@ -98,6 +100,8 @@ class _Batch:
         self.t0 = 0.0
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
+        self.info: _ShapeInfo | None = None
+        """Set while the whole batch runs solo without per-link ownership (see ``FluidNetwork._bulk``)."""
 
 
 class _Group:
@@ -114,7 +118,7 @@ class _Group:
 
 
 class _ShapeInfo:
-    __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "simple", "longest")
+    __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest")
 
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
@@ -125,6 +129,7 @@ class _ShapeInfo:
                 self.rel_ends[j] = e
         self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
         self.all_links = tuple(l for g in groups for l in g.links)
+        self.link_set = frozenset(self.all_links)
         self.simple = all(e > 0 for e in self.rel_ends)
         """Every replica takes time: the all-solo bulk path applies when its links are free."""
         self.longest = max(self.rel_ends, default=0.0)
@@ -161,7 +166,15 @@ class FluidNetwork:
         self._next_fid = 0
         self._next_tid = 0
         self._next_bid = 0
-        self._owned: dict[int, int] = {}  # link -> solo batch holding it
+        self._owned: dict[int, int] = {}  # link -> solo batch holding it (per-link ownership)
+        self._bulk: dict[int, _ShapeInfo] = {}
+        """Batches running wholly solo, owning their shape's links without per-link entries: a new
+        batch checks them shape against shape (cached), which costs O(batches in flight) instead of
+        O(links); one is demoted to per-link ownership when a new batch collides with it."""
+        self._clash: dict[tuple[int, int], bool] = {}  # (id(shape a), id(shape b)) -> links intersect
+        self._reserved: dict[int, int] = {}
+        """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
+        must not start on a link a fluid transfer will use after its latency or in a later phase."""
         self._pending_start: dict[int, float] = {}  # transfer -> time its next phase starts
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
         self._shape_info: dict[tuple, tuple[np.ndarray, bool]] = {}
@@ -214,20 +227,33 @@ class FluidNetwork:
         if not self.solo_enabled:
             return self._start_fluid(bid, specs, list(range(n)), now)
         info = self._shape(specs, shape)
-        lf, owned = self._link_flows, self._owned
-        if (info.simple and lf.keys().isdisjoint(info.all_links)
-                and owned.keys().isdisjoint(info.all_links)):
-            # Every group runs solo (the common case): bulk bookkeeping at C speed.
+        reserved, owned, bulk = self._reserved, self._owned, self._bulk
+        clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
+                 and (not owned or owned.keys().isdisjoint(info.link_set)))
+        if clear and bulk:
+            clash = self._clash
+            me = id(info)
+            for ob, oi in bulk.items():
+                c = clash.get((me, id(oi)))
+                if c is None:
+                    c = clash[(me, id(oi))] = not info.link_set.isdisjoint(oi.link_set)
+                if c:
+                    clear = False
+                    break
+        if clear and info.simple:
+            # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape.
             batch.t0, batch.specs, batch.solo, batch.groups = now, specs, list(range(len(info.groups))), info.groups
             batch.ends = [now + d for d in info.rel_ends]
-            owned.update(dict.fromkeys(info.all_links, bid))
-            batch.solo_links = info.all_links
+            batch.info = info
+            bulk[bid] = info
             self._push(now + info.longest, 2, bid, batch.version)
             return []
+        for ob in [ob for ob, oi in bulk.items() if not info.link_set.isdisjoint(oi.link_set)]:
+            self._demote(ob)  # collides with this batch: per-link ownership from here on
         fluid: list[int] = []
         batch.t0, batch.specs, batch.groups = now, specs, info.groups
         for gi, g in enumerate(info.groups):
-            if any(l in lf or l in owned for l in g.links):
+            if any(l in reserved or l in owned for l in g.links):
                 fluid.extend(g.members)
                 continue
             timed = False
@@ -253,17 +279,27 @@ class FluidNetwork:
                     owned[l] = bid
             self._push(max(batch.ends[j] for gi in batch.solo for j in info.groups[gi].members), 2, bid,
                        batch.version)
-        return self._start_fluid(bid, specs, fluid, now)
+        return self._start_fluid(bid, specs, fluid, now, info.links)
+
+    def _demote(self, bid: int) -> None:
+        """Batch ``bid`` (bulk solo) holds its links one by one from now on."""
+        b = self._batches[bid]
+        info = self._bulk.pop(bid)
+        b.info = None
+        self._owned.update(dict.fromkeys(info.all_links, bid))
+        b.solo_links = info.all_links
 
     def _start_fluid(self, bid: int, specs: Sequence[TransferSpec], fluid: list[int],
-                     now: float) -> list[tuple[Hashable, list[float]]]:
-        """Start replicas ``fluid`` of batch ``bid`` as ordinary flows."""
+                     now: float, links: Sequence[tuple[int, ...]] | None = None) -> list[tuple[Hashable, list[float]]]:
+        """Start replicas ``fluid`` of batch ``bid`` as ordinary flows (``links``: each replica's
+        links, to reserve them while the fast path is on)."""
         touched: set[int] = set()
         done: list[tuple[Hashable, list[float]]] = []
         for j in fluid:
             tid = self._next_tid
             self._next_tid += 1
-            tr = _Transfer((bid, j), specs[j], now)
+            tr = _Transfer((bid, j), specs[j], now, links[j] if links is not None else ())
+            self._reserve(tr.links)
             self._transfers[tid] = tr
             if self._advance_phase(tid, tr, now, touched):
                 self._transfer_done(tr, now, done)
@@ -314,7 +350,11 @@ class FluidNetwork:
                             del self._owned[l]
                         b.left -= sum(1 for j, e in zip(g.members, g.rel_ends) if e > 0)
                 else:
-                    deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+                    if b.info is not None:
+                        del self._bulk[ident]
+                        b.info = None
+                    else:
+                        deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
                     b.left -= len(b.ends)
                 b.solo_links = ()
                 b.solo = []
@@ -432,7 +472,8 @@ class FluidNetwork:
                 phase, t_start, flows = state[pos]
                 tid = self._next_tid
                 self._next_tid += 1
-                tr = _Transfer((bid, j), b.specs[j], b.t0)
+                tr = _Transfer((bid, j), b.specs[j], b.t0, self._links(b.specs[j]))
+                self._reserve(tr.links)
                 tr.phase, tr.pending = phase, len(flows)
                 self._transfers[tid] = tr
                 if t_start == t_start:  # a phase start is pending
@@ -446,6 +487,20 @@ class FluidNetwork:
             b.version += 1  # its solo-end event is void
         if touched:
             self._recompute(touched, now)
+
+    def _reserve(self, links: tuple[int, ...]) -> None:
+        res = self._reserved
+        for l in links:
+            res[l] = res.get(l, 0) + 1
+
+    def _release(self, links: tuple[int, ...]) -> None:
+        res = self._reserved
+        for l in links:
+            n = res[l] - 1
+            if n:
+                res[l] = n
+            else:
+                del res[l]
 
     def _add_flow(self, tid: int, links: tuple[int, ...], nbytes: float, cap: float, now: float,
                   touched: set[int]) -> None:
@@ -463,6 +518,8 @@ class FluidNetwork:
             tr.phase += 1
             if tr.phase >= len(phases):
                 del self._transfers[tid]
+                if tr.links:
+                    self._release(tr.links)
                 return True
             ph = phases[tr.phase]
             if ph.latency_s > 0:

@@ -137,3 +137,54 @@ def test_link_sharing_replicas_run_as_one_solo_group():
     for k in ("pair", "late"):
         np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
     assert FluidNetwork([1e9, 1e9, 1e9]).start("x", [one((0,), 1e9)], 0.0) == []
+
+
+def _drain(net: FluidNetwork, until: float = math.inf) -> dict:
+    got = {}
+    while not net.idle() and net.next_time() <= until:
+        _, done = net.step()
+        got.update(dict(done))
+    return got
+
+
+def test_solo_batch_never_starts_on_a_link_a_fluid_transfer_reserved():
+    """A fluid transfer waiting out its latency holds no flows yet, but its links stay reserved:
+    a later batch on one of them must share with it (as the plain fluid model does), not run solo."""
+    one = lambda links, n, lat=0.0: TransferSpec(phases=(PhaseSpec(latency_s=lat, flows=(FlowSpec(links=links, nbytes=n),)),))
+    out = {}
+    for solo in (True, False):
+        net = FluidNetwork([1e9, 1e9], solo=solo)
+        got = {}
+        net.start("x", [one((0,), 1e9)], 0.0)  # solo on link 0
+        got.update(_drain(net, 0.1))
+        net.start("a", [one((0, 1), 1e8, lat=0.2)], 0.1)  # collides with x: fluid, 0.2 s latency
+        net.start("b", [one((1,), 3e8)], 0.15)  # link 1 has no flow yet, but a will use it at 0.3
+        got.update(_drain(net))
+        out[solo] = got
+    for k in ("x", "a", "b"):
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
+    # b moves 1.5e8 B alone (0.15 .. 0.3); a (1e8 B) and b share link 1 at 0.5e9 B/s until a ends
+    # at 0.5; b's last 0.5e8 B take 0.05 s alone: 0.55 (0.45 if it had wrongly run solo).
+    assert out[True]["b"] == [pytest.approx(0.55)]
+    assert out[True]["a"] == [pytest.approx(0.5)]
+
+
+def test_bulk_solo_batch_is_demoted_when_hit():
+    """Whole-batch solo runs hold their links by shape; a colliding batch demotes and materializes
+    only the group it hits, and the result equals the plain fluid model."""
+    one = lambda links, n: TransferSpec(phases=(PhaseSpec(flows=(FlowSpec(links=links, nbytes=n),)),))
+    out, solos = {}, {}
+    for solo in (True, False):
+        net = FluidNetwork([1e9] * 4, solo=solo)
+        got = {}
+        net.start("ab", [one((0,), 1e9), one((1,), 1e9)], 0.0)
+        net.start("cd", [one((2,), 1e9), one((3,), 5e8)], 0.0)  # disjoint from ab: bulk solo too
+        got.update(_drain(net, 0.2))
+        net.start("e", [one((1,), 1e9)], 0.2)  # hits ab's second replica only
+        got.update(_drain(net))
+        out[solo], solos[solo] = got, net.solo_batches
+    for k in ("ab", "cd", "e"):
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
+    assert out[True]["ab"] == pytest.approx([1.0, 1.8])  # 0.2 s alone, then 0.8e9 B at half rate: 1.6 s more
+    assert out[True]["e"] == [pytest.approx(2.0)]  # 0.8e9 B at half rate, then 0.2e9 B alone
+    assert solos[True] == 2  # cd, and ab whose first replica stayed solo, end on the fast path
