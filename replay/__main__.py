@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--placement", help="placement YAML (rank -> GPU mapping per node group or stage)")
     s.add_argument("--no-link-sharing", action="store_true",
                    help="give every transfer its uncontended time (faster, ignores contention)")
+    s.add_argument("--overlap-slowdown", type=float, default=0.0, metavar="F",
+                   help="compute runs at speed 1-F while a comm op of the same rank is in flight "
+                   "(NCCL takes SMs and HBM bandwidth; ~0.1 is typical); default 0: off")
     s.add_argument("--engine", default="fast", choices=("fast", "reference"), help=argparse.SUPPRESS)
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     s.add_argument("--timeline", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
@@ -86,7 +89,8 @@ def _simulate(a: argparse.Namespace) -> int:
         progress = bar.update
     try:
         res = simulate(a.trace, a.cluster, a.kernel_db, backend=a.backend, placement=a.placement,
-                       link_sharing=not a.no_link_sharing, engine=a.engine, progress=progress)
+                       link_sharing=not a.no_link_sharing, engine=a.engine,
+                       overlap_slowdown=a.overlap_slowdown, progress=progress)
     finally:
         if bar is not None:
             bar.close()

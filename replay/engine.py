@@ -157,7 +157,8 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
 
 class _Class:
     __slots__ = ("rep", "ranks", "sk", "spans", "pc", "tc", "blocked", "end", "start", "t_at",
-                 "stream_groups", "preds", "waits", "finish", "counters", "keys", "compute", "tail")
+                 "stream_groups", "preds", "waits", "finish", "counters", "keys", "compute", "tail",
+                 "work", "busy", "ver", "t_reach")
 
     def __init__(self, rep: int, ranks: tuple[int, ...], sk: RoleSkeleton, gpu: str):
         n = len(sk)
@@ -179,6 +180,12 @@ class _Class:
         self.counters: dict = {}
         self.keys: dict[int, tuple] = {}
         self.tail = False
+        # overlap slowdown: work (full-speed seconds) left in the span in progress (None: not
+        # started), comm ops in flight, version and time of the pending end-of-span event
+        self.work: float | None = None
+        self.busy = 0
+        self.ver = 0
+        self.t_reach = math.inf
 
 
 class _Sim:
@@ -229,6 +236,13 @@ class _Sim:
         self.timers: list[tuple[float, int, tuple, list[float]]] = []
         self.last_arrival: dict[tuple, tuple[int, int]] = {}
         self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
+        self.slow = w.overlap_slowdown
+        self.busy_rate = 1.0 - w.overlap_slowdown
+        self.reach: list[tuple[float, int, int, int]] = []  # (time, seq, class, version): span ends
+        self.in_flight: set[tuple] = set()
+        if self.slow:
+            for cl in self.classes:
+                cl.compute = 0.0  # accumulated as the spans run (stretched)
 
     # -- keys ---------------------------------------------------------------------------------
     def _shape(self, ci: int, p: int) -> "_Shape":
@@ -328,7 +342,79 @@ class _Sim:
                 t = e
         self.push_ready(t, ci, p)
 
+    def _run_span(self, ci: int, cl: _Class, p: int) -> bool:
+        """Slowdown mode: start (or finish) span ``p``; True while it runs."""
+        if cl.work is None:
+            cl.work = cl.spans[p]
+        if cl.work > 0:
+            cl.ver += 1
+            cl.t_reach = cl.tc + cl.work / (self.busy_rate if cl.busy else 1.0)
+            heapq.heappush(self.reach, (cl.t_reach, self.seq, ci, cl.ver))
+            self.seq += 1
+            return True
+        cl.work = None
+        return False
+
+    def _set_busy(self, ci: int, t: float, delta: int) -> None:
+        """A comm op of class ci started (+1) or ended (-1) at t: re-plan its span in progress."""
+        cl = self.classes[ci]
+        was = cl.busy
+        cl.busy += delta
+        if (was > 0) == (cl.busy > 0) or cl.work is None or cl.work <= 0 or cl.t_reach <= t:
+            return
+        cl.work -= (t - cl.tc) * (self.busy_rate if was else 1.0)
+        cl.compute += t - cl.tc
+        cl.tc = t
+        cl.work = max(cl.work, 0.0)
+        cl.ver += 1
+        cl.t_reach = t + cl.work / (self.busy_rate if cl.busy else 1.0)
+        heapq.heappush(self.reach, (cl.t_reach, self.seq, ci, cl.ver))
+        self.seq += 1
+
+    def _reached(self, t: float, ci: int, ver: int) -> None:
+        cl = self.classes[ci]
+        if ver != cl.ver:
+            return  # re-planned: a later event replaces it
+        cl.compute += t - cl.tc
+        cl.tc = t
+        cl.work = 0.0
+        self.advance(ci)
+
+    def _advance_slow(self, ci: int) -> None:
+        """:meth:`advance` with overlap slowdown: spans end at events, not ahead of time."""
+        cl = self.classes[ci]
+        sk = cl.sk
+        kinds = sk.kind
+        n = len(kinds)
+        while cl.pc < n:
+            p = cl.pc
+            if not cl.blocked:
+                if self._run_span(ci, cl, p):
+                    return
+                cl.t_at[p] = cl.tc
+            if kinds[p] == "wait":
+                tgt = sk.target[p]
+                te = cl.end[tgt]
+                if te != te:
+                    cl.blocked = True
+                    return
+                cl.blocked = False
+                if te > cl.tc:
+                    self._record_wait(cl, tgt, cl.tc, te)
+                    cl.tc = te
+            else:
+                self.issue(ci, p, cl.tc)
+            cl.pc += 1
+        if not cl.tail:
+            if self._run_span(ci, cl, n):
+                return
+            cl.tail = True
+        cl.finish = max(cl.finish, cl.tc)
+
     def advance(self, ci: int) -> None:
+        if self.slow:
+            self._advance_slow(ci)
+            return
         cl = self.classes[ci]
         sk = cl.sk
         kinds = sk.kind
@@ -381,6 +467,10 @@ class _Sim:
         if sh.trivial:
             self.complete(key, t)
             return
+        if self.slow:
+            self.in_flight.add(key)
+            for cj, _ in got:
+                self._set_busy(cj, t, +1)
         if sh.specs is None:
             sh.specs = [self.w.transfer_spec(inst) for inst in sh.insts]
         if self.w.link_sharing:
@@ -424,7 +514,12 @@ class _Sim:
     def complete(self, key: tuple, t: float) -> None:
         t0 = self.inst_start[key]
         last = self.last_arrival.pop(key)
+        counted = key in self.in_flight
+        if counted:
+            self.in_flight.discard(key)
         for ci, p in self.inst_members.pop(key):
+            if counted:
+                self._set_busy(ci, t, -1)
             cl = self.classes[ci]
             self.blocker[ci][p] = last
             cl.end[p] = t
@@ -469,21 +564,25 @@ class _Sim:
     def run(self, progress: Callable[[int], None] | None) -> FastRun:
         for ci in range(len(self.classes)):
             self.advance(ci)
-        heap, net, timers = self.heap, self.net, self.timers
+        heap, net, timers, reach = self.heap, self.net, self.timers, self.reach
         steps = 0
         while True:
             t_heap = heap[0][0] if heap else math.inf
             t_net = net.next_time()
             t_tim = timers[0][0] if timers else math.inf
-            if t_heap == math.inf and t_net == math.inf and t_tim == math.inf:
+            t_cmp = reach[0][0] if reach else math.inf
+            if t_heap == math.inf and t_net == math.inf and t_tim == math.inf and t_cmp == math.inf:
                 break
-            if t_net <= t_heap and t_net <= t_tim:
+            if t_net <= t_heap and t_net <= t_tim and t_net <= t_cmp:
                 t, done = net.step()
                 for k, ends in done:
                     self.batch_done(k, ends)
-            elif t_tim <= t_heap:
+            elif t_tim <= t_heap and t_tim <= t_cmp:
                 _, _, key, ends = heapq.heappop(timers)
                 self.batch_done(key, ends)
+            elif t_cmp <= t_heap:
+                t, _, ci, ver = heapq.heappop(reach)
+                self._reached(t, ci, ver)
             else:
                 t, _, ci, p = heapq.heappop(heap)
                 self.arrive(t, ci, p)

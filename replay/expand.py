@@ -76,6 +76,8 @@ class Workload:
     capacity_Bps: Sequence[float]
     link_sharing: bool = True
     """False: every transfer takes its uncontended time (no max-min sharing between transfers)."""
+    overlap_slowdown: float = 0.0
+    """Fraction of speed a rank's compute loses while one of its comm ops is in flight (0: none)."""
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +87,11 @@ class Workload:
                 f"workload: {len(self.gpu_type)} GPU types and {len(self.node)} nodes given for a "
                 f"trace of world size {w}; give one per rank"
             )
+        s = self.overlap_slowdown
+        if not (isinstance(s, (int, float)) and 0.0 <= s < 1.0):
+            raise ReplayError(
+                f"overlap_slowdown must be a fraction in [0, 1) (0.1: compute runs at 90% speed while "
+                f"communication of the same rank is in flight), got {s!r}")
 
     def block_durations(self, role_id: int, block: str, gpu: str) -> np.ndarray:
         """Cached :attr:`durations`."""
@@ -261,7 +268,7 @@ class RankTimes:
     finish_s: float
     """When the rank's last op (on any stream) completed."""
     compute_s: float
-    """Busy time of the compute stream."""
+    """Busy time of the compute stream (kernel time, stretched by any overlap slowdown)."""
     comm_start: np.ndarray
     """Per comm op (program order): when its transfer started."""
     comm_end: np.ndarray

@@ -11,7 +11,11 @@ streams + NCCL, eager mode):
   wait for each other);
 - the transfer starts when every member is ready, and completes when the network
   (:class:`~replay.flows.FluidNetwork`) delivers its last byte;
-- a wait op blocks the compute stream until its target comm op has completed.
+- a wait op blocks the compute stream until its target comm op has completed;
+- with ``w.overlap_slowdown = s > 0``, compute runs at speed ``1 - s`` while at least one comm op
+  of the same rank is in flight (from its transfer's start to its completion): NCCL kernels take
+  SMs and memory bandwidth from concurrent kernels. Compute then advances event by event (a
+  rate change re-plans the op in progress) instead of running ahead.
 
 If nothing can move while ops remain, it raises :class:`TraceMismatchError` naming the ranks, ops
 and group/sequence that did not match.
@@ -35,7 +39,7 @@ __all__ = ["run_reference"]
 
 class _Rank:
     __slots__ = ("ops", "pc", "tc", "blocked_at", "end", "start", "stream_groups", "compute",
-                 "waits", "finish", "preds")
+                 "waits", "finish", "preds", "work", "busy", "ver", "t_reach")
 
     def __init__(self, ops: list[RankOp]):
         self.ops = ops
@@ -50,6 +54,12 @@ class _Rank:
         self.waits: list[WaitRecord] = []
         self.finish = 0.0
         self.preds: dict[int, list[int]] = {}
+        # overlap slowdown: work (full-speed seconds) left in the compute op in progress (None: not
+        # started), comm ops in flight, version and time of the pending end-of-op event
+        self.work: float | None = None
+        self.busy = 0
+        self.ver = 0
+        self.t_reach = math.inf
 
 
 def run_reference(w: Workload) -> dict[int, RankTimes]:
@@ -64,6 +74,10 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
     stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (rank, pred op) -> [(op, issue t)]
     net = FluidNetwork(w.capacity_Bps, solo=False)  # plain fluid model: no fast path here
     timers: list[tuple[float, int, Hashable]] = []  # no-sharing mode: fixed-duration completions
+    slow = w.overlap_slowdown
+    busy_rate = 1.0 - slow
+    reach: list[tuple[float, int, int, int]] = []  # (time, seq, rank, version): compute op ends
+    in_flight: set[Hashable] = set()  # started transfers counted in their members' ``busy``
 
     def push_ready(t: float, r: int, i: int) -> None:
         nonlocal seq
@@ -98,14 +112,49 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             return
         push_ready(max([issue_t] + [st.end[p] for p in preds]), r, i)
 
+    def run_op(r: int, st: _Rank, d: float) -> bool:
+        """Slowdown mode: start (or finish) a compute op of ``d`` s; True while it runs."""
+        nonlocal seq
+        if st.work is None:
+            st.work = d
+        if st.work > 0:
+            st.ver += 1
+            st.t_reach = st.tc + st.work / (busy_rate if st.busy else 1.0)
+            heapq.heappush(reach, (st.t_reach, seq, r, st.ver))
+            seq += 1
+            return True
+        st.work = None
+        return False
+
+    def set_busy(r: int, t: float, delta: int) -> None:
+        """A comm op of rank r started (+1) or ended (-1) at t: re-plan its compute op in progress."""
+        nonlocal seq
+        st = ranks[r]
+        was = st.busy
+        st.busy += delta
+        if (was > 0) == (st.busy > 0) or st.work is None or st.work <= 0 or st.t_reach <= t:
+            return
+        st.work -= (t - st.tc) * (busy_rate if was else 1.0)
+        st.compute += t - st.tc
+        st.tc = t
+        st.work = max(st.work, 0.0)
+        st.ver += 1
+        st.t_reach = t + st.work / (busy_rate if st.busy else 1.0)
+        heapq.heappush(reach, (st.t_reach, seq, r, st.ver))
+        seq += 1
+
     def advance(r: int) -> None:
         st = ranks[r]
         ops = st.ops
         while st.pc < len(ops):
             op = ops[st.pc]
             if op.kind == "compute":
-                st.tc += op.duration_s
-                st.compute += op.duration_s
+                if slow:
+                    if run_op(r, st, op.duration_s):
+                        return
+                else:
+                    st.tc += op.duration_s
+                    st.compute += op.duration_s
             elif op.kind == "wait":
                 if op.target not in st.end:
                     st.blocked_at = st.tc
@@ -122,7 +171,12 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
         st.finish = max(st.finish, st.tc)
 
     def complete(key: Hashable, t: float) -> None:
+        counted = key in in_flight
+        if counted:
+            in_flight.discard(key)
         for r, i in members.pop(key):
+            if counted:
+                set_busy(r, t, -1)
             st = ranks[r]
             st.end[i] = t
             st.start[i] = inst_start[key]
@@ -156,6 +210,10 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
         if need == 1 or (key[0] == "c" and len(set(op.inst.ranks)) == 1):
             complete(key, t)
             return
+        if slow:
+            in_flight.add(key)
+            for r2, _ in got:
+                set_busy(r2, t, +1)
         spec = w.transfer_spec(op.inst)
         if w.link_sharing:
             for k, _ in net.start(key, [spec], t):
@@ -170,15 +228,24 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
         t_heap = heap[0][0] if heap else math.inf
         t_net = net.next_time()
         t_tim = timers[0][0] if timers else math.inf
-        if t_heap == t_net == t_tim == math.inf:
+        t_cmp = reach[0][0] if reach else math.inf
+        if t_heap == t_net == t_tim == t_cmp == math.inf:
             break
-        if t_net <= t_heap and t_net <= t_tim:
+        if t_net <= t_heap and t_net <= t_tim and t_net <= t_cmp:
             t, done = net.step()
             for k, _ in done:
                 complete(k, t)
-        elif t_tim <= t_heap:
+        elif t_tim <= t_heap and t_tim <= t_cmp:
             t, _, k = heapq.heappop(timers)
             complete(k, t)
+        elif t_cmp <= t_heap:
+            t, _, r, ver = heapq.heappop(reach)
+            st = ranks[r]
+            if ver == st.ver:  # else re-planned: a later event replaces it
+                st.compute += t - st.tc
+                st.tc = t
+                st.work = 0.0
+                advance(r)
         else:
             t, _, r, i = heapq.heappop(heap)
             arrive(t, r, i)

@@ -73,7 +73,7 @@ def _pricer(kernel_db: Any):
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
                    nccl_env: Mapping[str, str] | None = None,
-                   sources_out: dict | None = None) -> Workload:
+                   sources_out: dict | None = None, overlap_slowdown: float = 0.0) -> Workload:
     """The :class:`Workload` of ``trace`` placed on ``cluster``, priced by ``pricer``."""
     world = trace.world_size
     if cluster.num_ranks != world:
@@ -112,7 +112,7 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
 
     _labels: dict[CommInstance, str] = {}
     w = Workload(trace=trace, gpu_type=gpu_type, node=node, durations=durations, transfer=transfer,
-                 capacity_Bps=capacity, link_sharing=link_sharing)
+                 capacity_Bps=capacity, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     w._cache["labels"] = _labels
     return w
 
@@ -243,7 +243,7 @@ def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[P
 def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = None, *,
              backend: str = "numpy", link_sharing: bool = True, nccl_env: Mapping[str, str] | None = None,
              placement: Any = None, engine: str = "fast", symmetry: str = "auto",
-             progress: Callable[[int], None] | None = None) -> Result:
+             overlap_slowdown: float = 0.0, progress: Callable[[int], None] | None = None) -> Result:
     """Simulate one training iteration of ``trace`` on ``cluster``.
 
     Args:
@@ -259,6 +259,10 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         engine: ``fast`` (default) or ``reference`` (per rank, small jobs only).
         symmetry: ``auto``, ``exact`` or ``max``: how the fast engine treats replicas of one
             transfer that end at different times (see :func:`replay.engine.run_fast`).
+        overlap_slowdown: fraction of speed compute loses while a comm op of the same rank is in
+            flight (SM and HBM contention with NCCL kernels); 0 (default) turns it off. The
+            stretch counts as compute time in the breakdown. Published measurements put GEMM
+            slowdowns under concurrent NCCL at roughly 0.05-0.2 (see docs/replay.md).
     """
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
@@ -269,7 +273,8 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         cluster = load_cluster(cluster, num_gpus=trace.world_size, placement=placement)
     pricer = _pricer(kernel_db)
     sources: dict = {}
-    w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources)
+    w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources,
+                       overlap_slowdown=overlap_slowdown)
     if engine == "fast":
         run = run_fast(w, xp=xp, progress=progress, symmetry=symmetry)
     elif engine == "reference":
@@ -283,7 +288,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     return summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
                      dtype=dtype, sources=sources,
                      options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
-                              "symmetry": symmetry,
+                              "symmetry": symmetry, "overlap_slowdown": overlap_slowdown,
                               "nccl_env": dict(nccl_env or {})})
 
 

@@ -105,3 +105,19 @@ def test_json_output_is_byte_identical_across_runs(trace_dir, capsys):
         assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--json", "--no-progress"]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
+
+
+def test_overlap_slowdown_flag(trace_dir, capsys):
+    """--overlap-slowdown F reaches simulate (recorded in options); the trace waits right after its
+    all-reduce, so nothing overlaps and the iteration is unchanged; 1.5 is a one-line error."""
+    times = {}
+    for f in ("0", "0.2"):
+        assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--json", "--no-progress",
+                     "--overlap-slowdown", f]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["options"]["overlap_slowdown"] == float(f)
+        times[f] = d["iteration_time_s"]
+    assert times["0.2"] == pytest.approx(times["0"], rel=1e-12)
+    assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--no-progress", "--overlap-slowdown", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: overlap_slowdown must be a fraction in [0, 1)") and err.count("\n") == 1

@@ -5,6 +5,7 @@ The helpers at the top build small traces and a toy network; other replay tests 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -279,3 +280,58 @@ def test_max_symmetry_keeps_classes_and_uses_the_slowest_replica():
     assert auto.symmetry == "max" and auto.restarts == 0 and auto.rank_times(2).finish_s == pytest.approx(1.001)
     with pytest.raises(ReplayError, match="unknown symmetry mode 'fast'; valid: exact, max, auto"):
         run_fast(w, symmetry="fast")
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap slowdown
+
+
+def slowed(w: Workload, s: float) -> Workload:
+    return dataclasses.replace(w, overlap_slowdown=s)
+
+
+def late_issue_overlap(s: float) -> Workload:
+    """Rank 0: all-reduce (4e6 B: 4 ms), GEMM 10 ms, wait. Rank 1 computes 2 ms before issuing it."""
+    groups = {"0": ([0, 1], "dp", "dp")}
+    r0 = [coll("all_reduce", "0", 4 * 10**6), comp(1e10), wait(2)]
+    r1 = [comp(2e9), coll("all_reduce", "0", 4 * 10**6), comp(1e10), wait(2)]
+    trace = make_trace(2, groups, [([0], {"b": r0}, [("b", 0)]), ([1], {"b": r1}, [("b", 0)])])
+    return slowed(toy_workload(trace), s)
+
+
+def test_overlap_slowdown_stretches_a_gemm_under_an_allreduce():
+    """GEMM 10 ms overlapping an all-reduce of 4 ms at slowdown 0.5: 4 ms at half speed cover 2 ms of
+    work, then 8 ms: 12 ms, all of it compute."""
+    rows = [coll("all_reduce", "0", 4 * 10**6), comp(1e10), wait(2)]
+    trace = make_trace(2, {"0": ([0, 1], "dp", "dp")}, [([0, 1], {"b": rows}, [("b", 0)])])
+    for w in (slowed(toy_workload(trace), 0.5), slowed(toy_workload(trace, link_sharing=False), 0.5)):
+        t = run_fast(w).rank_times(0)
+        assert t.finish_s == pytest.approx(0.012, rel=1e-12)
+        assert t.compute_s == pytest.approx(0.012, rel=1e-12)
+        assert t.comm_end.tolist() == [pytest.approx(0.004)] and t.waits == []
+    assert run_fast(slowed(toy_workload(trace), 0.0)).rank_times(0).finish_s == pytest.approx(0.010)
+
+
+def test_overlap_slowdown_counts_from_the_transfer_start_not_the_issue():
+    """Rank 1 issues its side at 2 ms, so the all-reduce runs 2..6 ms. Rank 0's GEMM: 2 ms full speed,
+    4 ms at half (2 ms of work), 6 ms left: ends at 12 ms (13 ms if the wait for the peer counted).
+    Rank 1: 2 ms, then its GEMM: 4 ms at half speed (2 ms of work) and 8 ms: 14 ms."""
+    run = run_fast(late_issue_overlap(0.5))
+    assert run.rank_times(0).finish_s == pytest.approx(0.012, rel=1e-12)
+    assert run.rank_times(1).finish_s == pytest.approx(0.014, rel=1e-12)
+    assert run.rank_times(1).compute_s == pytest.approx(0.014, rel=1e-12)
+    assert_same(late_issue_overlap(0.5))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_equals_reference_with_overlap_slowdown(seed):
+    """With overlap slowdown on, the class engine equals the per-rank reference to 1e-9."""
+    assert_same(slowed(random_case(seed), 0.3))
+
+
+def test_overlap_slowdown_must_be_a_fraction():
+    """1.0 would stop compute forever: a fraction in [0, 1) or one error naming it."""
+    with pytest.raises(ReplayError, match=r"overlap_slowdown must be a fraction in \[0, 1\) .* got 1\.0"):
+        slowed(two_rank_gemm_allreduce(True), 1.0)
+    with pytest.raises(ReplayError, match="got -0.1"):
+        slowed(two_rank_gemm_allreduce(True), -0.1)

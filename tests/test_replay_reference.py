@@ -6,7 +6,8 @@ import pytest
 
 from heterosim.errors import TraceMismatchError
 from replay.reference import run_reference
-from test_replay_engine import coll, comp, make_trace, p2p, toy_workload, two_rank_gemm_allreduce, wait
+from test_replay_engine import (coll, comp, late_issue_overlap, make_trace, p2p, slowed, toy_workload,
+                                two_rank_gemm_allreduce, wait)
 
 
 def one_f_one_b(p: int, m: int, F: float = 1e12, B: float = 2e12):
@@ -92,3 +93,16 @@ def test_without_link_sharing_each_transfer_takes_its_idle_time():
     w = toy_workload(trace, node=[0, 0, 1, 1], bw=[1e12] * 4, nic_bw=1e9, link_sharing=False)
     assert run_reference(w)[0].finish_s == pytest.approx(1.0)
     assert run_fast(w).rank_times(3).finish_s == pytest.approx(1.0)
+
+
+def test_reference_overlap_slowdown_hand_computed():
+    """Reference engine: GEMM 10 ms under a 4 ms all-reduce at slowdown 0.5 takes 12 ms; with the
+    peer issuing 2 ms late the all-reduce runs 2..6 ms: rank 0 ends at 2 + 4 + 6 = 12 ms, rank 1 (its
+    GEMM starts at 2 ms) at 2 + 4 + 8 = 14 ms."""
+    rows = [coll("all_reduce", "0", 4 * 10**6), comp(1e10), wait(2)]
+    trace = make_trace(2, {"0": ([0, 1], "dp", "dp")}, [([0, 1], {"b": rows}, [("b", 0)])])
+    out = run_reference(slowed(toy_workload(trace), 0.5))
+    assert out[0].finish_s == pytest.approx(0.012, rel=1e-12) and out[0].compute_s == pytest.approx(0.012)
+    late = run_reference(late_issue_overlap(0.5))
+    assert [late[r].finish_s for r in (0, 1)] == [pytest.approx(0.012, rel=1e-12), pytest.approx(0.014, rel=1e-12)]
+    assert late[0].comm_start.tolist() == [pytest.approx(0.002)]

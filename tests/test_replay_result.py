@@ -157,3 +157,13 @@ def test_mixed_a100_h100_pool_pipeline():
     by = mixed.breakdown_by_gpu
     assert by["H100-SXM5-80GB"].bubble_s > by["A100-SXM4-80GB"].bubble_s
     assert by["H100-SXM5-80GB"].compute_s < by["A100-SXM4-80GB"].compute_s
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parts_add_up_with_overlap_slowdown(seed):
+    """With overlap slowdown the stretch counts as compute: the parts still add up, rank by rank."""
+    import dataclasses
+
+    r = summary(dataclasses.replace(random_case(seed), overlap_slowdown=0.4))
+    for c in r.classes:
+        assert c.breakdown.total_s == pytest.approx(r.iteration_time_s, rel=1e-9)
