@@ -118,7 +118,8 @@ class _Group:
 
 
 class _ShapeInfo:
-    __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest")
+    __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest",
+                 "group_ids", "clash")
 
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
@@ -133,6 +134,9 @@ class _ShapeInfo:
         self.simple = all(e > 0 for e in self.rel_ends)
         """Every replica takes time: the all-solo bulk path applies when its links are free."""
         self.longest = max(self.rel_ends, default=0.0)
+        self.group_ids = list(range(len(groups)))  # shared by bulk batches (never mutated in place)
+        self.clash: dict[_ShapeInfo, bool] = {}
+        """Other shape -> whether their link sets intersect (filled as shapes meet in flight)."""
 
 
 class FluidNetwork:
@@ -171,13 +175,12 @@ class FluidNetwork:
         """Batches running wholly solo, owning their shape's links without per-link entries: a new
         batch checks them shape against shape (cached), which costs O(batches in flight) instead of
         O(links); one is demoted to per-link ownership when a new batch collides with it."""
-        self._clash: dict[tuple[int, int], bool] = {}  # (id(shape a), id(shape b)) -> links intersect
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
         self._pending_start: dict[int, float] = {}  # transfer -> time its next phase starts
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
-        self._shape_info: dict[tuple, tuple[np.ndarray, bool]] = {}
+        self._shape_info: dict[Hashable, _ShapeInfo] = {}  # id(shape) or the specs' ids -> links, groups
         self.now = 0.0
         self.recomputes = 0
         """Number of max-min solves done (a cost counter for benchmarks)."""
@@ -226,23 +229,24 @@ class FluidNetwork:
         n = len(specs)
         if not self.solo_enabled:
             return self._start_fluid(bid, specs, list(range(n)), now)
-        info = self._shape(specs, shape)
+        info = self._shape_info.get(id(shape)) if shape is not None else None
+        if info is None:
+            info = self._shape(specs, shape)
         reserved, owned, bulk = self._reserved, self._owned, self._bulk
         clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
                  and (not owned or owned.keys().isdisjoint(info.link_set)))
         if clear and bulk:
-            clash = self._clash
-            me = id(info)
-            for ob, oi in bulk.items():
-                c = clash.get((me, id(oi)))
+            clash = info.clash
+            for oi in bulk.values():
+                c = clash.get(oi)
                 if c is None:
-                    c = clash[(me, id(oi))] = not info.link_set.isdisjoint(oi.link_set)
+                    c = clash[oi] = not info.link_set.isdisjoint(oi.link_set)
                 if c:
                     clear = False
                     break
         if clear and info.simple:
             # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape.
-            batch.t0, batch.specs, batch.solo, batch.groups = now, specs, list(range(len(info.groups))), info.groups
+            batch.t0, batch.specs, batch.solo, batch.groups = now, specs, info.group_ids, info.groups
             batch.ends = [now + d for d in info.rel_ends]
             batch.info = info
             bulk[bid] = info
@@ -408,7 +412,7 @@ class FluidNetwork:
 
     def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> _ShapeInfo:
         """Links of a batch's replicas grouped by shared links, with each group's solo run (cached)."""
-        k = ("s", id(shape)) if shape is not None else tuple(map(id, specs))
+        k = id(shape) if shape is not None else tuple(map(id, specs))
         v = self._shape_info.get(k)
         if v is None:
             links = [self._links(s) for s in specs]
