@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_replay.py --quick    # 64 .. 1024 GPUs only
     .venv/bin/python benchmarks/bench_replay.py --case gpt3-175b-1024
     .venv/bin/python benchmarks/bench_replay.py --trace TRACE --cluster dgx-a100   # a captured trace
+    .venv/bin/python benchmarks/bench_replay.py --quick --overlap-slowdown 0.16     # with compute slowdown
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
@@ -206,7 +207,7 @@ def synth_trace(c: Shape) -> Trace:
                  model={"num_layers": c.layers, "hidden_size": c.hidden})
 
 
-def run_case(c: Shape, link_sharing: bool = True) -> dict:
+def run_case(c: Shape, link_sharing: bool = True, overlap_slowdown: float = 0.0) -> dict:
     from replay.cluster import load_cluster
     from replay.simulate import simulate
 
@@ -216,7 +217,7 @@ def run_case(c: Shape, link_sharing: bool = True) -> dict:
     cluster = load_cluster(c.cluster, num_gpus=c.world)
     t2 = time.perf_counter()
     c2 = time.process_time()
-    res = simulate(trace, cluster, link_sharing=link_sharing)
+    res = simulate(trace, cluster, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     t3 = time.perf_counter()
     return {"case": c.name, "gpus": c.world, "synth_s": t1 - t0, "cluster_s": t2 - t1, "simulate_s": t3 - t2,
             "cpu_s": time.process_time() - c2, "symmetry": res.stats["symmetry"],
@@ -224,14 +225,14 @@ def run_case(c: Shape, link_sharing: bool = True) -> dict:
             "solves": res.stats["network_solves"], "maxrss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
 
 
-def _bench_trace(path: str, cluster: str, link_sharing: bool) -> int:
+def _bench_trace(path: str, cluster: str, link_sharing: bool, overlap_slowdown: float = 0.0) -> int:
     from capture.ir import load_trace
     from replay.simulate import simulate
 
     t0 = time.perf_counter()
     trace = load_trace(path)
     t1, c1 = time.perf_counter(), time.process_time()
-    res = simulate(trace, cluster, link_sharing=link_sharing)
+    res = simulate(trace, cluster, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     t2, c2 = time.perf_counter(), time.process_time()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     print(f"{'trace':<28} {'GPUs':>6} {'load s':>7} {'replay s':>9} {'CPU s':>7} {'iter s':>8} {'MFU':>6} "
@@ -249,14 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-link-sharing", action="store_true")
     ap.add_argument("--trace", help="time a captured trace directory instead (with --cluster)")
     ap.add_argument("--cluster", default="dgx-a100", help="preset for --trace (default dgx-a100)")
+    ap.add_argument("--overlap-slowdown", type=float, default=0.0, metavar="F",
+                    help="simulate with compute slowdown F under concurrent communication (default 0: off)")
     a = ap.parse_args(argv)
     if a.trace:
-        return _bench_trace(a.trace, a.cluster, not a.no_link_sharing)
+        return _bench_trace(a.trace, a.cluster, not a.no_link_sharing, a.overlap_slowdown)
     names = a.case or (QUICK if a.quick else list(CASES))
     print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'CPU s':>7} {'s/1k GPU':>9} "
           f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'symmetry':>8} {'solves':>7} {'maxRSS GB':>9}")
     for n in names:
-        r = run_case(CASES[n], link_sharing=not a.no_link_sharing)
+        r = run_case(CASES[n], link_sharing=not a.no_link_sharing, overlap_slowdown=a.overlap_slowdown)
         print(f"{r['case']:<20} {r['gpus']:>6} {r['synth_s']:>8.2f} {r['cluster_s']:>9.2f} {r['simulate_s']:>9.2f} "
               f"{r['cpu_s']:>7.2f} {r['simulate_s'] / r['gpus'] * 1000:>9.3f} {r['iteration_s']:>8.3f} "
               f"{r['mfu'] * 100:>5.1f}% {r['classes']:>7} {r['symmetry']:>8} {r['solves']:>7} {r['maxrss_GB']:>9.2f}",
