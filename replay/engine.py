@@ -12,7 +12,9 @@ the per-rank reference (:mod:`replay.reference`); ``"max"`` lets all replicas en
 
 Compute between two comm / wait ops is one *span*: its length comes from prefix sums of the
 block's prices (one ``price_block`` per distinct (block, GPU type)), computed with the array
-namespace of :mod:`replay.backend`.
+namespace of :mod:`replay.backend`. With ``w.overlap_slowdown > 0`` a span runs at ``1 - F`` speed
+while a comm op of the class is in flight and ends at an event (the reference's rule, see
+:mod:`replay.reference`), instead of being added up ahead of time.
 """
 
 from __future__ import annotations
@@ -380,50 +382,22 @@ class _Sim:
         cl.work = 0.0
         self.advance(ci)
 
-    def _advance_slow(self, ci: int) -> None:
-        """:meth:`advance` with overlap slowdown: spans end at events, not ahead of time."""
-        cl = self.classes[ci]
-        sk = cl.sk
-        kinds = sk.kind
-        n = len(kinds)
-        while cl.pc < n:
-            p = cl.pc
-            if not cl.blocked:
-                if self._run_span(ci, cl, p):
-                    return
-                cl.t_at[p] = cl.tc
-            if kinds[p] == "wait":
-                tgt = sk.target[p]
-                te = cl.end[tgt]
-                if te != te:
-                    cl.blocked = True
-                    return
-                cl.blocked = False
-                if te > cl.tc:
-                    self._record_wait(cl, tgt, cl.tc, te)
-                    cl.tc = te
-            else:
-                self.issue(ci, p, cl.tc)
-            cl.pc += 1
-        if not cl.tail:
-            if self._run_span(ci, cl, n):
-                return
-            cl.tail = True
-        cl.finish = max(cl.finish, cl.tc)
-
     def advance(self, ci: int) -> None:
-        if self.slow:
-            self._advance_slow(ci)
-            return
+        """Run class ci's compute stream until it blocks at a wait (or, with overlap slowdown, until
+        a span is in progress: it continues at its end event)."""
         cl = self.classes[ci]
         sk = cl.sk
         kinds = sk.kind
         spans = cl.spans
         n = len(kinds)
+        slow = self.slow
         while cl.pc < n:
             p = cl.pc
             if not cl.blocked:
-                cl.tc += spans[p]
+                if not slow:
+                    cl.tc += spans[p]
+                elif self._run_span(ci, cl, p):
+                    return
                 cl.t_at[p] = cl.tc
             if kinds[p] == "wait":
                 tgt = sk.target[p]
@@ -439,8 +413,11 @@ class _Sim:
                 self.issue(ci, p, cl.tc)
             cl.pc += 1
         if not cl.tail:
+            if not slow:
+                cl.tc += spans[n]
+            elif self._run_span(ci, cl, n):
+                return
             cl.tail = True
-            cl.tc += spans[n]
         cl.finish = max(cl.finish, cl.tc)
 
     def _record_wait(self, cl: _Class, tgt: int, t_block: float, t_end: float) -> None:

@@ -15,7 +15,10 @@ streams + NCCL, eager mode):
 - with ``w.overlap_slowdown = s > 0``, compute runs at speed ``1 - s`` while at least one comm op
   of the same rank is in flight (from its transfer's start to its completion): NCCL kernels take
   SMs and memory bandwidth from concurrent kernels. Compute then advances event by event (a
-  rate change re-plans the op in progress) instead of running ahead.
+  rate change re-plans the op in progress) instead of running ahead. One constant fraction: it
+  ignores the collective's size and channels, the kernel's own boundness and how many comm ops
+  overlap; measured compute slowdowns under overlap average 18.9 % (F ~ 0.16) in "Characterizing
+  Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114).
 
 If nothing can move while ops remain, it raises :class:`TraceMismatchError` naming the ranks, ops
 and group/sequence that did not match.
