@@ -377,32 +377,46 @@ def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np)
                       collective=[], nbytes=[], dtype=[], peer=[], target=[], coalesced=[],
                       num_ops=role.num_ops)
     pos_cache: dict[str, np.ndarray] = {}
+    local: dict[str, tuple] = {}
     for b, blk in role.blocks.items():
-        pos_cache[b] = np.fromiter((i for i, k in enumerate(blk.columns["kind"]) if k != "compute"), dtype=np.int64)
+        cols = blk.columns
+        pos = [i for i, k in enumerate(cols["kind"]) if k != "compute"]
+        pos_cache[b] = np.asarray(pos, dtype=np.int64)
+        at = {i: j for j, i in enumerate(pos)}  # block op index -> block point index
+        kinds = [cols["kind"][i] for i in pos]
+        # wait target / coalesced partner (an earlier op): its block point index when it is in the
+        # block, else -1 - distance (resolved against earlier segments); None: none
+        tgt = [at.get(i - cols["target"][i], -1 - cols["target"][i]) if k == "wait" else None
+               for i, k in zip(pos, kinds)]
+        coal = [at.get(i - cols["coalesced"][i], -1 - cols["coalesced"][i])
+                if cols["coalesced"][i] > 0 and k != "wait" else None for i, k in zip(pos, kinds)]
+        local[b] = (pos, kinds, [cols["name"][i] for i in pos], [cols["phase"][i] for i in pos],
+                    [cols["stream"][i] for i in pos], [cols["group"][i] for i in pos],
+                    [cols["collective"][i] for i in pos], [int(cols["comm_bytes"][i]) for i in pos],
+                    [cols["dtype"][i] for i in pos], [int(cols["peer"][i]) for i in pos], tgt, coal, len(kinds))
     point_of_op: dict[int, int] = {}
     base = 0
     for seg in role.program:
-        cols = role.blocks[seg.block].columns
-        for i in pos_cache[seg.block].tolist():
-            oid = base + i
-            p = len(sk.kind)
-            point_of_op[oid] = p
-            kind = cols["kind"][i]
-            sk.op_id.append(oid)
-            sk.kind.append(kind)
-            sk.name.append(cols["name"][i])
-            sk.phase.append(cols["phase"][i])
-            sk.mb.append(seg.mb)
-            sk.stream.append(cols["stream"][i])
-            sk.group.append(cols["group"][i])
-            sk.collective.append(cols["collective"][i])
-            sk.nbytes.append(int(cols["comm_bytes"][i]))
-            sk.dtype.append(cols["dtype"][i])
-            sk.peer.append(int(cols["peer"][i]))
-            sk.target.append(point_of_op[oid - cols["target"][i]] if kind == "wait" else -1)
-            coal = cols["coalesced"][i]
-            sk.coalesced.append(point_of_op.get(oid - coal, p) if coal and kind != "wait" else p)
-        base += len(cols["kind"])
+        pos, kinds, names, phases, streams, groups, colls, nbytes, dtypes, peers, tgt, coal, n = local[seg.block]
+        p0 = len(sk.kind)
+        oids = [base + i for i in pos]
+        point_of_op.update(zip(oids, range(p0, p0 + n)))
+        sk.op_id += oids
+        sk.kind += kinds
+        sk.name += names
+        sk.phase += phases
+        sk.mb += [seg.mb] * n
+        sk.stream += streams
+        sk.group += groups
+        sk.collective += colls
+        sk.nbytes += nbytes
+        sk.dtype += dtypes
+        sk.peer += peers
+        sk.target += [-1 if t is None else p0 + t if t >= 0 else point_of_op[oid + 1 + t]
+                      for oid, t in zip(oids, tgt)]
+        sk.coalesced += [p0 + j if c is None else p0 + c if c >= 0 else point_of_op.get(oid + 1 + c, p0 + j)
+                         for j, (oid, c) in enumerate(zip(oids, coal))]
+        base += len(role.blocks[seg.block].columns["kind"])
     for gpu in dict.fromkeys(gpus):
         block_spans: dict[str, np.ndarray] = {}
         phase_tot: dict[str, float] = {}
