@@ -188,3 +188,39 @@ def test_bulk_solo_batch_is_demoted_when_hit():
     assert out[True]["ab"] == pytest.approx([1.0, 1.8])  # 0.2 s alone, then 0.8e9 B at half rate: 1.6 s more
     assert out[True]["e"] == [pytest.approx(2.0)]  # 0.8e9 B at half rate, then 0.2e9 B alone
     assert solos[True] == 2  # cd, and ab whose first replica stayed solo, end on the fast path
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fast_path_equals_plain_fluid_on_random_batches(seed):
+    """Random batches (reused shapes, latencies, several phases, shared and private links) started at
+    random times: the fast path (bulk solo, demotion, reservations, materialization) ends every
+    transfer when the plain fluid model does, to 1e-9."""
+    import random
+
+    rng = random.Random(seed)
+    nlinks = 8
+
+    def spec():
+        return TransferSpec(phases=tuple(
+            PhaseSpec(latency_s=rng.choice([0.0, 0.0, 0.05]),
+                      flows=tuple(FlowSpec(links=tuple(rng.sample(range(nlinks), rng.randint(1, 2))),
+                                           nbytes=rng.choice([0.0, 1e8, 3e8, 1e9]),
+                                           max_rate_Bps=rng.choice([math.inf, math.inf, 5e8]))
+                                  for _ in range(rng.randint(1, 2))))
+            for _ in range(rng.randint(1, 2))))
+
+    shapes = [[spec() for _ in range(rng.randint(1, 3))] for _ in range(5)]
+    starts = sorted((rng.uniform(0, 3), i, rng.randrange(len(shapes))) for i in range(14))
+    caps = [rng.choice([1e9, 2e9]) for _ in range(nlinks)]
+    out = {}
+    for solo in (True, False):
+        net = FluidNetwork(caps, solo=solo)
+        got: dict = {}
+        for t, i, s in starts:
+            got.update(_drain(net, t))
+            got.update(dict(net.start(i, shapes[s], t, shape=shapes[s] if solo else None)))
+        got.update(_drain(net))
+        out[solo] = got
+    assert out[True].keys() == out[False].keys() == {i for _, i, _ in starts}
+    for k in out[False]:
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-9)
