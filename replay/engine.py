@@ -30,7 +30,7 @@ import numpy as np
 from heterosim.errors import ReplayError, TraceMismatchError
 
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
-                     rank_classes)
+                     busy_change, rank_classes, span_step)
 from .flows import FluidNetwork, solo_time
 
 __all__ = ["FastRun", "run_fast"]
@@ -346,32 +346,14 @@ class _Sim:
 
     def _run_span(self, ci: int, cl: _Class, p: int) -> bool:
         """Slowdown mode: start (or finish) span ``p``; True while it runs."""
-        if cl.work is None:
-            cl.work = cl.spans[p]
-        if cl.work > 0:
-            cl.ver += 1
-            cl.t_reach = cl.tc + cl.work / (self.busy_rate if cl.busy else 1.0)
-            heapq.heappush(self.reach, (cl.t_reach, self.seq, ci, cl.ver))
-            self.seq += 1
-            return True
-        cl.work = None
-        return False
+        return self._push_reach(span_step(cl, cl.spans[p], self.busy_rate), ci)
 
-    def _set_busy(self, ci: int, t: float, delta: int) -> None:
-        """A comm op of class ci started (+1) or ended (-1) at t: re-plan its span in progress."""
-        cl = self.classes[ci]
-        was = cl.busy
-        cl.busy += delta
-        if (was > 0) == (cl.busy > 0) or cl.work is None or cl.work <= 0 or cl.t_reach <= t:
-            return
-        cl.work -= (t - cl.tc) * (self.busy_rate if was else 1.0)
-        cl.compute += t - cl.tc
-        cl.tc = t
-        cl.work = max(cl.work, 0.0)
-        cl.ver += 1
-        cl.t_reach = t + cl.work / (self.busy_rate if cl.busy else 1.0)
-        heapq.heappush(self.reach, (cl.t_reach, self.seq, ci, cl.ver))
+    def _push_reach(self, t: float | None, ci: int) -> bool:
+        if t is None:
+            return False
+        heapq.heappush(self.reach, (t, self.seq, ci, self.classes[ci].ver))
         self.seq += 1
+        return True
 
     def _reached(self, t: float, ci: int, ver: int) -> None:
         cl = self.classes[ci]
@@ -447,7 +429,7 @@ class _Sim:
         if self.slow:
             self.in_flight.add(key)
             for cj, _ in got:
-                self._set_busy(cj, t, +1)
+                self._push_reach(busy_change(self.classes[cj], t, +1, self.busy_rate), cj)
         if sh.specs is None:
             sh.specs = [self.w.transfer_spec(inst) for inst in sh.insts]
         if self.w.link_sharing:
@@ -496,7 +478,7 @@ class _Sim:
             self.in_flight.discard(key)
         for ci, p in self.inst_members.pop(key):
             if counted:
-                self._set_busy(ci, t, -1)
+                self._push_reach(busy_change(self.classes[ci], t, -1, self.busy_rate), ci)
             cl = self.classes[ci]
             self.blocker[ci][p] = last
             cl.end[p] = t

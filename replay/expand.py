@@ -39,6 +39,8 @@ __all__ = [
     "rank_classes",
     "RoleSkeleton",
     "build_skeleton",
+    "span_step",
+    "busy_change",
 ]
 
 
@@ -456,3 +458,40 @@ def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np)
 def _host(a: Any) -> np.ndarray:
     get = getattr(a, "get", None)  # cupy arrays copy to host with .get()
     return np.asarray(get() if callable(get) else a, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Overlap slowdown: the compute clock of one rank (reference) or class (fast engine)
+#
+# ``st`` carries tc (time up to which progress is accounted), work (full-speed seconds left in the
+# span in progress; None: none started), busy (comm ops in flight), ver / t_reach (the pending
+# end-of-span event) and compute (stretched busy time). Compute runs at ``busy_rate`` = 1 - F while
+# busy > 0, else at full speed; the engines push the returned times as versioned events.
+
+
+def span_step(st: Any, d: float, busy_rate: float) -> float | None:
+    """Start (or finish) a span of ``d`` full-speed seconds: the time its end event is due (``st.ver``
+    bumped), or None when it is done and the stream moves on."""
+    if st.work is None:
+        st.work = d
+    if st.work > 0:
+        st.ver += 1
+        st.t_reach = st.tc + st.work / (busy_rate if st.busy else 1.0)
+        return st.t_reach
+    st.work = None
+    return None
+
+
+def busy_change(st: Any, t: float, delta: int, busy_rate: float) -> float | None:
+    """A comm op of the stream's rank started (+1) or ended (-1) at ``t``: the re-planned end of the
+    span in progress (``st.ver`` bumped), or None when its speed does not change."""
+    was = st.busy
+    st.busy += delta
+    if (was > 0) == (st.busy > 0) or st.work is None or st.work <= 0 or st.t_reach <= t:
+        return None
+    st.work = max(st.work - (t - st.tc) * (busy_rate if was else 1.0), 0.0)
+    st.compute += t - st.tc
+    st.tc = t
+    st.ver += 1
+    st.t_reach = t + st.work / (busy_rate if st.busy else 1.0)
+    return st.t_reach

@@ -34,7 +34,8 @@ import numpy as np
 
 from heterosim.errors import TraceMismatchError
 
-from .expand import RankOp, RankTimes, WaitRecord, Workload, check_match, describe_op, expand_rank
+from .expand import (RankOp, RankTimes, WaitRecord, Workload, busy_change, check_match, describe_op, expand_rank,
+                     span_step)
 from .flows import FluidNetwork, solo_time
 
 __all__ = ["run_reference"]
@@ -115,36 +116,14 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             return
         push_ready(max([issue_t] + [st.end[p] for p in preds]), r, i)
 
-    def run_op(r: int, st: _Rank, d: float) -> bool:
-        """Slowdown mode: start (or finish) a compute op of ``d`` s; True while it runs."""
+    def push_reach(t: float | None, r: int) -> bool:
+        """Push rank r's end-of-op event due at t (slowdown mode); False if t is None."""
         nonlocal seq
-        if st.work is None:
-            st.work = d
-        if st.work > 0:
-            st.ver += 1
-            st.t_reach = st.tc + st.work / (busy_rate if st.busy else 1.0)
-            heapq.heappush(reach, (st.t_reach, seq, r, st.ver))
-            seq += 1
-            return True
-        st.work = None
-        return False
-
-    def set_busy(r: int, t: float, delta: int) -> None:
-        """A comm op of rank r started (+1) or ended (-1) at t: re-plan its compute op in progress."""
-        nonlocal seq
-        st = ranks[r]
-        was = st.busy
-        st.busy += delta
-        if (was > 0) == (st.busy > 0) or st.work is None or st.work <= 0 or st.t_reach <= t:
-            return
-        st.work -= (t - st.tc) * (busy_rate if was else 1.0)
-        st.compute += t - st.tc
-        st.tc = t
-        st.work = max(st.work, 0.0)
-        st.ver += 1
-        st.t_reach = t + st.work / (busy_rate if st.busy else 1.0)
-        heapq.heappush(reach, (st.t_reach, seq, r, st.ver))
+        if t is None:
+            return False
+        heapq.heappush(reach, (t, seq, r, ranks[r].ver))
         seq += 1
+        return True
 
     def advance(r: int) -> None:
         st = ranks[r]
@@ -153,7 +132,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             op = ops[st.pc]
             if op.kind == "compute":
                 if slow:
-                    if run_op(r, st, op.duration_s):
+                    if push_reach(span_step(st, op.duration_s, busy_rate), r):
                         return
                 else:
                     st.tc += op.duration_s
@@ -179,7 +158,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             in_flight.discard(key)
         for r, i in members.pop(key):
             if counted:
-                set_busy(r, t, -1)
+                push_reach(busy_change(ranks[r], t, -1, busy_rate), r)
             st = ranks[r]
             st.end[i] = t
             st.start[i] = inst_start[key]
@@ -216,7 +195,7 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
         if slow:
             in_flight.add(key)
             for r2, _ in got:
-                set_busy(r2, t, +1)
+                push_reach(busy_change(ranks[r2], t, +1, busy_rate), r2)
         spec = w.transfer_spec(op.inst)
         if w.link_sharing:
             for k, _ in net.start(key, [spec], t):
