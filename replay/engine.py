@@ -22,10 +22,9 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable
 
 import numpy as np
-
 
 from heterosim.errors import ReplayError, TraceMismatchError
 
