@@ -148,8 +148,9 @@ class FluidNetwork:
     event (inf when idle); :meth:`step` handles that instant and returns ``(time, completed)``.
 
     Fast path (exact): a batch's transfers are split into *groups* connected by shared links. A
-    group whose links no flow in flight uses runs *solo*: its end times are those of the group
-    alone on an idle network (computed once per distinct group and cached). Should a later batch
+    group whose links no transfer in flight uses (now or in a later phase) runs *solo*: its end
+    times are those of the group alone on an idle network (computed once per distinct group form
+    and cached). Should a later batch
     touch one of its links, the group is *materialized*: replayed alone up to that instant, it
     continues as ordinary fluid flows. ``solo=False`` turns the fast path off (the reference
     engine runs that way, and the tests compare the two).
