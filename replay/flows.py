@@ -27,10 +27,9 @@ import numpy as np
 
 from heterosim.errors import ReplayError
 
-__all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
+from .maxmin import _REL_TOL, maxmin_rates
 
-_REL_TOL = 1e-12
-"""Events closer than this (relative) are handled as one instant."""
+__all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -594,40 +593,6 @@ class FluidNetwork:
             f.version += 1
             rem = f.remaining if f.remaining > 0 else 0.0
             self._push(now + rem / f.rate, 0, fid, f.version)
-
-
-def maxmin_rates(paths: Sequence[tuple[int, ...]], caps: Sequence[float], capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rates (B/s) of flows over ``paths`` by progressive filling.
-
-    Each iteration raises every unfrozen flow to the smallest fair share left on any link (or its
-    own cap), then freezes the flows that cross a link saturated at that level.
-    """
-    nf = len(paths)
-    lens = np.fromiter((len(p) for p in paths), dtype=np.int64, count=nf)
-    flat = np.fromiter((l for p in paths for l in p), dtype=np.int64, count=int(lens.sum()))
-    owner = np.repeat(np.arange(nf), lens)
-    ulinks, local = np.unique(flat, return_inverse=True)
-    rem = capacity[ulinks].astype(np.float64)
-    cap = np.asarray(caps, dtype=np.float64)
-    rate = np.zeros(nf)
-    active = np.ones(nf, dtype=bool)
-    nl = ulinks.size
-    while active.any():
-        on = active[owner]
-        count = np.bincount(local[on], minlength=nl)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(count > 0, rem / np.maximum(count, 1), np.inf)
-        level = min(float(share.min()), float(cap[active].min()))
-        sat_links = share <= level * (1 + _REL_TOL)
-        freeze = np.zeros(nf, dtype=bool)
-        hit = on & sat_links[local]
-        freeze[owner[hit]] = True
-        freeze |= active & (cap <= level * (1 + _REL_TOL))
-        rate[freeze] = level
-        active &= ~freeze
-        took = np.bincount(local[freeze[owner]], minlength=nl) * level
-        rem = np.maximum(rem - took, 0.0)
-    return rate
 
 
 def solo_time(spec: TransferSpec, capacity: Sequence[float]) -> float:

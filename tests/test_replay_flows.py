@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from heterosim.errors import ReplayError
-from replay.flows import FlowSpec, FluidNetwork, PhaseSpec, TransferSpec, maxmin_rates, solo_time
+from replay.flows import FlowSpec, FluidNetwork, PhaseSpec, TransferSpec, solo_time
 
 
 def one(links, nbytes, latency=0.0, cap=math.inf):
@@ -35,12 +35,6 @@ def test_two_flows_on_one_link_each_get_half():
     """Two transfers of 1e9 B sharing a 1e9 B/s link (a NIC) both finish at 2 s."""
     net = FluidNetwork([1e9, 5e9])
     assert run_all(net, [("a", one((0, 1), 1e9)), ("b", one((0,), 1e9))]) == {"a": 2.0, "b": 2.0}
-
-
-def test_maxmin_classic_three_flows_two_links():
-    """Links of 1 and 2 B/s; f0 on L0, f1 on L0+L1, f2 on L1: rates 0.5, 0.5, 1.5 (max-min fair)."""
-    rates = maxmin_rates([(0,), (0, 1), (1,)], [math.inf] * 3, np.array([1.0, 2.0]))
-    np.testing.assert_allclose(rates, [0.5, 0.5, 1.5])
 
 
 def test_short_flow_finishing_frees_bandwidth():
