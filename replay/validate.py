@@ -113,13 +113,16 @@ class Report:
         return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
     def table(self, *, markdown: bool = False) -> str:
-        """Predicted vs measured, one row per comparison, then MAPE and worst case per category."""
+        """Predicted vs measured, one row per comparison (``markdown``: iteration time and busbw
+        only), then MAPE and worst case per category."""
         head = ("case", "metric", "measured", "predicted", "error")
         rows = []
         for r in self.cases:
             if r.status != "ok":
                 rows.append((r.id, r.status, "-", "-", r.message))
             for c in r.comparisons:
+                if markdown and c.metric not in _PRIMARY:
+                    continue  # the README keeps one row per figure: TF/s error follows from time
                 rows.append((r.id, c.metric + (" ~" if "approximate" in c.note else ""), f"{c.measured:.4g}",
                              f"{c.predicted:.4g}", f"{c.error:+.1%}"))
         lines = []
