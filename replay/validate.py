@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -132,7 +131,10 @@ class Report:
             lines += ["| " + " | ".join(row) + " |" for row in rows]
         else:
             w = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
-            fmt = lambda row: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(row))
+
+            def fmt(row: tuple[str, ...]) -> str:
+                return "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(row))
+
             lines.append(fmt(head))
             lines += [fmt(row) if len(row[4]) < 40 else fmt(row[:4] + ("",)) + "  " + row[4] for row in rows]
         lines.append("")
