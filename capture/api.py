@@ -35,20 +35,27 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
+def run_and_write(script: str, args: Sequence[str], rank: int, world: int, nproc: int, out_dir: Path) -> int:
+    """Capture one rank into ``out_dir/rank_R.json``; on failure write ``rank_R.err``. Returns an exit code."""
+    try:
+        cap = run_rank(script, list(args), rank, world, nproc)
+        atomic_write_text(out_dir / f"rank_{rank}.json", json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":")))
+        return 0
+    except ScriptError as e:
+        (out_dir / f"rank_{rank}.err").write_text(str(e))
+        return 3
+    except Exception:  # a bug of ours: keep the traceback
+        (out_dir / f"rank_{rank}.err").write_text(traceback.format_exc())
+        return 4
+
+
 def _child(script: str, args: Sequence[str], rank: int, world: int, nproc: int, tmp: Path) -> None:
-    """Body of a forked worker: run one rank, write its JSON (or its error) and exit."""
-    code = 0
+    """Body of a forked worker: run one rank and exit with its status."""
+    code = 4
     try:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         warnings.simplefilter("ignore")
-        cap = run_rank(script, list(args), rank, world, nproc)
-        atomic_write_text(tmp / f"rank_{rank}.json", json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":")))
-    except ScriptError as e:
-        (tmp / f"rank_{rank}.err").write_text(str(e))
-        code = 3
-    except BaseException:  # a bug of ours: keep the traceback
-        (tmp / f"rank_{rank}.err").write_text(traceback.format_exc())
-        code = 4
+        code = run_and_write(script, args, rank, world, nproc, tmp)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -308,11 +308,19 @@ def describe(
     mutated: Sequence[torch.Tensor],
     phase: str,
     gemm_dtype: str | None = None,
+    ins: Sequence[torch.Tensor] | None = None,
+    outs: Sequence[torch.Tensor] | None = None,
 ) -> OpCost:
-    """Cost fields of one compute op: ``func(*args, **kwargs) -> out`` that wrote ``mutated``."""
+    """Cost fields of one compute op: ``func(*args, **kwargs) -> out`` that wrote ``mutated``.
+
+    ``ins`` / ``outs`` (the tensors of args and out) may be passed when the caller has them.
+    """
     packet = func._overloadpacket.__name__
-    ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if ins is None:
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if outs is None:
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    ins, outs = list(ins), list(outs)
     kc = kernel_class_of(packet, func, phase)
     floats = [t.dtype for t in ins + outs if t.dtype.is_floating_point]
     dtype = dtype_name(floats[0]) if floats else (dtype_name(ins[0].dtype) if ins else "")

@@ -410,7 +410,7 @@ class Recorder(TorchDispatchMode, Annotator):
         if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
             return out  # views move no data; deps flow through the shared storage
         self._map_sequence(in_bwd, module)
-        cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype)
+        cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
         oid = self._append(
             {
                 "kind": "compute",

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from capture.ir import load_trace
-from capture.roles import canonical_program  # noqa: F401  (imported to keep the API exercised)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "models" / "pretrain_gpt.py")
