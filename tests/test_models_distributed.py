@@ -10,15 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import annotate
+from fake_env import TagAnnotator, fake_world
 from models.distributed import DataParallel, ModelGradSync, default_bucket_size
 from models.optimizer import MixedPrecisionAdam
 from models.schedules import forward_backward
@@ -26,18 +23,8 @@ from models.schedules import forward_backward
 H = 64  # Linear(64, 64): 4160 params; two of them 8320 = 65 x 128 (no distributed-optimizer padding)
 
 
-class Tags(annotate.Annotator):
-    def __init__(self) -> None:
-        self.tags: dict = {}
-
-    @contextlib.contextmanager
-    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
-        old = dict(self.tags)
-        self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb)) if v is not None})
-        try:
-            yield
-        finally:
-            self.tags = old
+class Tags(TagAnnotator):
+    """Phase / micro-batch scope only."""
 
 
 class CommLog(TorchDispatchMode):
@@ -68,16 +55,9 @@ def two_linears(dtype=torch.bfloat16) -> nn.Module:
 @contextlib.contextmanager
 def fake_rank(rank: int, world: int):
     ann = Tags()
-    prev = annotate.set_annotator(ann)
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     log = CommLog(ann)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            with log:
-                yield log
-    finally:
-        dist.destroy_process_group()
-        annotate.set_annotator(prev)
+    with fake_world(rank, world, ann, log):
+        yield log
 
 
 def iteration(model, gs, m, opt=None):

@@ -7,18 +7,16 @@ lists the scopes and blocks. The model is a stand-in (a couple of bf16 Linear la
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from heterosim.errors import ConfigError
+from fake_env import TagAnnotator, fake_world
 from models import annotate, schedules
 from models.schedules import PipelineComm, forward_backward, interleaved_order, one_f_one_b_order
 
@@ -26,23 +24,14 @@ H, S, B, V = 16, 8, 2, 32
 SHAPE = (S, B, H)
 
 
-class Ann(annotate.Annotator):
+class Ann(TagAnnotator):
     """Counts blocks and scopes; with ``cache`` it replays blocks like a capture does."""
 
     def __init__(self, cache: bool = False) -> None:
-        self.tags: dict = {}
+        super().__init__()
         self.blocks: list[tuple] = []
         self.cache = cache
         self.seen: dict = {}
-
-    @contextlib.contextmanager
-    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
-        old = dict(self.tags)
-        self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb), ("chunk", chunk)) if v is not None})
-        try:
-            yield
-        finally:
-            self.tags = old
 
     def block(self, key, fn, *args):
         self.blocks.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))
@@ -87,16 +76,6 @@ class Stage(nn.Module):
         if x is None:
             x = self.emb[torch.randint(0, V, (B, S))].transpose(0, 1)  # [s, b, h]
         return self.l2(torch.relu(self.l1(x)))
-
-
-@contextlib.contextmanager
-def fake_world(rank: int, world: int):
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            yield
-    finally:
-        dist.destroy_process_group()
 
 
 def run_rank(rank, pp, m, vpp=1, cache=False, batches=None, grad_sync_factory=None):

@@ -4,21 +4,19 @@ blocks counted by an annotator), the real single-process run (loss falls), and c
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import annotate
+from fake_env import TagAnnotator, fake_world
 from models.args import parse_args
 from models.pretrain_gpt import main, synthetic_batch, train
 
@@ -26,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "models" / "pretrain_gpt.py"
 
 
-class Ann(annotate.Annotator):
+class Ann(TagAnnotator):
     """Records declare(), iterations, block keys and the phase of every c10d op."""
 
     active = True  # like a capture: no data-dependent logging
 
     def __init__(self) -> None:
-        self.tags: dict = {}
+        super().__init__()
         self.blocks: list = []
         self.iterations: list[int] = []
         self.layout: dict = {}
@@ -43,15 +41,6 @@ class Ann(annotate.Annotator):
     def iteration(self, index):
         self.iterations.append(index)
         self.blocks.clear()
-
-    @contextlib.contextmanager
-    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
-        old = dict(self.tags)
-        self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb)) if v is not None})
-        try:
-            yield
-        finally:
-            self.tags = old
 
     def block(self, key, fn, *args):
         self.blocks.append(key)
@@ -79,15 +68,9 @@ def run_fake(argv: list[str], rank: int, world: int):
     """Run ``train`` as ``rank`` of ``world`` in the fake world; return (annotator, log, cfg)."""
     cfg = parse_args(argv, world)
     ann = Ann()
-    prev = annotate.set_annotator(ann)
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     log = CommLog(ann)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True), log:
-            train(cfg, rank)
-    finally:
-        dist.destroy_process_group()
-        annotate.set_annotator(prev)
+    with fake_world(rank, world, ann, log):
+        train(cfg, rank)
     return ann, log, cfg
 
 
