@@ -35,9 +35,9 @@ _DEFAULT_PATH = Path(__file__).with_name("data") / "gpus.yaml"
 _ENTRY_KEYS = {
     "name", "aliases", "vendor", "arch", "compute_capability", "peak_TFLOPs", "hbm_bw_GBps",
     "memory_GiB", "sm_count", "l2_MiB", "nvlink_bw_GBps", "pcie_bw_GBps", "tdp_W", "sources", "notes",
-    "launch_overhead_us",
+    "launch_overhead_us", "tensor_boost_power_W",
 }
-_REQUIRED = _ENTRY_KEYS - {"aliases", "notes", "launch_overhead_us"}
+_REQUIRED = _ENTRY_KEYS - {"aliases", "notes", "launch_overhead_us", "tensor_boost_power_W"}
 
 
 def canonical_key(name: str) -> str:
@@ -75,6 +75,8 @@ class GpuSpec:
     """Board power limit, watts."""
     launch_overhead_s: float
     """Fixed cost per kernel (launch plus ramp and tail), seconds."""
+    tensor_boost_power_w: float = 0.0
+    """Board power dense tensor-core work draws at the boost clock, watts; 0 = not known (no derate)."""
     aliases: tuple[str, ...] = ()
     """Other names that resolve to this GPU."""
     sources: str = ""
@@ -85,6 +87,21 @@ class GpuSpec:
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a trace dtype; non-float dtypes (int64 ...) use the fp32 rate."""
         return self.peak_flops.get(dtype, self.peak_flops["fp32"])
+
+    @property
+    def power_clock_ratio(self) -> float:
+        """Sustained / boost clock under dense tensor-core load: ``min(1, (tdp / P_boost) ** (1/3))``.
+
+        Dynamic power goes as C * V^2 * f and DVFS lowers V with f, so P ~ f^3 (Weste & Harris,
+        "CMOS VLSI Design", 4th ed., sec. 5.1-5.2). A board whose tensor work would draw
+        ``P_boost`` at the boost clock settles, once its power limiter acts (~0.1 s of load:
+        ``benchmarks/bench_power_regime.py``), at the clock where that power equals its TDP.
+        NB: ignores static (leakage) power, which does not scale with f: the true derate is a
+        little deeper than this.
+        """
+        if self.tensor_boost_power_w <= 0 or self.tdp_w <= 0:
+            return 1.0
+        return min(1.0, (self.tdp_w / self.tensor_boost_power_w) ** (1.0 / 3.0))
 
     def ridge(self, dtype: str) -> float:
         """Ridge point (FLOP/byte) of the roofline for ``dtype``: above it an op is compute-bound."""
@@ -166,6 +183,7 @@ def _spec_from_entry(e: dict, defaults: dict, where: str) -> GpuSpec:
         pcie_bw=float(e["pcie_bw_GBps"]) * 1e9,
         tdp_w=float(e["tdp_W"]),
         launch_overhead_s=launch_us * 1e-6,
+        tensor_boost_power_w=float(e.get("tensor_boost_power_W", 0.0)),
         aliases=tuple(str(a) for a in e.get("aliases", ())),
         sources=str(e["sources"]),
         notes=str(e.get("notes", "")),

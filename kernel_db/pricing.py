@@ -74,8 +74,8 @@ def _gemm_flops_bytes(dims: Mapping[str, Any], dtype: str) -> tuple[float, float
 def scale_factor(kernel_class: str, dtype: str, flops: float, nbytes: float, old: GpuSpec, new: GpuSpec) -> float:
     """Ratio t_new / t_old of the two GPUs' rooflines for an op (see the module docstring)."""
 
-    def peak(g: GpuSpec) -> float:
-        return g.peak(dtype) if kernel_class in _TENSOR_CLASSES else g.peak_flops["fp32"]
+    def peak(g: GpuSpec) -> float:  # tensor math at each GPU's sustained (power-capped) clock
+        return g.peak(dtype) * g.power_clock_ratio if kernel_class in _TENSOR_CLASSES else g.peak_flops["fp32"]
 
     if flops <= 0 and nbytes <= 0:  # NB: nothing to classify by: tensor classes by FLOPS, others by bandwidth
         return peak(old) / peak(new) if kernel_class in _TENSOR_CLASSES else old.hbm_bw / new.hbm_bw

@@ -9,15 +9,16 @@ CACM 2009, with the launch term added for small kernels)::
 The efficiency curves are named parameters in ``kernel_db/data/efficiency.yaml`` (sources there):
 
 - GEMM: ``eff_max * tile_eff * wave_eff * k / (k + k_half)``. The output is cut into tiles; a
-  GPU runs ``sm_count`` tiles per wave, so a last partial wave idles SMs (wave quantization). As
-  cuBLAS does, the model picks the tile shape (and a split-K factor when the output has fewer tiles
-  than SMs) with the best efficiency. ``k_half`` is the prologue/epilogue cost in K steps.
+  GPU runs ``sm_count`` tiles per wave, so a last partial wave idles SMs (wave quantization). The
+  tile is the largest one that fills a wave (``tile_policy``, see :func:`gemm_efficiency`), with a
+  split-K factor when even the smallest tile leaves SMs idle. ``k_half`` is the prologue/epilogue cost in K steps.
 - Attention (flash kernels): ``eff_max[dir] * wave_eff(b*h*ceil(sq/block_m)) * sk/(sk+sk_half) *
   (min(d, 128)/128) ** head_dim_exp``; ``flops`` are the executed ones (causal halves them).
 - Every other class is priced by its memory traffic; its math (on CUDA cores) rarely binds.
 
 Known limitations: no L2 residency (a kernel whose inputs sit in L2 runs faster than this says),
-no clock throttling beyond per-GPU ``eff_max`` overrides, no tensor-core shape alignment penalty.
+no tensor-core shape alignment penalty; the power-capped clock (``GpuSpec.power_clock_ratio``) is one
+steady-state ratio per GPU, not a function of each kernel's power draw.
 """
 
 from __future__ import annotations
@@ -149,9 +150,17 @@ def _wave_eff(tiles: int, sms: int) -> float:
 
 
 def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str, Any]) -> float:
-    """Fraction of peak of a (batch x) m x n x k GEMM: best tile/split-K, waves, K ramp, eff_max."""
+    """Fraction of peak of a (batch x) m x n x k GEMM: tile/split-K choice, waves, K ramp, eff_max.
+
+    ``tile_policy`` (efficiency.yaml) says which tile the library picks:
+    ``largest_full_wave`` -- the largest tile whose grid fills at least one wave of SMs, else the
+    best (tile x split-K) option. cuBLAS heuristics keep large tiles for their operand reuse and
+    accept a partial last wave: NVIDIA's "Matrix Multiplication Background User's Guide" shows the
+    resulting wave-quantization sawtooth in measured cuBLAS throughput, which a best-of-tiles pick
+    would flatten. ``best`` -- the option with the highest modelled efficiency.
+    """
     m, n, k, batch = max(int(m), 1), max(int(n), 1), max(int(k), 1), max(int(batch), 1)
-    best = 0.0
+    options: list[tuple[int, float]] = []  # (tiles of the grid, efficiency), in the file's tile order
     for tm, tn, teff in p["tiles"]:
         tiles = -(-m // tm) * -(-n // tn) * batch
         # NB: a partial tile still costs a whole tile's time; count the padded area as waste.
@@ -163,7 +172,15 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str
         eff = teff * fill * _wave_eff(tiles * split, sms) * kk / (kk + float(p["k_half"]))
         if split > 1:  # NB: the partial-tile reduction is a flat factor, not a traffic model
             eff *= float(p["split_k_eff"])
-        best = max(best, eff)
+        options.append((tiles, eff))
+    policy = str(p.get("tile_policy", "best"))
+    if policy == "largest_full_wave":
+        full = [eff for tiles, eff in options if tiles >= sms]
+        best = full[0] if full else max(eff for _, eff in options)
+    elif policy == "best":
+        best = max(eff for _, eff in options)
+    else:
+        raise ConfigError(f"gemm tile_policy {policy!r} is unknown; valid: best, largest_full_wave")
     return float(p["eff_max"]) * best
 
 
@@ -188,8 +205,16 @@ def roofline_time(
     nbytes: float,
     gpu: GpuSpec,
     params: Mapping[str, Any],
+    *,
+    clock_ratio: float | None = None,
 ) -> RooflineTime:
-    """Roofline time of one kernel on ``gpu`` with efficiency ``params`` (:meth:`EfficiencyModel.params`)."""
+    """Roofline time of one kernel on ``gpu`` with efficiency ``params`` (:meth:`EfficiencyModel.params`).
+
+    Tensor-core math (GEMM, attention) runs at ``clock_ratio`` of the boost clock the datasheet
+    peaks assume: by default the GPU's sustained ratio under its power cap
+    (:attr:`GpuSpec.power_clock_ratio`, what a training run sees); 1.0 prices a short burst at boost.
+    """
+    ratio = gpu.power_clock_ratio if clock_ratio is None else float(clock_ratio)
     mem = params["memory"]
     memory_s = nbytes / (gpu.hbm_bw * float(mem["mem_eff_max"]) * float(mem["mem_factor"].get(kernel_class, 1.0)))
     if kernel_class == "gemm":
@@ -201,14 +226,14 @@ def roofline_time(
                                   gpu.sm_count, gp)
         else:  # NB: no shape: assume a large GEMM (eff_max only)
             eff = float(gp["eff_max"])
-        compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
+        compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0
     elif kernel_class == "attention":
         if dims.get("sq"):
             eff = attention_efficiency(dims, gpu.sm_count, params["attention"])
         else:  # NB: no shape: assume a long-sequence kernel (eff_max of its direction only)
             a = params["attention"]
             eff = float(a["eff_max_bwd"] if dims.get("dir") == "bwd" else a["eff_max_fwd"])
-        compute_s = flops / (gpu.peak(dtype) * eff) if flops else 0.0
+        compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0
     else:
         # NB: non-GEMM math runs on CUDA cores, not tensor cores: fp32 vector rate x vector_eff.
         eff = 0.0

@@ -3,8 +3,6 @@ against the pricing tiers: scaling across GPUs, the hopper efficiency curves, in
 
 import math
 
-import pytest
-
 from kernel_db import KernelDB, Pricer, get_gpu, load_efficiency
 from kernel_db.db import SHIPPED_DIR
 from kernel_db.roofline import roofline_time
