@@ -81,7 +81,7 @@ _NORM = {
     "native_group_norm",
     "native_batch_norm",
 }
-_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax"}
+_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax", "_masked_softmax", "_masked_softmax_backward"}
 _CROSS_ENTROPY = {
     "_log_softmax",
     "_log_softmax_backward_data",
@@ -157,6 +157,11 @@ _COPY = {
 
 # In-place ops that overwrite their destination without reading it.
 _WRITE_ONLY = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_", "bernoulli_"}
+
+# GEMMs computing beta * self + alpha * (a @ b): with beta = 0, BLAS does not read self (the
+# reference BLAS GEMM: "when beta is zero, C need not be set on input"); Megatron's unfused
+# attention calls baddbmm(empty, q, k^T, beta=0) for exactly that.
+_BETA_GEMM = {"addmm", "baddbmm", "addbmm"}
 
 # Estimated FLOPs per output element for memory-bound classes (what the kernel's arithmetic is,
 # roughly): a layer norm does mean, variance, normalise and affine (~8/elt fwd); softmax max,
@@ -327,6 +332,8 @@ def describe(
     seen: set[int] = set()
     if packet in _WRITE_ONLY:  # the destination is overwritten, not read
         seen.update(id(t) for t in mutated)
+    if packet in _BETA_GEMM and kwargs.get("beta", 1) == 0:
+        seen.add(id(args[0]))
     bytes_read = 0
     for t in ins:
         if id(t) not in seen:

@@ -83,7 +83,10 @@ class RunConfig:
                 "ffn_hidden_size": m.ffn_size, "vocab_size": m.vocab_size, "seq_length": m.seq_length,
                 "activation": m.activation, "normalization": m.normalization,
                 "num_experts": m.num_experts, "params_dtype": self.train.params_dtype,
-                "fp8": self.train.fp8}
+                "fp8": self.train.fp8,
+                # Only when not the default, so that flash traces stay byte-identical.
+                **({"attention_backend": m.attention_backend, "attention_dropout": m.attention_dropout}
+                   if m.attention_backend != "flash" else {})}
 
 
 # dest -> default for every flag whose value a preset may set (argparse defaults are None so
@@ -104,7 +107,8 @@ _DEFAULTS: dict[str, Any] = {
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
-    "init_method_std": 0.02, "rotary_base": 10000.0, "lr": 1e-4, "weight_decay": 0.01,
+    "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "flash",
+    "attention_dropout": 0.0, "lr": 1e-4, "weight_decay": 0.01,
     "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
     "loss_scale": None, "seed": 1234,
 }
@@ -158,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
+    add("--attention-backend", str, ("flash", "unfused"),
+        help="core attention: flash (one fused kernel) or unfused (Megatron-LM 2020-21: baddbmm, "
+             "fused scale-mask-softmax, dropout, bmm); Megatron-core's other backends are not modelled")
+    add("--attention-dropout", float,
+        help="dropout on the attention probabilities, unfused backend only (Megatron-LM's argument "
+             "default is 0.1, its modern LLM recipes set 0)")
     return p
 
 
@@ -269,7 +279,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         add_bias_linear=not a["disable_bias_linear"], num_experts=a["num_experts"],
         moe_router_topk=a["moe_router_topk"], moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
         hidden_dropout=a["hidden_dropout"], norm_epsilon=a["norm_epsilon"],
-        init_method_std=a["init_method_std"], rotary_base=a["rotary_base"])
+        init_method_std=a["init_method_std"], rotary_base=a["rotary_base"],
+        attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"])
+    mcfg.check_attention(pcfg.cp)
     mbs = a["micro_batch_size"]
     gbs = a["global_batch_size"] if a["global_batch_size"] is not None else mbs * pcfg.dp
     tcfg = TrainConfig(

@@ -54,6 +54,14 @@ class ModelConfig:
     """Std of the normal weight init; output projections use std / sqrt(2 * num_layers)."""
     rotary_base: float = 10000.0
     """RoPE base (``--rotary-base``)."""
+    attention_backend: Literal["flash", "unfused"] = "flash"
+    """Core attention (Megatron-core ``--attention-backend``): ``flash`` is one fused kernel each
+    way; ``unfused`` is Megatron-LM 2020-21's baddbmm, fused scale-mask-softmax, dropout, bmm over
+    all s^2 scores (:mod:`models.layers.unfused_attention`)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
+    Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
+    set 0, which is the default here."""
 
     @property
     def num_kv_heads(self) -> int:
@@ -66,6 +74,23 @@ class ModelConfig:
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def check_attention(self, cp: int) -> None:
+        """Raise :class:`ConfigError` when the attention backend cannot run this configuration."""
+        if self.attention_backend not in ("flash", "unfused"):
+            raise ConfigError(f"unknown attention backend {self.attention_backend!r}; valid: flash, unfused")
+        p = self.attention_dropout
+        if not 0.0 <= p < 1.0:
+            raise ConfigError(f"--attention-dropout {p} must be in [0, 1)")
+        if self.attention_backend == "flash" and p > 0.0:
+            # SDPA with dropout_p > 0 leaves the fused CPU flash kernel for the unfused math path.
+            raise ConfigError(f"--attention-dropout {p} needs --attention-backend unfused: the flash "
+                              f"path runs without attention dropout; give --attention-backend unfused "
+                              f"or --attention-dropout 0")
+        if self.attention_backend == "unfused" and cp > 1:
+            raise ConfigError(f"--attention-backend unfused does not run with --context-parallel-size "
+                              f"{cp}: context parallelism needs the flash path; give "
+                              f"--attention-backend flash or --context-parallel-size 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

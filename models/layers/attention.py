@@ -3,12 +3,17 @@
 
 Per TP rank: ``np = heads/tp`` query heads and ``ng = query_groups/tp`` K/V heads. The fused QKV
 projection is laid out per query group as ``[q * (np/ng), k, v] * d`` (Megatron's
-``linear_qkv``), then split. Core attention is ``F.scaled_dot_product_attention`` with
-``enable_gqa`` (no K/V expansion copy), which on CPU runs the fused
-``aten._scaled_dot_product_flash_attention_for_cpu`` kernel and its backward, the counterpart
-of the flash kernel a GPU run uses. Attention dropout is 0 (flash kernels in Megatron LLM
-recipes run without it). With context parallelism the core attention is one of
-:mod:`models.layers.context_parallel`'s three schemes.
+``linear_qkv``), then split. Core attention follows ``ModelConfig.attention_backend``:
+
+- ``flash``: ``F.scaled_dot_product_attention`` with ``enable_gqa`` (no K/V expansion copy),
+  which on CPU runs the fused ``aten._scaled_dot_product_flash_attention_for_cpu`` kernel and
+  its backward, the counterpart of the flash kernel a GPU run uses. Attention dropout is 0
+  (flash kernels in Megatron LLM recipes run without it). With context parallelism the core
+  attention is one of :mod:`models.layers.context_parallel`'s three schemes.
+- ``unfused``: :class:`models.layers.unfused_attention.CoreAttention` (Megatron-LM 2020-21:
+  baddbmm, fused scale-mask-softmax, attention dropout, bmm); no context parallelism.
+
+Selective recompute checkpoints the core attention of either backend.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from models.layers.context_parallel import cp_attention
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
 from models.layers.recompute import recompute
 from models.layers.rope import apply_rotary
+from models.layers.unfused_attention import CoreAttention
 
 __all__ = ["SelfAttention", "core_attention"]
 
@@ -53,6 +59,11 @@ class SelfAttention(nn.Module):
                               f"divisible by tensor-parallel size {tp}")
         self.np, self.ng, self.d = heads // tp, groups // tp, d
         self.pstate = pstate
+        mcfg.check_attention(pstate.cp_size)
+        if mcfg.attention_backend == "unfused":
+            self.core_attention = CoreAttention(seq_length=mcfg.seq_length, dropout=mcfg.attention_dropout)
+        else:
+            self.core_attention = None
         self.selective_recompute = selective_recompute
         sp = pstate.sequence_parallel
         self.linear_qkv = ColumnParallelLinear(
@@ -64,6 +75,8 @@ class SelfAttention(nn.Module):
             init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.core_attention is not None:
+            return self.core_attention(q, k, v)
         if self.pstate.cp_size > 1:
             return cp_attention(q, k, v, self.pstate)
         return core_attention(q, k, v)
