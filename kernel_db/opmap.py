@@ -64,7 +64,8 @@ register_kernel_class(
     "norm", "native_layer_norm", "native_layer_norm_backward", "layer_norm", "rms_norm",
     "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_batch_norm",
 )
-register_kernel_class("softmax", "_softmax", "_softmax_backward_data", "softmax", "_log_softmax", "_log_softmax_backward_data")
+register_kernel_class("softmax", "_softmax", "_softmax_backward_data", "softmax", "_log_softmax", "_log_softmax_backward_data",
+                      "_masked_softmax", "_masked_softmax_backward")
 register_kernel_class("cross_entropy", "nll_loss_forward", "nll_loss_backward", "cross_entropy_loss", "nll_loss", "nll_loss2d_forward")
 register_kernel_class("embedding", "embedding", "embedding_dense_backward", "embedding_backward", "index_select")
 register_kernel_class(

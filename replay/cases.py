@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from heterosim.errors import ConfigError, UnknownGPUError
 
 __all__ = ["Case", "CaseInputs", "load_cases", "gpu_from_text", "cluster_for", "megatron_flags",
-           "flop_convention", "ARCH_WORDS", "SCHEMA_VERSION"]
+           "flop_convention", "source_year", "ARCH_WORDS", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 
@@ -400,27 +400,56 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     flags += p_flags
     notes.append(p_note)
     cluster, gpu, hw_notes = cluster_for(case.hardware, world)
-    notes += _attention_notes(case, gpu)
+    a_flags, a_notes = _attention(case, gpu)
+    flags += a_flags
+    notes += a_notes
     return CaseInputs(flags=tuple(flags), world_size=world, cluster=cluster, gpu=gpu,
                       assumptions=tuple(notes + hw_notes))
 
 
-def _attention_notes(case: Case, gpu: str) -> list[str]:
-    """What the attention kernel will be, and why that may differ from the measured run."""
+FLASH_IN_MEGATRON_YEAR = 2023
+"""First Megatron-LM year with flash attention (``--use-flash-attn``, 2023); earlier releases ran
+core attention unfused (baddbmm, fused scale-mask-softmax, dropout, bmm)."""
+
+ATTENTION_DROPOUT_DEFAULT = 0.1
+"""Megatron-LM's ``--attention-dropout`` default (arguments.py, every release)."""
+
+
+def source_year(case: Case) -> int | None:
+    """The year of the run's software, from its source (``SC'21``, ``Sept 2020``, ``2104.04473``...)."""
+    text = " ".join(str(case.source.get(k, "")) for k in ("title", "url")) + " " + case.id
+    years = [int(y) for y in re.findall(r"(?<![0-9])(20[12][0-9])(?![0-9])", text)]
+    years += [2000 + int(y) for y in re.findall(r"\b(?:SC|ISC|NeurIPS|ICML|MLSys)'?(\d\d)\b", text)]
+    return min(years) if years else None
+
+
+def _attention(case: Case, gpu: str) -> tuple[list[str], list[str]]:
+    """Flags and notes for the core-attention kernel the measured run used."""
     from kernel_db.catalogue import get_gpu
 
     word = str(case.model.get("attention", "")).lower()
-    if word and "flash" not in word:
-        raise ConfigError(f"case {case.id}: model.attention {word!r} is not implemented: models/ captures "
-                          "flash attention only (unfused baddbmm + softmax + dropout + bmm is a missing feature)")
-    notes = [] if word else ["attention kernel not stated: flash attention, the only core attention models/ "
-                             "implements (Megatron-LM before 2022 ran it unfused: baddbmm, fused softmax, "
-                             "dropout, bmm -- not modelled)"]
     cc = get_gpu(gpu).compute_capability
+    unfused = ["--attention-backend", "unfused", "--attention-dropout", str(ATTENTION_DROPOUT_DEFAULT)]
+    if word:
+        if "flash" in word:
+            if 0 < cc < 80:
+                raise ConfigError(f"case {case.id}: model.attention says flash, but {gpu} (sm_{cc}) has no "
+                                  "flash-attention kernel (FlashAttention needs sm_80+); fix the case")
+            return [], [f"attention: flash (model.attention {word!r})"]
+        if any(w in word for w in ("unfused", "local", "baddbmm", "softmax")):
+            return unfused, [f"attention: unfused (model.attention {word!r}), dropout {ATTENTION_DROPOUT_DEFAULT}"]
+        raise ConfigError(f"case {case.id}: model.attention {word!r} is not understood; "
+                          "write 'flash' or 'unfused'")
     if 0 < cc < 80:
-        notes.append(f"{gpu} (sm_{cc}) has no flash-attention kernel (FlashAttention needs sm_80+); its "
-                     "attention is priced by kernel_db's curve for the arch")
-    return notes
+        return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
+                         f"{ATTENTION_DROPOUT_DEFAULT}, bmm): {gpu} (sm_{cc}) has no flash-attention kernel"]
+    year = source_year(case)
+    if year is not None and year < FLASH_IN_MEGATRON_YEAR:
+        return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
+                         f"{ATTENTION_DROPOUT_DEFAULT}, bmm), Megatron-LM's core attention in {year} "
+                         f"(flash attention arrived in {FLASH_IN_MEGATRON_YEAR})"]
+    return [], ["attention not stated: flash attention (today's Megatron-LM default"
+                + (f"; source year {year})" if year else "; source year unknown)")]
 
 
 def flop_convention(case: Case) -> str | None:

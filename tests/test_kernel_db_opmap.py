@@ -20,6 +20,7 @@ def test_kernel_class_from_name():
     assert kernel_class_of("aten.addmm.default") == "gemm"
     assert kernel_class_of("aten._scaled_dot_product_flash_attention_for_cpu.default") == "attention"
     assert kernel_class_of("aten.gelu_backward.default") == "elementwise"
+    assert kernel_class_of("aten._masked_softmax_backward.default") == "softmax"  # unfused attention
     assert kernel_class_of("aten.gelu.default", "norm") == "norm"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heterosim.errors import ConfigError, UnknownGPUError
-from replay.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags
+from replay.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
 from replay.cluster import load_cluster
 
 
@@ -175,12 +175,35 @@ def test_public_file_reads():
     assert n >= 20
 
 
-def test_attention_notes_and_missing_feature():
-    """The attention kernel used is stated; pre-sm_80 GPUs are flagged; 'unfused' is a missing feature."""
-    ci = megatron_flags(_case(hardware={"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2",
-                                        "intra_node": "NVLink2 + NVSwitch", "inter_node": "8 x 100 Gb/s EDR"}))
-    text = " | ".join(ci.assumptions)
-    assert "attention kernel not stated: flash attention" in text
-    assert "V100-SXM2-32GB (sm_70) has no flash-attention kernel" in text
-    with pytest.raises(ConfigError, match="model.attention 'unfused' is not implemented"):
-        megatron_flags(_case(model={**_case().model, "attention": "unfused"}))
+def test_attention_backend_from_gpu_and_source_year():
+    """Core attention follows the measured run: unfused on sm < 80 (no flash kernel) and for sources
+    before 2023 (Megatron-LM gained flash attention then), flash otherwise or when the case says so."""
+    v100 = {"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2", "intra_node": "NVLink2 + NVSwitch",
+            "inter_node": "8 x 100 Gb/s EDR"}
+    unfused = ["--attention-backend", "unfused", "--attention-dropout", "0.1"]
+    ci = megatron_flags(_case(hardware=v100))
+    assert ci.flags[-4:] == tuple(unfused)
+    assert "V100-SXM2-32GB (sm_70) has no flash-attention kernel" in " | ".join(ci.assumptions)
+    old = megatron_flags(_case(source={"title": "Narayanan et al. (SC'21), Table 1"}))
+    assert old.flags[-4:] == tuple(unfused)
+    assert "Megatron-LM's core attention in 2021 (flash attention arrived in 2023)" in " | ".join(old.assumptions)
+    new = megatron_flags(_case(source={"title": "a 2024 report", "url": "https://example.org/x"}))
+    assert "--attention-backend" not in new.flags
+    assert "attention not stated: flash attention (today's Megatron-LM default; source year 2024)" in new.assumptions
+    said = megatron_flags(_case(source={"title": "2020"}, model={**_case().model, "attention": "flash"}))
+    assert "--attention-backend" not in said.flags
+    with pytest.raises(ConfigError, match=r"case t: model.attention says flash, but V100-SXM2-32GB \(sm_70\) has no "
+                                          r"flash-attention kernel \(FlashAttention needs sm_80\+\); fix the case"):
+        megatron_flags(_case(hardware=v100, model={**_case().model, "attention": "flash"}))
+    with pytest.raises(ConfigError, match="case t: model.attention 'sliding window' is not understood; "
+                                          "write 'flash' or 'unfused'"):
+        megatron_flags(_case(model={**_case().model, "attention": "sliding window"}))
+
+
+def test_source_year():
+    """The software year comes from the source's title, url or id: the earliest year named."""
+    assert source_year(_case(source={"title": "Megatron-LM README (Sept 2020) tables"})) == 2020
+    assert source_year(_case(source={"title": "Efficient training (SC'21)"})) == 2021
+    assert source_year(_case(source={"url": "https://github.com/x/y/blob/abc/images/tables.tex"})) is None
+
+

@@ -181,11 +181,16 @@ def test_cli_json_and_plot(env, capsys, tmp_path):
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_unfused_attention_case_reports_missing_feature(tmp_path):
-    """A case asking for a feature models/ lacks is reported as missing_feature, not guessed."""
+def test_unfused_attention_case_runs(tmp_path):
+    """A case whose run predates flash attention is captured with Megatron's unfused core attention."""
+    from capture.ir import load_trace
     from replay.validate import validate
 
     case = {**E2E, "id": "unfused", "model": {**E2E["model"], "attention": "unfused"}}
     rep = validate(_write(tmp_path, [case]), cache_dir=tmp_path / "c")
     (r,) = rep.cases
-    assert r.status == "missing_feature" and "unfused" in r.message and rep.mape("end_to_end") is None
+    assert r.status == "ok" and r.primary is not None and r.primary.predicted > 0
+    assert any("attention: unfused" in a for a in r.assumptions)
+    (trace_dir,) = [p.parent for p in (tmp_path / "c").rglob("trace.json")]
+    ops = {n for role in load_trace(trace_dir).roles for b in role.blocks.values() for n in b.columns["name"]}
+    assert "aten.baddbmm.default" in ops and not any("scaled_dot_product" in n for n in ops)
