@@ -17,6 +17,7 @@ The network is deterministic: events at one instant are handled together, in ins
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -30,6 +31,9 @@ from heterosim.errors import ReplayError
 from .maxmin import _REL_TOL, maxmin_rates
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
+
+_SNAPSHOT_MAX_FLOWS = 4096
+"""Groups up to this many flows keep their solo run's state after every step (memory bound)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -410,16 +414,29 @@ class FluidNetwork:
 
     def _group_state(self, g: _Group, dt: float) -> dict[int, tuple]:
         """State of group ``g`` run alone, ``dt`` after its start: member position -> (phase,
-        next phase start or nan, flows as (links, remaining, rate, cap, t_last)). Replays it."""
-        scratch = FluidNetwork(self.capacity, solo=False)
-        scratch.start(0, list(g.specs), 0.0)
-        while scratch.next_time() <= dt:
+        next phase start or nan, flows as (links, remaining, rate, cap, t_last)).
+
+        The group's solo run is replayed once per group (by spec identity) and its state after
+        every step kept: a later call takes the snapshot after the steps due by ``dt``, the same
+        state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again)."""
+        if sum(len(ph.flows) for sp in g.specs for ph in sp.phases) > _SNAPSHOT_MAX_FLOWS:
+            scratch = FluidNetwork(self.capacity, solo=False)
+            scratch.start(0, list(g.specs), 0.0)
+            while scratch.next_time() <= dt:
+                scratch.step()
+            return _snapshot(scratch)
+        k = ("state",) + tuple(map(id, g.specs))
+        run = self._spec_info.get(k)
+        if run is None or any(a is not b for a, b in zip(run[0], g.specs)):
+            scratch = FluidNetwork(self.capacity, solo=False)
+            scratch.start(0, list(g.specs), 0.0)
+            run = self._spec_info[k] = (g.specs, scratch, [scratch.next_time()], [_snapshot(scratch)])
+        _, scratch, times, states = run
+        while times[-1] <= dt:
             scratch.step()
-        flows: dict[int, list] = {}
-        for f in scratch._flows.values():
-            flows.setdefault(f.tid, []).append((f.links, f.remaining, f.rate, f.cap, f.t_last))
-        return {tr.key[1]: (tr.phase, scratch._pending_start.get(tid, math.nan), tuple(flows.get(tid, ())))
-                for tid, tr in scratch._transfers.items()}
+            times.append(scratch.next_time())
+            states.append(_snapshot(scratch))
+        return states[bisect.bisect_right(times, dt)]
 
     def _shape(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> _ShapeInfo:
         """Links of a batch's replicas grouped by shared links, with each group's solo run (cached)."""
@@ -561,20 +578,21 @@ class FluidNetwork:
 
     def _component(self, links: set[int]) -> list[int]:
         """Flow ids connected (through shared links) to ``links``, in id order."""
-        seen_links = set()
-        fids: dict[int, None] = {}
-        stack = [l for l in links if l in self._link_flows]
+        link_flows, flows = self._link_flows, self._flows
+        seen = {l for l in links if l in link_flows}
+        stack = list(seen)
+        fids: set[int] = set()
+        total = len(flows)
         while stack:
-            l = stack.pop()
-            if l in seen_links:
-                continue
-            seen_links.add(l)
-            for fid in self._link_flows.get(l, ()):
+            for fid in link_flows[stack.pop()]:
                 if fid not in fids:
-                    fids[fid] = None
-                    for l2 in self._flows[fid].links:
-                        if l2 not in seen_links:
+                    fids.add(fid)
+                    for l2 in flows[fid].links:
+                        if l2 not in seen:
+                            seen.add(l2)
                             stack.append(l2)
+            if len(fids) == total:
+                break  # every flow in flight is in it
         return sorted(fids)
 
     def _recompute(self, touched: set[int], now: float) -> None:
@@ -593,6 +611,15 @@ class FluidNetwork:
             f.version += 1
             rem = f.remaining if f.remaining > 0 else 0.0
             self._push(now + rem / f.rate, 0, fid, f.version)
+
+
+def _snapshot(net: FluidNetwork) -> dict[int, tuple]:
+    """Per transfer of ``net`` (by replica position): (phase, next phase start or nan, flows)."""
+    flows: dict[int, list] = {}
+    for f in net._flows.values():
+        flows.setdefault(f.tid, []).append((f.links, f.remaining, f.rate, f.cap, f.t_last))
+    return {tr.key[1]: (tr.phase, net._pending_start.get(tid, math.nan), tuple(flows.get(tid, ())))
+            for tid, tr in net._transfers.items()}
 
 
 def solo_time(spec: TransferSpec, capacity: Sequence[float]) -> float:
