@@ -159,7 +159,7 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
 class _Class:
     __slots__ = ("rep", "ranks", "sk", "spans", "pc", "tc", "blocked", "end", "start", "t_at",
                  "stream_groups", "preds", "waits", "finish", "counters", "keys", "compute", "tail",
-                 "work", "busy", "ver", "t_reach")
+                 "work", "busy", "ver", "t_reach", "shape_by_sig")
 
     def __init__(self, rep: int, ranks: tuple[int, ...], sk: RoleSkeleton, gpu: str):
         n = len(sk)
@@ -187,6 +187,7 @@ class _Class:
         self.busy = 0
         self.ver = 0
         self.t_reach = math.inf
+        self.shape_by_sig: dict[int, _Shape] = {}  # point signature -> its shape (see _shape)
 
 
 class _Sim:
@@ -227,15 +228,13 @@ class _Sim:
         self.seq = 0
         self.arrivals: dict[tuple, list[tuple[int, int]]] = {}
         self.need: dict[tuple, int] = {}
-        self.inst_members: dict[tuple, list[tuple[int, int]]] = {}
-        self.inst_start: dict[tuple, float] = {}
+        self.inst: dict[tuple, tuple[list[tuple[int, int]], float, _Shape]] = {}
+        """Started class-level transfers: key -> (members as (class, point), start time, shape)."""
         self._shapes: dict[tuple, _Shape] = {}
         self._interned: dict[Hashable, int] = {}
-        self.inst_shape: dict[tuple, _Shape] = {}
         self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self.net = FluidNetwork(w.capacity_Bps)
         self.timers: list[tuple[float, int, tuple, list[float]]] = []
-        self.last_arrival: dict[tuple, tuple[int, int]] = {}
         self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
         self.slow = w.overlap_slowdown
         self.busy_rate = 1.0 - w.overlap_slowdown
@@ -324,10 +323,18 @@ class _Sim:
             preds = cur[1]
             cl.stream_groups[stream] = (cg, [p], cur[1])
         cl.preds[p] = preds
-        sh = self._shape(ci, p)
-        k = cl.counters.get(sh.counter, 0)
-        cl.counters[sh.counter] = k + 1
+        sig = sk.sig[p]
+        sh = cl.shape_by_sig.get(sig)
+        if sh is None:
+            sh = cl.shape_by_sig[sig] = self._shape(ci, p)
+        counters = cl.counters
+        k = counters.get(sh.counter, 0)
+        counters[sh.counter] = k + 1
         cl.keys[p] = ((sh.ident, k), sh)
+        if not preds:
+            heapq.heappush(self.heap, (issue_t, self.seq, ci, p))
+            self.seq += 1
+            return
         self.try_ready(ci, p, issue_t)
 
     def try_ready(self, ci: int, p: int, issue_t: float) -> None:
@@ -409,19 +416,19 @@ class _Sim:
     def arrive(self, t: float, ci: int, p: int) -> None:
         cl = self.classes[ci]
         key, sh = cl.keys[p]
-        got = self.arrivals.get(key)
-        if got is None:
-            got = self.arrivals[key] = [(ci, p)]
+        if sh.need == 1:
+            got = [(ci, p)]
         else:
+            got = self.arrivals.get(key)
+            if got is None:
+                self.arrivals[key] = [(ci, p)]
+                return
             self._check(got[0], (ci, p), key)
             got.append((ci, p))
-        if len(got) < sh.need:
-            return
-        del self.arrivals[key]
-        self.inst_members[key] = got
-        self.inst_start[key] = t
-        self.last_arrival[key] = got[-1]
-        self.inst_shape[key] = sh
+            if len(got) < sh.need:
+                return
+            del self.arrivals[key]
+        self.inst[key] = (got, t, sh)
         if sh.trivial:
             self.complete(key, t)
             return
@@ -456,26 +463,25 @@ class _Sim:
             if self.exact:
                 order = sorted(set(ends))
                 groups: list[list[int]] = [[] for _ in order]
-                reps = self.inst_shape[key].replica_ranks
+                reps = self.inst[key][2].replica_ranks
                 for j, e in enumerate(ends):
                     groups[order.index(e)].extend(reps[j])
                 if self.refine is not None and self.refine(groups):
                     raise _Asymmetric(groups)
                 self.exact = False  # past the class budget: go on with the slowest replica
-                self.switched_at = self.inst_start[key]
+                self.switched_at = self.inst[key][1]
             self.asymmetric += 1
-            t0 = self.inst_start[key]
+            t0 = self.inst[key][1]
             self.max_spread = max(self.max_spread, (hi - lo) / max(hi - t0, 1e-30))
-        del self.inst_shape[key]
         self.complete(key, hi)
 
     def complete(self, key: tuple, t: float) -> None:
-        t0 = self.inst_start[key]
-        last = self.last_arrival.pop(key)
+        got, t0, _ = self.inst.pop(key)
+        last = got[-1]
         counted = key in self.in_flight
         if counted:
             self.in_flight.discard(key)
-        for ci, p in self.inst_members.pop(key):
+        for ci, p in got:
             if counted:
                 self._push_reach(busy_change(self.classes[ci], t, -1, self.busy_rate), ci)
             cl = self.classes[ci]

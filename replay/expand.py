@@ -363,6 +363,9 @@ class RoleSkeleton:
     coalesced: list[int]
     """Comm points: point index of the first op of their coalesced launch (own index if none)."""
     num_ops: int
+    sig: list[int] = field(default_factory=list)
+    """Per point: an id of its (group, collective, bytes, dtype, peer), equal for points the
+    network sees alike (the fast engine keys its per-class shape cache by it)."""
     spans: dict[str, np.ndarray] = field(default_factory=dict)
     """GPU type -> compute seconds before each point (len points + 1; the last is the tail)."""
     phase_compute: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -380,6 +383,7 @@ def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np)
                       num_ops=role.num_ops)
     pos_cache: dict[str, np.ndarray] = {}
     local: dict[str, tuple] = {}
+    sig_ids: dict[tuple, int] = {}
     for b, blk in role.blocks.items():
         cols = blk.columns
         pos = [i for i, k in enumerate(cols["kind"]) if k != "compute"]
@@ -392,14 +396,17 @@ def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np)
                for i, k in zip(pos, kinds)]
         coal = [at.get(i - cols["coalesced"][i], -1 - cols["coalesced"][i])
                 if cols["coalesced"][i] > 0 and k != "wait" else None for i, k in zip(pos, kinds)]
+        sigs = [sig_ids.setdefault((cols["group"][i], cols["collective"][i], int(cols["comm_bytes"][i]),
+                                    cols["dtype"][i], int(cols["peer"][i])), len(sig_ids)) for i in pos]
         local[b] = (pos, kinds, [cols["name"][i] for i in pos], [cols["phase"][i] for i in pos],
                     [cols["stream"][i] for i in pos], [cols["group"][i] for i in pos],
                     [cols["collective"][i] for i in pos], [int(cols["comm_bytes"][i]) for i in pos],
-                    [cols["dtype"][i] for i in pos], [int(cols["peer"][i]) for i in pos], tgt, coal, len(kinds))
+                    [cols["dtype"][i] for i in pos], [int(cols["peer"][i]) for i in pos], tgt, coal, len(kinds),
+                    sigs)
     point_of_op: dict[int, int] = {}
     base = 0
     for seg in role.program:
-        pos, kinds, names, phases, streams, groups, colls, nbytes, dtypes, peers, tgt, coal, n = local[seg.block]
+        pos, kinds, names, phases, streams, groups, colls, nbytes, dtypes, peers, tgt, coal, n, sigs = local[seg.block]
         p0 = len(sk.kind)
         oids = [base + i for i in pos]
         point_of_op.update(zip(oids, range(p0, p0 + n)))
@@ -414,6 +421,7 @@ def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np)
         sk.nbytes += nbytes
         sk.dtype += dtypes
         sk.peer += peers
+        sk.sig += sigs
         sk.target += [-1 if t is None else p0 + t if t >= 0 else point_of_op[oid + 1 + t]
                       for oid, t in zip(oids, tgt)]
         sk.coalesced += [p0 + j if c is None else p0 + c if c >= 0 else point_of_op.get(oid + 1 + c, p0 + j)

@@ -122,7 +122,7 @@ class _Group:
 
 class _ShapeInfo:
     __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest",
-                 "group_ids", "clash")
+                 "group_ids")
 
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
@@ -138,8 +138,6 @@ class _ShapeInfo:
         """Every replica takes time: the all-solo bulk path applies when its links are free."""
         self.longest = max(self.rel_ends, default=0.0)
         self.group_ids = list(range(len(groups)))  # shared by bulk batches (never mutated in place)
-        self.clash: dict[_ShapeInfo, bool] = {}
-        """Other shape -> whether their link sets intersect (filled as shapes meet in flight)."""
 
 
 class FluidNetwork:
@@ -176,9 +174,12 @@ class FluidNetwork:
         self._next_bid = 0
         self._owned: dict[int, int] = {}  # link -> solo batch holding it (per-link ownership)
         self._bulk: dict[int, _ShapeInfo] = {}
-        """Batches running wholly solo, owning their shape's links without per-link entries: a new
-        batch checks them shape against shape (cached), which costs O(batches in flight) instead of
-        O(links); one is demoted to per-link ownership when a new batch collides with it."""
+        """Batches running wholly solo, owning their shape's links without per-link entries (their
+        link sets are pairwise disjoint: one starts only on links free of the others); one is
+        demoted to per-link ownership when a new batch collides with it."""
+        self._bulk_links: set[int] = set()
+        """Union of the bulk batches' link sets: a new batch checks it with one C-level set test
+        (was: shape against shape, O(batches in flight) dict look-ups per start)."""
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
@@ -239,21 +240,16 @@ class FluidNetwork:
         reserved, owned, bulk = self._reserved, self._owned, self._bulk
         clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
                  and (not owned or owned.keys().isdisjoint(info.link_set)))
-        if clear and bulk:
-            clash = info.clash
-            for oi in bulk.values():
-                c = clash.get(oi)
-                if c is None:
-                    c = clash[oi] = not info.link_set.isdisjoint(oi.link_set)
-                if c:
-                    clear = False
-                    break
+        held = self._bulk_links
+        if clear and held and not held.isdisjoint(info.link_set):
+            clear = False
         if clear and info.simple:
             # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape.
             batch.t0, batch.specs, batch.solo, batch.groups = now, specs, info.group_ids, info.groups
             batch.ends = [now + d for d in info.rel_ends]
             batch.info = info
             bulk[bid] = info
+            held |= info.link_set
             self._push(now + info.longest, 2, bid, batch.version)
             return []
         for ob in [ob for ob, oi in bulk.items() if not info.link_set.isdisjoint(oi.link_set)]:
@@ -293,6 +289,7 @@ class FluidNetwork:
         """Batch ``bid`` (bulk solo) holds its links one by one from now on."""
         b = self._batches[bid]
         info = self._bulk.pop(bid)
+        self._bulk_links -= info.link_set
         b.info = None
         self._owned.update(dict.fromkeys(info.all_links, bid))
         b.solo_links = info.all_links
@@ -360,6 +357,7 @@ class FluidNetwork:
                 else:
                     if b.info is not None:
                         del self._bulk[ident]
+                        self._bulk_links -= b.info.link_set
                         b.info = None
                     else:
                         deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
