@@ -21,6 +21,7 @@ from heterosim.errors import UnknownKernelError
 
 __all__ = [
     "CPU_TO_CUDA",
+    "base_name",
     "canonical_name",
     "canonical_signature",
     "kernel_class_of",
@@ -65,7 +66,9 @@ register_kernel_class(
     "_fused_rms_norm", "_fused_rms_norm_backward", "native_group_norm", "native_batch_norm",
 )
 register_kernel_class("softmax", "_softmax", "_softmax_backward_data", "softmax", "_log_softmax", "_log_softmax_backward_data",
-                      "_masked_softmax", "_masked_softmax_backward")
+                      "_masked_softmax", "_masked_softmax_backward",
+                      # models/: Megatron's fused causal softmax (heterosim:: custom ops)
+                      "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward")
 register_kernel_class("cross_entropy", "nll_loss_forward", "nll_loss_backward", "cross_entropy_loss", "nll_loss", "nll_loss2d_forward")
 register_kernel_class("embedding", "embedding", "embedding_dense_backward", "embedding_backward", "index_select")
 register_kernel_class(
@@ -112,11 +115,16 @@ def writes_only(name: str) -> bool:
     return _base(canonical_name(name)) in WRITE_ONLY
 
 
+def base_name(name: str) -> str:
+    """The op's base name: ``"aten.mm.default"`` -> ``"mm"``, ``"heterosim.x.default"`` -> ``"x"``."""
+    return _base(canonical_name(name))
+
+
 def _base(name: str) -> str:
     # "aten.mm.default" -> "mm"; "aten::mm" -> "mm"; "mm" -> "mm"
     n = name.replace("::", ".")
     parts = n.split(".")
-    if parts[0] in ("aten", "c10d", "_c10d_functional", "prims", "torch"):
+    if parts[0] in ("aten", "c10d", "_c10d_functional", "prims", "torch", "heterosim"):
         parts = parts[1:]
     return parts[0] if parts else n
 

@@ -34,7 +34,7 @@ from heterosim.errors import UnknownKernelError
 
 from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key
-from .opmap import canonical_signature, kernel_class_of, writes_only
+from .opmap import base_name, canonical_signature, kernel_class_of, writes_only
 from .roofline import EfficiencyModel, load_efficiency, roofline_time
 
 __all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor", "scale_time"]
@@ -177,7 +177,8 @@ class Pricer:
         t = self._scaled(gpu, kc, sig, dtype, dims, dk, flops, nbytes, rel)
         if t is not None:
             return t
-        r = roofline_time(kc, dtype, dims, flops, nbytes, gpu, p)
+        op_factor = p["memory"].get("op_factor", {}).get(base_name(name)) if name else None
+        r = roofline_time(kc, dtype, dims, flops, nbytes, gpu, p, mem_factor=op_factor)
         err = rel["roofline"].get(kc, rel["roofline"]["default"])
         return Price(seconds=r.seconds, source="roofline", rel_err=float(err))
 

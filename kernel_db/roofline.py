@@ -207,16 +207,20 @@ def roofline_time(
     params: Mapping[str, Any],
     *,
     clock_ratio: float | None = None,
+    mem_factor: float | None = None,
 ) -> RooflineTime:
     """Roofline time of one kernel on ``gpu`` with efficiency ``params`` (:meth:`EfficiencyModel.params`).
 
     Tensor-core math (GEMM, attention) runs at ``clock_ratio`` of the boost clock the datasheet
     peaks assume: by default the GPU's sustained ratio under its power cap
     (:attr:`GpuSpec.power_clock_ratio`, what a training run sees); 1.0 prices a short burst at boost.
+    ``mem_factor`` replaces the kernel class's ``memory.mem_factor`` (a kernel of its own,
+    ``memory.op_factor``).
     """
     ratio = gpu.power_clock_ratio if clock_ratio is None else float(clock_ratio)
     mem = params["memory"]
-    memory_s = nbytes / (gpu.hbm_bw * float(mem["mem_eff_max"]) * float(mem["mem_factor"].get(kernel_class, 1.0)))
+    factor = float(mem["mem_factor"].get(kernel_class, 1.0)) if mem_factor is None else float(mem_factor)
+    memory_s = nbytes / (gpu.hbm_bw * float(mem["mem_eff_max"]) * factor)
     if kernel_class == "gemm":
         gp = params["gemm"]
         if dtype in gp.get("dtype", {}):  # per-dtype overrides (fp8 / tf32 kernels differ from bf16)

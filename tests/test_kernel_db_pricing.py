@@ -176,3 +176,20 @@ def test_zero_fill_priced_by_bytes_written_only():
           "dims": {"numel": n // 2}, "flops": 0.0, "bytes_read": n, "bytes_written": n,
           "signature": f"aten.zero_.default:bf16:{n // 2}"}
     assert price(op, "H100").seconds == pytest.approx(3.5e-6 + n / (3.35e12 * 0.90))
+
+
+def test_op_factor_prices_megatron_causal_softmax_as_its_own_kernel():
+    """memory.op_factor replaces the class factor for one kernel: Megatron's fused causal softmax
+    (0.65 fwd) vs a plain softmax (class factor 0.5) moving the same bytes on A100: time ratio 0.5/0.65."""
+    from kernel_db import Pricer, get_gpu
+
+    g = get_gpu("A100")
+    nbytes = 2 * 24 * 2048 * 2048 * 2
+    base = dict(kind="compute", kernel_class="softmax", dtype="fp16", dims={"numel": nbytes // 4}, flops=0.0,
+                bytes_read=nbytes // 2, bytes_written=nbytes // 2, signature="")
+    pr = Pricer()
+    plain = pr.price({**base, "name": "aten._softmax.default"}, g).seconds - g.launch_overhead_s
+    megatron = pr.price({**base, "name": "heterosim.scaled_upper_triang_masked_softmax.default"}, g).seconds \
+        - g.launch_overhead_s
+    assert megatron / plain == pytest.approx(0.5 / 0.65)
+    assert plain == pytest.approx(nbytes / (g.hbm_bw * 0.9 * 0.5))
