@@ -22,7 +22,15 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-__all__ = ["OpCost", "describe", "dtype_name", "kernel_class_of", "causal_fraction", "FLASH_TILE"]
+__all__ = [
+    "OpCost",
+    "describe",
+    "dtype_name",
+    "kernel_class_of",
+    "causal_fraction",
+    "unmasked_elements",
+    "FLASH_TILE",
+]
 
 aten = torch.ops.aten
 
@@ -81,7 +89,12 @@ _NORM = {
     "native_group_norm",
     "native_batch_norm",
 }
-_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax", "_masked_softmax", "_masked_softmax_backward"}
+_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax", "_masked_softmax", "_masked_softmax_backward",
+            "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward"}
+
+# Megatron's fused causal softmax (models/layers/megatron_ops.py) -> how many [.., sq, sk] tensors
+# the kernel reads, each only on its unmasked elements: x forward; grad and out backward.
+_UPPER_TRIANG_READS = {"scaled_upper_triang_masked_softmax": 1, "scaled_upper_triang_masked_softmax_backward": 2}
 _CROSS_ENTROPY = {
     "_log_softmax",
     "_log_softmax_backward_data",
@@ -197,6 +210,31 @@ def causal_fraction(sq: int, sk: int, tile: int = FLASH_TILE) -> float:
         if last_key >= 0:
             done += min(nk, last_key // tile + 1)
     return done / (nq * nk)
+
+
+def unmasked_elements(sq: int, sk: int) -> int:
+    """Elements of a causal ``[sq, sk]`` matrix that query ``i`` sees (keys ``0..i``, top-left
+    aligned): ``sum_i min(i + 1, sk)``; ``sk (sk + 1) / 2`` when ``sq == sk``."""
+    inside = min(sq, sk)
+    return inside * (inside + 1) // 2 + max(0, sq - sk) * sk
+
+
+def _upper_triang_softmax_cost(packet: str, x: torch.Tensor) -> tuple[int, int, float]:
+    """``(bytes_read, bytes_written, flops)`` of Megatron's ``scaled_upper_triang_masked_softmax``
+    (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h, one warp per row): row ``i``
+    loads only its ``i + 1`` unmasked elements (``local_seq = blockIdx.x + 1``; masked ones are set
+    to -inf without a load) and stores the whole row, zeros where masked; the backward loads grad
+    and output on the same elements and stores the whole row. So with ``N`` elements of itemsize
+    ``e`` and unmasked share ``f`` (``(sk + 1) / (2 sk)`` when ``sq == sk``): read ``N e f`` forward,
+    ``2 N e f`` backward; written ``N e``. FLOPs: the softmax estimate of
+    :data:`_FLOPS_PER_ELEMENT` over the unmasked elements only. Ignores that a row's loads round
+    up to the kernel's vectors (``ELEMENTS_PER_LDG_STG`` elements) and 32-byte DRAM sectors: at
+    most one sector per row more."""
+    *lead, sq, sk = x.shape
+    rows = math.prod(lead)
+    seen = rows * unmasked_elements(int(sq), int(sk))
+    e = x.element_size()
+    return _UPPER_TRIANG_READS[packet] * seen * e, x.numel() * e, _FLOPS_PER_ELEMENT["softmax"] * seen
 
 
 def kernel_class_of(packet: str, func: Any, phase: str) -> str:
@@ -352,7 +390,9 @@ def describe(
     else:
         dims = {"numel": int(numel)}
     full = 0.0
-    if func._overloadpacket in flop_registry:
+    if packet in _UPPER_TRIANG_READS and func.namespace == "heterosim":
+        bytes_read, bytes_written, full = _upper_triang_softmax_cost(packet, ins[0])
+    elif func._overloadpacket in flop_registry:
         full = float(flop_registry[func._overloadpacket](*args, **kwargs, out_val=out))
     elif kc not in ("gemm", "attention"):
         full = _FLOPS_PER_ELEMENT.get(kc, 1.0) * numel

@@ -18,6 +18,8 @@ from capture.ir import flop_totals, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "models" / "pretrain_gpt.py")
+SOFTMAX = "heterosim.scaled_upper_triang_masked_softmax.default"
+SOFTMAX_BWD = "heterosim.scaled_upper_triang_masked_softmax_backward.default"
 
 
 def capture(out, world, *args, ranks="auto"):
@@ -163,10 +165,11 @@ def test_sequence_parallel_volumes(tmp_path):
 def test_unfused_attention_ops_bytes_and_flops(tmp_path):
     """--attention-backend unfused --attention-dropout 0.1 (tp 2, b 2, s 64, 2 heads of 16 per rank,
     bf16, full recompute): each layer's core attention records forward baddbmm [b*np, sq, sk]
-    (full GEMM FLOPs, the beta=0 output buffer not read), one _masked_softmax, one native_dropout,
-    bmm and the layout copy, and no SDPA op; backward 4 bmm-class GEMMs plus dropout and softmax
-    backward. The softmax moves 2 B x b*np*sq*sk each way (+ the sq*sk bool causal mask, broadcast
-    over b*np and read once). Totals: model = 72 B s l h^2 (...), hardware = 96 B s l h^2 (...)."""
+    (full GEMM FLOPs, the beta=0 output buffer not read), one Megatron causal softmax
+    (heterosim.scaled_upper_triang_masked_softmax), one native_dropout, bmm and the layout copy, and
+    no SDPA op; backward 4 bmm-class GEMMs plus dropout and the softmax's backward op. The softmax
+    reads 2 B x the s(s+1)/2 unmasked scores of each of the b*np score matrices (grad and output:
+    twice that backward) and writes 2 B x b*np*s^2. Totals: model = 72 B s l h^2 (...), hardware = 96 B s l h^2 (...)."""
     t = capture(tmp_path / "t", 2, "--preset", "tiny", "--num-layers", "2", "--bf16", "--micro-batch-size", "2",
                 "--global-batch-size", "2", "--tensor-model-parallel-size", "2", "--attention-backend", "unfused",
                 "--attention-dropout", "0.1", "--recompute-granularity", "full", "--recompute-method", "uniform",
@@ -178,24 +181,29 @@ def test_unfused_attention_ops_bytes_and_flops(tmp_path):
     for layer in range(2):
         core = [o for o in ops if o.kind == "compute" and f"layers.{layer}.self_attention.core_attention" in o.module]
         fwd = [o for o in core if o.phase == "fwd"]
-        assert [o.name for o in fwd] == ["aten.baddbmm.default", "aten._masked_softmax.default",
+        assert [o.name for o in fwd] == ["aten.baddbmm.default", SOFTMAX,
                                          "aten.native_dropout.default", "aten.bmm.default", "aten.clone.default"]
         assert [o.name for o in core if o.phase == "bwd"] == [
             "aten.bmm.default", "aten.bmm.default", "aten.native_dropout_backward.default",
-            "aten._masked_softmax_backward.default", "aten.bmm.default", "aten.mul.Scalar", "aten.bmm.default",
+            SOFTMAX_BWD, "aten.bmm.default", "aten.mul.Scalar", "aten.bmm.default",
             "aten.mul.Scalar"]
         scores, soft, drop, ctx, _ = fwd
         assert (scores.kernel_class, scores.dims) == ("gemm", {"m": s, "n": s, "k": d, "batch": b * np_})
         assert scores.flops == scores.flops_full == ctx.flops == 2 * n * d
         assert (scores.bytes_read, scores.bytes_written) == (2 * 2 * b * np_ * s * d, 2 * n)  # q, k; scores
         assert (soft.kernel_class, soft.dims, soft.dtype) == ("softmax", {"numel": n}, "bf16")
-        assert (soft.bytes_read, soft.bytes_written) == (2 * n + s * s, 2 * n)
+        seen = b * np_ * s * (s + 1) // 2  # unmasked scores
+        assert (soft.bytes_read, soft.bytes_written) == (2 * seen, 2 * n) == (16640, 32768)
         assert drop.bytes_written == 2 * n + n  # probabilities and the bool keep-mask
-        soft_bwd = next(o for o in core if o.name == "aten._masked_softmax_backward.default")
-        assert (soft_bwd.kernel_class, soft_bwd.bytes_read, soft_bwd.bytes_written) == ("softmax", 4 * n + s * s, 2 * n)
+        soft_bwd = next(o for o in core if o.name == SOFTMAX_BWD)
+        assert (soft_bwd.kernel_class, soft_bwd.bytes_read, soft_bwd.bytes_written) == ("softmax", 4 * seen, 2 * n)
+        assert soft_bwd.signature == f"{SOFTMAX_BWD}:bf16:{b * np_}x{s}x{s},{b * np_}x{s}x{s}"
     # Recomputed ops carry the module of the backward op that triggered them, so count by name.
     rec = Counter(o.name for o in ops if o.phase == "recompute")
-    assert [rec[f"aten.{x}.default"] for x in ("baddbmm", "_masked_softmax", "native_dropout", "bmm")] == [2] * 4
+    names = ("aten.baddbmm.default", SOFTMAX, "aten.native_dropout.default", "aten.bmm.default")
+    assert [rec[x] for x in names] == [2] * 4
+    assert not [o for o in ops if o.name.startswith("aten._masked_softmax")]
+    assert Counter(o.name for o in ops)[SOFTMAX_BWD] == 2  # one per layer backward
     totals = flop_totals(t)
     assert totals["model"] == pytest.approx(megatron_flops(t.model, 2), rel=0.01)
     assert totals["hardware"] == pytest.approx(megatron_flops(t.model, 2, recompute=True), rel=0.01)

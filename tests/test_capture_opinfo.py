@@ -1,9 +1,9 @@
 """Per-op cost: kernel classes, GEMM dims and FLOPs, causal attention fractions, bytes."""
 
 import torch
-import torch.nn.functional as F
 
-from capture.opinfo import causal_fraction, describe, kernel_class_of
+from capture.opinfo import causal_fraction, describe, kernel_class_of, unmasked_elements
+from models.layers import megatron_ops  # noqa: F401  registers torch.ops.heterosim
 
 aten = torch.ops.aten
 
@@ -81,3 +81,33 @@ def test_write_only_ops_do_not_read_their_destination():
     assert z.bytes_read == 0 and z.bytes_written == 128
     a = describe(aten.add_.Tensor, (dst, src), {}, dst, [dst], "fwd")
     assert a.bytes_read == 256 and a.bytes_written == 128
+
+
+def test_unmasked_elements_by_hand():
+    """Query i sees keys 0..min(i, sk-1): 64x64 -> 64*65/2; 3x5 -> 1+2+3; 5x3 -> 1+2+3+3+3."""
+    assert unmasked_elements(64, 64) == 2080
+    assert unmasked_elements(3, 5) == 6
+    assert unmasked_elements(5, 3) == 12
+    assert unmasked_elements(1, 1) == 1
+
+
+def test_megatron_causal_softmax_moves_only_unmasked_reads():
+    """heterosim.scaled_upper_triang_masked_softmax over b*np 2, s 64, bf16 (N = 8192, f = 65/128):
+    forward reads N*2*f = 8320 B and writes 16384 B; backward reads grad and output on the same
+    elements, 16640 B, and writes 16384 B. Class softmax, dims numel N, 5 FLOPs per unmasked
+    element (5 * 2 * 2080 = 20800) both ways, and a signature with the op's full name."""
+    fwd_op = torch.ops.heterosim.scaled_upper_triang_masked_softmax.default
+    bwd_op = torch.ops.heterosim.scaled_upper_triang_masked_softmax_backward.default
+    x = torch.randn(2, 64, 64, dtype=torch.bfloat16)
+    y = fwd_op(x, 1.0)
+    f = describe(fwd_op, (x, 1.0), {}, y, [], "fwd")
+    assert (f.kernel_class, f.dims, f.dtype) == ("softmax", {"numel": 8192}, "bf16")
+    assert (f.bytes_read, f.bytes_written) == (2 * 64 * 64 * 2 * 65 // 128, 16384) == (8320, 16384)
+    assert f.flops == f.flops_full == 20800
+    assert f.signature == "heterosim.scaled_upper_triang_masked_softmax.default:bf16:2x64x64"
+    g = torch.randn_like(y)
+    dx = bwd_op(g, y, 1.0)
+    b = describe(bwd_op, (g, y, 1.0), {}, dx, [], "bwd")
+    assert (b.kernel_class, b.dims, b.bytes_read, b.bytes_written) == ("softmax", {"numel": 8192}, 16640, 16384)
+    assert b.flops == b.flops_full == 20800
+    assert b.signature == "heterosim.scaled_upper_triang_masked_softmax_backward.default:bf16:2x64x64,2x64x64"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+import math
 import os
 import socket
 import subprocess
@@ -11,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fake_env import TagAnnotator
@@ -19,7 +22,9 @@ from models import annotate
 from models.args import parse_args
 from models.config import ModelConfig
 from models.layers.attention import SelfAttention, core_attention
-from models.layers.unfused_attention import CoreAttention, causal_mask
+from models.layers import megatron_ops
+from models.layers.megatron_ops import scaled_upper_triang_masked_softmax
+from models.layers.unfused_attention import CoreAttention
 
 SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,15 +68,68 @@ def test_unfused_equals_flash_forward_and_backward(ng):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
 
 
-def test_causal_mask_hides_future_keys():
-    """Query i sees keys 0..i: the mask is True strictly above the diagonal."""
-    assert causal_mask(3, 3).tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+SOFTMAX = "scaled_upper_triang_masked_softmax"
+
+
+def test_causal_softmax_by_hand():
+    """Zero scores [1, 3, 3]: query i spreads 1/(i+1) over keys 0..i and writes exact zeros above
+    the diagonal; scale multiplies the scores first (row 1 of [0, ln 2] at scale 2 is 1/5, 4/5);
+    with sq 2 < sk 3 the mask stays top-left aligned."""
+    probs = scaled_upper_triang_masked_softmax(torch.zeros(1, 3, 3, dtype=torch.float64))
+    assert probs[0].tolist() == [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]]
+    x = torch.tensor([[[0.0, 5.0], [0.0, math.log(2.0)]]], dtype=torch.float64)
+    torch.testing.assert_close(scaled_upper_triang_masked_softmax(x, 2.0)[0],
+                               torch.tensor([[1.0, 0.0], [0.2, 0.8]], dtype=torch.float64), atol=1e-15, rtol=0)
+    wide = scaled_upper_triang_masked_softmax(torch.zeros(1, 2, 3, dtype=torch.float64))
+    assert wide[0].tolist() == [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_causal_softmax_equals_masked_softmax_forward_and_backward(scale):
+    """fp32 [4, 8, 8]: output and input gradient equal the previous path, torch._masked_softmax of
+    scale * x under the broadcast causal mask (mask_type 2), within 1e-5; masked gradients are 0."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 8, requires_grad=True)
+    grad = torch.randn(4, 8, 8)
+    mask = torch.ones(8, 8, dtype=torch.bool).triu(1)
+    ref = torch._masked_softmax(x * scale, mask.expand(4, 8, 8), 2, 2)
+    (want,) = torch.autograd.grad(ref, x, grad)
+    out = scaled_upper_triang_masked_softmax(x, scale)
+    (got,) = torch.autograd.grad(out, x, grad)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert not got[:, mask].any() and not out[:, mask].any()
+
+
+def test_causal_softmax_fake_meta_and_bad_input():
+    """The ops run on meta tensors and under FakeTensorMode (bf16, shape and dtype kept, backward
+    included); a [b, np, sq, sk] input gives one ConfigError naming the layout and the fix."""
+    assert scaled_upper_triang_masked_softmax(torch.empty(2, 3, 4, device="meta")).shape == (2, 3, 4)
+    with FakeTensorMode():
+        x = torch.empty(2, 16, 16, dtype=torch.bfloat16, requires_grad=True)
+        y = scaled_upper_triang_masked_softmax(x)
+        y.sum().backward()
+        assert (y.shape, y.dtype, x.grad.shape, x.grad.dtype) == ((2, 16, 16), torch.bfloat16, (2, 16, 16),
+                                                                   torch.bfloat16)
+    with pytest.raises(ConfigError) as exc:
+        scaled_upper_triang_masked_softmax(torch.zeros(1, 2, 3, 3))
+    assert str(exc.value) == ("heterosim::scaled_upper_triang_masked_softmax takes x as [attn_batches, sq, sk] "
+                              "floating point, got torch.float32 of shape (1, 2, 3, 3); view [b, np, sq, sk] "
+                              "scores as [b*np, sq, sk] first")
+
+
+def test_registration_is_idempotent():
+    """Importing the ops module again (a reload) keeps the one registered op pair, still usable."""
+    before = torch.ops.heterosim.scaled_upper_triang_masked_softmax.default
+    importlib.reload(megatron_ops)
+    assert torch.ops.heterosim.scaled_upper_triang_masked_softmax.default is before
+    assert megatron_ops.scaled_upper_triang_masked_softmax(torch.zeros(1, 2, 2))[0, 1].tolist() == [0.5, 0.5]
 
 
 def test_one_kernel_per_step_forward_and_backward():
-    """bf16, dropout 0.1: forward is baddbmm, _masked_softmax, native_dropout, bmm and the
+    """bf16, dropout 0.1: forward is baddbmm, Megatron's causal softmax, native_dropout, bmm and the
     [s, b, np*d] layout copy; backward is bmm x2 (of bmm), dropout and softmax backward, then
-    bmm + alpha mul x2 (of baddbmm). No masked_fill, no separate scaling, no SDPA."""
+    bmm + alpha mul x2 (of baddbmm). No mask tensor op, no separate scaling, no SDPA."""
     x = torch.randn(8, 2, 4, 48, dtype=torch.bfloat16, requires_grad=True)
     q, k, v = x.split(16, dim=-1)
     attn = CoreAttention(seq_length=8, dropout=0.1)
@@ -79,13 +137,13 @@ def test_one_kernel_per_step_forward_and_backward():
         out = attn(q, k, v)
     with OpLog() as bwd:
         out.sum().backward()
-    assert [n for n, _ in fwd.ops] == ["baddbmm", "_masked_softmax", "native_dropout", "bmm", "clone"]
-    assert [n for n, _ in bwd.ops] == ["bmm", "bmm", "native_dropout_backward", "_masked_softmax_backward",
+    assert [n for n, _ in fwd.ops] == ["baddbmm", SOFTMAX, "native_dropout", "bmm", "clone"]
+    assert [n for n, _ in bwd.ops] == ["bmm", "bmm", "native_dropout_backward", f"{SOFTMAX}_backward",
                                        "bmm", "mul", "bmm", "mul", "cat"]
     attn.eval()  # no dropout outside training
     with OpLog() as nodrop:
         attn(q, k, v)
-    assert [n for n, _ in nodrop.ops] == ["baddbmm", "_masked_softmax", "bmm", "clone"]
+    assert [n for n, _ in nodrop.ops] == ["baddbmm", SOFTMAX, "bmm", "clone"]
 
 
 def test_dropout_scales_kept_probabilities():
@@ -124,7 +182,7 @@ def test_selective_recompute_reruns_core_attention_with_same_dropout():
     finally:
         annotate.set_annotator(prev)
     assert [n for n, ph in log.ops if ph == "recompute"] == [
-        "baddbmm", "_masked_softmax", "native_dropout", "bmm", "clone"]
+        "baddbmm", SOFTMAX, "native_dropout", "bmm", "clone"]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
