@@ -11,6 +11,7 @@ module                      what
 ``context_chunks``          load-balanced CP sequence chunks
 ``attention``               self-attention (TP heads, GQA, RoPE, CP dispatch)
 ``unfused_attention``       Megatron 2020-21 core attention: baddbmm, softmax, dropout, bmm
+``megatron_ops``            heterosim:: custom ops for Megatron fused kernels (causal softmax)
 ``context_parallel``        CP core attention: p2p ring, all-gather, all-to-all
 ``mlp``                     dense MLP (gelu, squared ReLU, SwiGLU)
 ``moe``                     mixture of experts over the EP group
