@@ -1,14 +1,17 @@
-"""Replay speed: one iteration of GPT-3-175B- and LLaMA-405B-shaped jobs at 1k-16k GPUs.
+"""Replay speed: one iteration of GPT-3-175B-, GPT-1T- and LLaMA-405B-shaped jobs at 64-16k GPUs.
 
     .venv/bin/python benchmarks/bench_replay.py            # all cases (the 16k one takes a while)
     .venv/bin/python benchmarks/bench_replay.py --quick    # 64 .. 1024 GPUs only
     .venv/bin/python benchmarks/bench_replay.py --case gpt3-175b-1024
+    .venv/bin/python benchmarks/bench_replay.py --case gpt-1t-3072-deep   # PP64 x 512 micro-batches
     .venv/bin/python benchmarks/bench_replay.py --trace TRACE --cluster dgx-a100   # a captured trace
     .venv/bin/python benchmarks/bench_replay.py --quick --overlap-slowdown 0.16     # with compute slowdown
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
-wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs). On a
+wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs); the deep
+pipeline (GPT 1T shape of the SC'21 table, TP8 PP64 DP6 on 3,072 GPUs, global batch 3072: 512
+micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. On a
 shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
@@ -58,6 +61,8 @@ CASES = {
     "gpt3-175b-64": Shape("gpt3-175b-64", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 1, 96, "dgx-a100"),
     "gpt3-175b-256": Shape("gpt3-175b-256", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 4, 384, "dgx-a100"),
     "gpt3-175b-1024": Shape("gpt3-175b-1024", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 16, 1536, "dgx-a100"),
+    "gpt-1t-3072-deep": Shape("gpt-1t-3072-deep", 128, 25600, 160, 160, 102400, 51200, 2048, 8, 64, 6, 3072,
+                              "dgx-a100"),
     "llama-405b-4096": Shape("llama-405b-4096", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 32, 512,
                              "dgx-h100", swiglu=True, sp=True),
     "llama-405b-16384": Shape("llama-405b-16384", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 128, 2048,

@@ -227,6 +227,8 @@ class _Sim:
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = 0
         self.arrivals: dict[tuple, list[tuple[int, int]]] = {}
+        self._matched: set[tuple[int, int, int, int]] = set()
+        """(class, signature) pairs already checked to match (:meth:`_check`)."""
         self.need: dict[tuple, int] = {}
         self.inst: dict[tuple, tuple[list[tuple[int, int]], float, _Shape]] = {}
         """Started class-level transfers: key -> (members as (class, point), start time, shape)."""
@@ -373,6 +375,39 @@ class _Sim:
     def advance(self, ci: int) -> None:
         """Run class ci's compute stream until it blocks at a wait (or, with overlap slowdown, until
         a span is in progress: it continues at its end event)."""
+        if self.slow:
+            self._advance_slow(ci)
+            return
+        cl = self.classes[ci]
+        sk = cl.sk
+        kinds, target = sk.kind, sk.target
+        spans, end, t_at = cl.spans, cl.end, cl.t_at
+        n = len(kinds)
+        pc, tc = cl.pc, cl.tc
+        while pc < n:
+            tc += spans[pc]
+            t_at[pc] = tc
+            if kinds[pc] == "wait":
+                tgt = target[pc]
+                te = end[tgt]
+                if te != te:  # nan: still running; complete() resumes after this wait
+                    cl.pc, cl.tc, cl.blocked = pc, tc, True
+                    return
+                if te > tc:
+                    self._record_wait(cl, tgt, tc, te)
+                    tc = te
+            else:
+                self.issue(ci, pc, tc)
+            pc += 1
+        cl.pc, cl.tc = pc, tc
+        if not cl.tail:
+            cl.tc += spans[n]
+            cl.tail = True
+        cl.finish = max(cl.finish, cl.tc)
+
+    def _advance_slow(self, ci: int) -> None:
+        """:meth:`advance` with overlap slowdown: spans end at events, a blocked wait resumes without
+        adding its span again."""
         cl = self.classes[ci]
         sk = cl.sk
         kinds = sk.kind
@@ -423,7 +458,11 @@ class _Sim:
             if got is None:
                 self.arrivals[key] = [(ci, p)]
                 return
-            self._check(got[0], (ci, p), key)
+            c0, p0 = got[0]
+            pair = (c0, self.classes[c0].sk.sig[p0], ci, cl.sk.sig[p])
+            if pair not in self._matched:  # what _check reads is fixed by class and signature
+                self._check(got[0], (ci, p), key)
+                self._matched.add(pair)
             got.append((ci, p))
             if len(got) < sh.need:
                 return
@@ -478,20 +517,22 @@ class _Sim:
     def complete(self, key: tuple, t: float) -> None:
         got, t0, _ = self.inst.pop(key)
         last = got[-1]
-        counted = key in self.in_flight
+        counted = self.slow and key in self.in_flight
         if counted:
             self.in_flight.discard(key)
+        classes, blocker, waiters = self.classes, self.blocker, self.stream_waiters
         for ci, p in got:
+            cl = classes[ci]
             if counted:
-                self._push_reach(busy_change(self.classes[ci], t, -1, self.busy_rate), ci)
-            cl = self.classes[ci]
-            self.blocker[ci][p] = last
+                self._push_reach(busy_change(cl, t, -1, self.busy_rate), ci)
+            blocker[ci][p] = last
             cl.end[p] = t
             cl.start[p] = t0
             if t > cl.finish:
                 cl.finish = t
-            for q, issue_t in self.stream_waiters.pop((ci, p), ()):
-                self.try_ready(ci, q, issue_t)
+            if waiters:
+                for q, issue_t in waiters.pop((ci, p), ()):
+                    self.try_ready(ci, q, issue_t)
             if cl.blocked and cl.sk.target[cl.pc] == p:
                 if t > cl.tc:
                     self._record_wait(cl, p, cl.tc, t)
