@@ -257,11 +257,18 @@ def kernel_class_of(packet: str, func: Any, phase: str) -> str:
         return "reduction"
     if packet in _COPY:
         return "copy"
+    if packet in _RANDOM_POINTWISE:
+        return "elementwise"
     tags = getattr(func, "tags", ())
     if torch.Tag.reduction in tags:
         return "reduction"
     # Pointwise ops, random (dropout), and anything else: memory-bound, priced from bytes.
     return "elementwise" if torch.Tag.pointwise in tags or packet.startswith("_foreach") else "copy"
+
+
+_RANDOM_POINTWISE = {"native_dropout", "_fused_dropout", "bernoulli"}
+"""Pointwise ops torch does not tag ``pointwise`` (they draw random numbers): elementwise kernels,
+so kernel_db's fusion can merge them as Megatron's jit-fused bias-dropout-add does."""
 
 
 def _unique_nbytes(t: torch.Tensor) -> int:
