@@ -309,6 +309,8 @@ def rank_classes(trace: Trace, gpu_type: Sequence[str], extra: Sequence[Hashable
         pos = tuple(trace.groups[trace.group_for(g, r)].ranks.index(r) for g in p2p_groups[rid])
         col.append((rid, gpu_type[r], pos, extra[r] if extra is not None else None))
     ids = _relabel(col)
+    coll_of = [[trace.group_for(g, r) for g in coll[role_of[r]]] for r in range(world)]
+    peers_of = [[trace.peer_global(g, p, r) for g, p in p2p[role_of[r]]] for r in range(world)]
     while True:
         memo: dict[str, tuple[int, ...]] = {}
 
@@ -319,14 +321,7 @@ def rank_classes(trace: Trace, gpu_type: Sequence[str], extra: Sequence[Hashable
                 memo[g] = v
             return v
 
-        new = []
-        for r in range(world):
-            rid = role_of[r]
-            new.append((
-                ids[r],
-                tuple(members(trace.group_for(g, r)) for g in coll[rid]),
-                tuple(ids[trace.peer_global(g, p, r)] for g, p in p2p[rid]),
-            ))
+        new = [(ids[r], tuple(map(members, coll_of[r])), tuple(ids[x] for x in peers_of[r])) for r in range(world)]
         new_ids = _relabel(new)
         if max(new_ids) == max(ids):
             return new_ids
