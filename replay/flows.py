@@ -32,6 +32,8 @@ from .maxmin import _REL_TOL, maxmin_rates
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
+_UNION_ON, _UNION_OFF = 32, 16
+"""Bulk solo batches in flight above which the union of their links is kept (below which dropped)."""
 _SNAPSHOT_MAX_FLOWS = 4096
 """Groups up to this many flows keep their solo run's state after every step (memory bound)."""
 
@@ -122,7 +124,7 @@ class _Group:
 
 class _ShapeInfo:
     __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest",
-                 "group_ids")
+                 "group_ids", "clash")
 
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
@@ -138,6 +140,8 @@ class _ShapeInfo:
         """Every replica takes time: the all-solo bulk path applies when its links are free."""
         self.longest = max(self.rel_ends, default=0.0)
         self.group_ids = list(range(len(groups)))  # shared by bulk batches (never mutated in place)
+        self.clash: dict[_ShapeInfo, bool] = {}
+        """Other shape -> whether their link sets intersect (filled as shapes meet in flight)."""
 
 
 class FluidNetwork:
@@ -177,9 +181,11 @@ class FluidNetwork:
         """Batches running wholly solo, owning their shape's links without per-link entries (their
         link sets are pairwise disjoint: one starts only on links free of the others); one is
         demoted to per-link ownership when a new batch collides with it."""
-        self._bulk_links: set[int] = set()
-        """Union of the bulk batches' link sets: a new batch checks it with one C-level set test
-        (was: shape against shape, O(batches in flight) dict look-ups per start)."""
+        self._bulk_links: set[int] | None = None
+        """Union of the bulk batches' link sets, kept while more than ``_UNION_ON`` are in flight: a
+        new batch then checks it with one C-level set test; with fewer, shape against shape
+        (cached per pair), which is cheaper when shapes span many links (hysteresis: dropped below
+        ``_UNION_OFF``). Both tests are exact."""
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
@@ -241,15 +247,29 @@ class FluidNetwork:
         clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
                  and (not owned or owned.keys().isdisjoint(info.link_set)))
         held = self._bulk_links
-        if clear and held and not held.isdisjoint(info.link_set):
-            clear = False
+        if not clear or not bulk:
+            pass
+        elif held is not None:
+            clear = held.isdisjoint(info.link_set)
+        else:
+            clash = info.clash
+            for oi in bulk.values():
+                c = clash.get(oi)
+                if c is None:
+                    c = clash[oi] = not info.link_set.isdisjoint(oi.link_set)
+                if c:
+                    clear = False
+                    break
         if clear and info.simple:
             # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape.
             batch.t0, batch.specs, batch.solo, batch.groups = now, specs, info.group_ids, info.groups
             batch.ends = [now + d for d in info.rel_ends]
             batch.info = info
             bulk[bid] = info
-            held |= info.link_set
+            if held is not None:
+                held |= info.link_set
+            elif len(bulk) > _UNION_ON:
+                self._bulk_links = set().union(*(oi.link_set for oi in bulk.values()))
             self._push(now + info.longest, 2, bid, batch.version)
             return []
         for ob in [ob for ob, oi in bulk.items() if not info.link_set.isdisjoint(oi.link_set)]:
@@ -289,10 +309,19 @@ class FluidNetwork:
         """Batch ``bid`` (bulk solo) holds its links one by one from now on."""
         b = self._batches[bid]
         info = self._bulk.pop(bid)
-        self._bulk_links -= info.link_set
+        self._unhold(info)
         b.info = None
         self._owned.update(dict.fromkeys(info.all_links, bid))
         b.solo_links = info.all_links
+
+    def _unhold(self, info: _ShapeInfo) -> None:
+        """A bulk batch of shape ``info`` left ``_bulk``: update (or drop) the link union."""
+        held = self._bulk_links
+        if held is not None:
+            if len(self._bulk) < _UNION_OFF:
+                self._bulk_links = None
+            else:
+                held -= info.link_set
 
     def _start_fluid(self, bid: int, specs: Sequence[TransferSpec], fluid: list[int],
                      now: float, links: Sequence[tuple[int, ...]] | None = None) -> list[tuple[Hashable, list[float]]]:
@@ -357,7 +386,7 @@ class FluidNetwork:
                 else:
                     if b.info is not None:
                         del self._bulk[ident]
-                        self._bulk_links -= b.info.link_set
+                        self._unhold(b.info)
                         b.info = None
                     else:
                         deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)

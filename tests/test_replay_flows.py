@@ -184,11 +184,8 @@ def test_bulk_solo_batch_is_demoted_when_hit():
     assert solos[True] == 2  # cd, and ab whose first replica stayed solo, end on the fast path
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_fast_path_equals_plain_fluid_on_random_batches(seed):
-    """Random batches (reused shapes, latencies, several phases, shared and private links) started at
-    random times: the fast path (bulk solo, demotion, reservations, materialization) ends every
-    transfer when the plain fluid model does, to 1e-9."""
+def random_batches(seed: int) -> dict:
+    """{solo: {batch key: ends}} for random batches run with the fast path on and off."""
     import random
 
     rng = random.Random(seed)
@@ -216,8 +213,30 @@ def test_fast_path_equals_plain_fluid_on_random_batches(seed):
         got.update(_drain(net))
         out[solo] = got
     assert out[True].keys() == out[False].keys() == {i for _, i, _ in starts}
+    return out
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fast_path_equals_plain_fluid_on_random_batches(seed):
+    """Random batches (reused shapes, latencies, several phases, shared and private links) started at
+    random times: the fast path (bulk solo, demotion, reservations, materialization) ends every
+    transfer when the plain fluid model does, to 1e-9."""
+    out = random_batches(seed)
     for k in out[False]:
         np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-9)
+
+
+@pytest.mark.parametrize("on_off", [(0, 0), (1, 1), (2, 1)])
+def test_bulk_link_union_and_pairwise_checks_agree(monkeypatch, on_off):
+    """Bulk solo batches are checked against the union of their links (many in flight) or shape
+    by shape (few): both tests are exact, so switching between them (always the union, or
+    toggling at every start and end) leaves every end time unchanged, bit for bit."""
+    import replay.flows as flows
+
+    plain = [random_batches(seed)[True] for seed in range(8)]
+    monkeypatch.setattr(flows, "_UNION_ON", on_off[0])
+    monkeypatch.setattr(flows, "_UNION_OFF", on_off[1])
+    assert [random_batches(seed)[True] for seed in range(8)] == plain
 
 
 def test_group_state_snapshots_equal_a_fresh_replay():
