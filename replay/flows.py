@@ -32,7 +32,7 @@ from .maxmin import _REL_TOL, maxmin_rates
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
-_UNION_ON, _UNION_OFF = 32, 16
+_UNION_ON, _UNION_OFF = 12, 6
 """Bulk solo batches in flight above which the union of their links is kept (below which dropped)."""
 _SNAPSHOT_MAX_FLOWS = 4096
 """Groups up to this many flows keep their solo run's state after every step (memory bound)."""
