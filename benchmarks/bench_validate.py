@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=Path, default=DEFAULT_CASES)
     ap.add_argument("--only", nargs="+")
     ap.add_argument("--cache-dir", type=Path, help="existing cache (skips the cold run)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="cases at a time, as `python -m replay validate --jobs` (default 2); with "
+                         "more than 1 only totals are printed")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,9 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("warm", cache)] if a.cache_dir else [("cold", cache), ("warm", cache)]
         for label, d in runs:
             t0, c0 = time.perf_counter(), _cpu()
-            rows, rep = _run(a.cases, a.only, d)
+            if a.jobs > 1:
+                from replay.validate import validate
+
+                rows, rep = [], validate(a.cases, only=a.only, cache_dir=d, jobs=a.jobs)
+            else:
+                rows, rep = _run(a.cases, a.only, d)
             wall, cpu = time.perf_counter() - t0, _cpu() - c0
-            print(f"\n{label} run ({os.cpu_count()} CPUs)")
+            print(f"\n{label} run ({os.cpu_count()} CPUs, {a.jobs} case(s) at a time)")
             print(f"{'case':<44} {'wall s':>8} {'CPU s':>8}")
             for cid, w, c in rows:
                 print(f"{cid:<44} {w:8.1f} {c:8.1f}")

@@ -3,7 +3,7 @@
     python -m replay simulate TRACE --cluster PRESET|FILE [--kernel-db DB] [--backend numpy|cupy]
                               [--placement FILE] [--no-link-sharing] [--json] [--timeline F] [--plot F]
     python -m replay clusters [--json]
-    python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--json] [--markdown] [--plot F]
+    python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--jobs N] [--json] [--markdown] [--plot F]
 
 Thin over :func:`replay.simulate.simulate` and :func:`replay.cluster.list_presets`. Errors print
 one line (``error: ...``) and exit 2.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 __all__ = ["main"]
@@ -50,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     v.add_argument("--markdown", action="store_true", help="print the table as Markdown (README)")
     v.add_argument("--plot", metavar="FILE", help="write a PNG of predicted vs measured")
+    v.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="cases run at a time, each in its own process (default: 2, or 1 on one CPU; "
+                        "memory grows with N)")
     return ap
 
 
@@ -59,8 +63,12 @@ def _validate(a: argparse.Namespace) -> int:
     def progress(case_id: str) -> None:
         print(f"validate: {case_id}", file=sys.stderr, flush=True)
 
+    from heterosim.errors import ConfigError
+
+    if a.jobs < 1:
+        raise ConfigError(f"--jobs {a.jobs}: give 1 or more")
     rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
-                   progress=None if a.json else progress)
+                   progress=None if a.json else progress, jobs=a.jobs)
     if a.plot:
         rep.write_plot(a.plot)
     if a.json:

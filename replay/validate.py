@@ -389,8 +389,12 @@ def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env
 
 def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
              cache_dir: str | os.PathLike | None = None, nccl_env: Any = None, kernel_db: Any = None,
-             progress: Callable[[str], None] | None = None) -> Report:
-    """Run every end-to-end and collective case of ``path`` (or those in ``only``)."""
+             progress: Callable[[str], None] | None = None, jobs: int = 1) -> Report:
+    """Run every end-to-end and collective case of ``path`` (or those in ``only``).
+
+    ``jobs`` > 1 runs that many cases at a time, each in a process forked from this one, largest
+    world first (the report keeps the file's order and is the same as with ``jobs=1``).
+    """
     cases = load_cases(path)
     if only:
         ids = {c.id for c in cases}
@@ -398,16 +402,79 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
         if bad:
             raise ConfigError(f"--only {bad[0]!r}: no such case in {path}; ids: {', '.join(sorted(ids))}")
         cases = [c for c in cases if c.id in set(only)]
-    out = []
-    for c in cases:
-        if c.category not in ("end_to_end", "collective"):
-            continue
-        if progress is not None:
-            progress(c.id)
-        try:
-            r = run_case(c, cache_dir=cache_dir, nccl_env=nccl_env, kernel_db=kernel_db)
-        except HeteroSimError as e:
-            r = CaseResult(id=c.id, category=c.category, status="error", message=f"{type(e).__name__}: {e}")
-        if r is not None:
-            out.append(r)
-    return Report(cases=tuple(out))
+    todo = [c for c in cases if c.category in ("end_to_end", "collective")]
+    kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db}
+    if jobs > 1 and len(todo) > 1:
+        results = _run_forked(todo, jobs, kw, progress)
+    else:
+        results = []
+        for c in todo:
+            if progress is not None:
+                progress(c.id)
+            results.append(_run_one(c, kw))
+    return Report(cases=tuple(r for r in results if r is not None))
+
+
+def _run_one(case: Case, kw: dict) -> CaseResult | None:
+    try:
+        return run_case(case, **kw)
+    except HeteroSimError as e:
+        return CaseResult(id=case.id, category=case.category, status="error", message=f"{type(e).__name__}: {e}")
+
+
+def _size_hint(case: Case) -> int:
+    """World size of an end-to-end case (what its capture and replay cost grows with); 0 otherwise."""
+    if case.category != "end_to_end":
+        return 0
+    try:
+        return megatron_flags(case).world_size
+    except HeteroSimError:
+        return 0
+
+
+def _child(conn: Any, case: Case, kw: dict) -> None:
+    try:
+        payload: tuple[str, Any] = ("ok", _run_one(case, kw))
+    except BaseException:  # noqa: BLE001 -- shipped to the parent, which raises it
+        import traceback
+
+        payload = ("exc", traceback.format_exc())
+    try:
+        conn.send(payload)
+    finally:
+        conn.close()
+        os._exit(0)  # NB: skip the parent's atexit handlers inherited by fork
+
+
+def _run_forked(todo: list[Case], jobs: int, kw: dict, progress: Callable[[str], None] | None) -> list:
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("fork")
+    pending = sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i]))
+    results: list[Any] = [None] * len(todo)
+    running: dict[Any, tuple[Any, int]] = {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            i = pending.pop(0)
+            if progress is not None:
+                progress(todo[i].id)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, todo[i], kw), daemon=False)
+            proc.start()
+            send.close()
+            running[recv] = (proc, i)
+        for recv in wait(list(running)):
+            proc, i = running.pop(recv)
+            try:
+                kind, obj = recv.recv()
+            except EOFError:
+                kind, obj = "exc", f"the worker for case {todo[i].id} died (exit status {proc.exitcode})"
+            recv.close()
+            proc.join()
+            if kind == "exc":
+                for other, _ in running.values():
+                    other.kill()
+                raise RuntimeError(f"validate case {todo[i].id} failed in its worker:\n{obj}")
+            results[i] = obj
+    return results

@@ -194,3 +194,18 @@ def test_unfused_attention_case_runs(tmp_path):
     (trace_dir,) = [p.parent for p in (tmp_path / "c").rglob("trace.json")]
     ops = {n for role in load_trace(trace_dir).roles for b in role.blocks.values() for n in b.columns["name"]}
     assert "aten.baddbmm.default" in ops and not any("scaled_dot_product" in n for n in ops)
+
+
+def test_jobs_runs_cases_in_forked_workers_with_the_same_report(env):
+    """validate(jobs=2) forks one process per case, largest world first, and reports exactly what
+    jobs=1 does, in the file's order; --jobs 0 is refused."""
+    from replay.__main__ import main
+    from replay.validate import validate
+
+    one = validate(env[1], cache_dir=env[2])
+    seen: list[str] = []
+    two = validate(env[1], cache_dir=env[2], jobs=2, progress=seen.append)
+    assert two.to_json() == one.to_json()
+    assert [r.id for r in two.cases] == [r.id for r in one.cases]
+    assert seen[0] == "small-1gpu"  # an end-to-end case before the collective one
+    assert main(["validate", str(env[1]), "--jobs", "0", "--cache-dir", str(env[2])]) == 2
