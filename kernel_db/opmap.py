@@ -112,7 +112,7 @@ buffer measured 1.7 ms on H100, i.e. write-only at 3.3 TB/s)."""
 
 def writes_only(name: str) -> bool:
     """True if the op (any overload) only writes memory (see :data:`WRITE_ONLY`)."""
-    return _base(canonical_name(name)) in WRITE_ONLY
+    return base_name(name) in WRITE_ONLY
 
 
 def base_name(name: str) -> str:
@@ -149,7 +149,7 @@ def kernel_class_of(name: str, kernel_class: str = "") -> str:
     """
     if kernel_class:
         return kernel_class
-    base = _base(canonical_name(name))
+    base = base_name(name)
     kc = _CLASS_OF.get(base) or _CLASS_OF.get(base.rstrip("_"))
     if kc is None:
         raise UnknownKernelError(

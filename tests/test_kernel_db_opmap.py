@@ -3,7 +3,7 @@
 import pytest
 
 from heterosim.errors import UnknownKernelError
-from kernel_db.opmap import canonical_name, canonical_signature, kernel_class_of, parse_signature, register_kernel_class
+from kernel_db.opmap import base_name, canonical_name, canonical_signature, kernel_class_of, parse_signature, register_kernel_class
 
 
 def test_cpu_flash_attention_maps_to_cuda():
@@ -21,6 +21,9 @@ def test_kernel_class_from_name():
     assert kernel_class_of("aten._scaled_dot_product_flash_attention_for_cpu.default") == "attention"
     assert kernel_class_of("aten.gelu_backward.default") == "elementwise"
     assert kernel_class_of("aten._masked_softmax_backward.default") == "softmax"  # unfused attention
+    assert kernel_class_of("heterosim.scaled_upper_triang_masked_softmax.default") == "softmax"
+    assert base_name("heterosim.scaled_upper_triang_masked_softmax_backward.default") == \
+        "scaled_upper_triang_masked_softmax_backward"
     assert kernel_class_of("aten.gelu.default", "norm") == "norm"
 
 
