@@ -103,6 +103,7 @@ _DEFAULTS: dict[str, Any] = {
     "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
     "sequence_parallel": False, "recompute_granularity": None, "recompute_method": None,
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
+    "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "no_align_grad_reduce": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
               "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
-              "--disable-bias-linear"):
+              "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
+              "--scatter-gather-tensors-in-pipeline"):
         add(f)
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
@@ -261,7 +263,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         ep=a["expert_model_parallel_size"], vpp=vpp, sequence_parallel=a["sequence_parallel"],
         cp_comm_type=a["cp_comm_type"], stage_layers=counts,
         use_distributed_optimizer=a["use_distributed_optimizer"],
-        overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"])
+        overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
+        async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
+        scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"])
     pcfg.check()
     ffn = a["ffn_hidden_size"]
     if ffn is None and a["swiglu"]:

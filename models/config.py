@@ -111,6 +111,14 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    scatter_gather_p2p: bool = False
+    """Pipeline p2p sends 1/tp of each tensor per TP rank, all-gathered after (Megatron-LM before
+    Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.schedules.PipelineComm``).
+    Meaningless with sequence parallelism, whose tensors are already split."""
+    async_tp_allreduce: bool = True
+    """Column-parallel backward all-reduces the input gradient while the weight-gradient GEMM runs
+    (Megatron-LM from late 2021; ``--no-async-tensor-model-parallel-allreduce`` turns it off, as
+    in earlier releases, which all-reduced after both GEMMs)."""
 
     @property
     def dp(self) -> int:

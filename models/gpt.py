@@ -46,7 +46,8 @@ class GPTModel(nn.Module):
     """One pipeline chunk of a decoder-only transformer language model."""
 
     def __init__(self, mcfg: ModelConfig, pcfg: ParallelConfig, tcfg: TrainConfig, pstate: Any, *,
-                 layers: range, pre_process: bool, post_process: bool, chunk: int = 0) -> None:
+                 layers: range, pre_process: bool, post_process: bool, chunk: int = 0,
+                 replicated_seed: int | None = None) -> None:
         super().__init__()
         self.mcfg, self.pcfg, self.tcfg, self.pstate = mcfg, pcfg, tcfg, pstate
         self.pre_process, self.post_process, self.chunk = pre_process, post_process, chunk
@@ -69,7 +70,12 @@ class GPTModel(nn.Module):
             if learned:
                 max_pos = mcfg.max_position_embeddings or s
                 self.position_embeddings = nn.Parameter(torch.empty(max_pos, mcfg.hidden_size, dtype=dtype))
-                init_normal(std)(self.position_embeddings)
+                # Replicated over TP: the same values on every TP rank (Megatron draws it from the
+                # default generator, which is seeded alike on all of them).
+                with torch.random.fork_rng(devices=[]):
+                    if replicated_seed is not None:
+                        torch.manual_seed(replicated_seed)
+                    init_normal(std)(self.position_embeddings)
             else:
                 self.position_embeddings = None
         self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process)
@@ -78,7 +84,8 @@ class GPTModel(nn.Module):
             same = self.word_embeddings.weight if (tied and pre_process) else None
             self.output_layer = ColumnParallelLinear(
                 mcfg.hidden_size, mcfg.vocab_size, tp_group=pstate.tp_group,
-                sequence_parallel=self.sp, bias=False, dtype=dtype, init_std=std, weight=same)
+                sequence_parallel=self.sp, bias=False, dtype=dtype, init_std=std, weight=same,
+                async_allreduce=pstate.async_tp_allreduce)
             if tied and not pre_process:
                 # Megatron zeroes the last stage's copy; the sum below copies the first stage's.
                 with torch.no_grad():

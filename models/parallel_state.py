@@ -70,6 +70,8 @@ class ParallelState:
     """Global ranks of this rank's pipeline, stage 0 first."""
     sequence_parallel: bool
     cp_comm_type: str
+    async_tp_allreduce: bool = True
+    """See :attr:`models.config.ParallelConfig.async_tp_allreduce`."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -251,4 +253,5 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         tp_ranks=mine["tp"][1], cp_ranks=mine["cp"][1], dp_ranks=mine["dp"][1],
         ep_ranks=mine["ep"][1], pp_ranks=mine["pp"][1],
         sequence_parallel=pcfg.sequence_parallel and tp > 1, cp_comm_type=pcfg.cp_comm_type,
+        async_tp_allreduce=pcfg.async_tp_allreduce,
     )

@@ -85,7 +85,12 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     torch.manual_seed(cfg.seed + 2718 + ps.tp_rank + 100 * ps.pp_rank)
     chunks = [GPTModel(mcfg, pcfg, tcfg, ps, layers=layers[c], chunk=c,
                        pre_process=ps.is_first_stage and c == 0,
-                       post_process=ps.is_last_stage and c == vpp - 1) for c in range(vpp)]
+                       post_process=ps.is_last_stage and c == vpp - 1,
+                       replicated_seed=cfg.seed + 100 * ps.pp_rank) for c in range(vpp)]
+    # From here the default generator is the same on every TP rank (Megatron's _set_random_seed:
+    # seed + 100 * pp_rank), so dropout outside the TP-split regions masks the replicated
+    # activations identically and TP ranks stay in step.
+    torch.manual_seed(cfg.seed + 100 * ps.pp_rank)
     shared = [p for m in chunks for p in m.shared_embedding_params()]
     dps = [DataParallel(m, dp_group=ps.dp_cp_group, expert_dp_group=ps.expert_dp_group,
                         overlap_grad_reduce=pcfg.overlap_grad_reduce,
@@ -112,7 +117,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     if ps.pp_size > 1:
         comm = PipelineComm(group=ps.pp_group, rank=ps.pp_rank, size=ps.pp_size,
                             shape=chunks[0].hidden_shape(tcfg.micro_batch_size),
-                            dtype=torch_dtype(tcfg.params_dtype))
+                            dtype=torch_dtype(tcfg.params_dtype),
+                            scatter_gather_group=ps.tp_group if pcfg.scatter_gather_p2p else None)
     history: list[float] = []
     for it in range(tcfg.train_iters):
         ann.iteration(it)

@@ -31,6 +31,7 @@ is waited right after issue, Megatron's ``batch_p2p_sync`` default), no variable
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol
 
@@ -102,6 +103,12 @@ class PipelineComm:
     shape: tuple[int, ...]
     """Shape of every activation / gradient exchanged ([s_local, b, h])."""
     dtype: torch.dtype
+    scatter_gather_group: Any = None
+    """Megatron-LM's scatter/gather optimization (Narayanan et al., SC'21, section 4.1; on by default
+    in releases before Megatron-core, ``--no-scatter-gather-tensors-in-pipeline``): each of the
+    ``tp`` ranks of this tensor-parallel group sends only its 1/tp slice of the (replicated)
+    tensor over the network, and the receivers all-gather the slices over their NVLink. None: every
+    rank sends the whole tensor (Megatron-core)."""
 
     @property
     def is_first(self) -> bool:
@@ -125,9 +132,22 @@ class PipelineComm:
         all requests are waited at once (``batch_p2p_sync``). Peers are group-relative ranks.
         """
         prev, nxt = (self.rank - 1) % self.size, (self.rank + 1) % self.size
+        sg = self.scatter_gather_group
+        tp = dist.get_world_size(sg) if sg is not None else 1
+        numel = math.prod(self.shape)
+        if tp > 1 and numel % tp == 0:
+            r = dist.get_rank(sg)
+            part = (numel // tp,)
+
+            def cut(t: Tensor | None) -> Tensor | None:  # Megatron split_tensor_into_1d_equal_chunks
+                return None if t is None else t.reshape(-1)[r * part[0]:(r + 1) * part[0]]
+
+            send_next, send_prev = cut(send_next), cut(send_prev)
+        else:
+            tp, part = 1, self.shape
         # Received activations need grad: the stage's backward returns d(loss)/d(input).
-        from_prev = torch.empty(self.shape, dtype=self.dtype, requires_grad=True) if recv_prev else None
-        from_next = torch.empty(self.shape, dtype=self.dtype) if recv_next else None
+        from_prev = torch.empty(part, dtype=self.dtype, requires_grad=tp == 1) if recv_prev else None
+        from_next = torch.empty(part, dtype=self.dtype) if recv_next else None
         ops = []
         if send_prev is not None:
             ops.append(dist.P2POp(dist.isend, send_prev, group=self.group, group_peer=prev))
@@ -140,6 +160,17 @@ class PipelineComm:
         if ops:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
+        if tp > 1:  # Megatron gather_split_1d_tensor: all-gather the slices over the TP group
+            def gather(t: Tensor | None) -> Tensor | None:
+                if t is None:
+                    return None
+                full = torch.empty(numel, dtype=self.dtype)
+                dist.all_gather_into_tensor(full, t, group=sg)
+                return full.view(self.shape)
+
+            from_prev, from_next = gather(from_prev), gather(from_next)
+            if from_prev is not None:
+                from_prev.requires_grad_()
         return from_prev, from_next
 
     # Megatron's 1F1B helpers: the first stage receives no activations, the last no gradients.
@@ -316,8 +347,15 @@ class _Runner:
                 self.gs.finalize()
 
     def p2p(self, phase: str, mb: int, chunk: int, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        # A block: every exchange of one kind (helper, which tensors are present, their shapes)
+        # issues the same ops with the same peers, so a capture records it once per kind.
+        def sig(v: Any) -> Hashable:
+            return ("t", tuple(v.shape)) if isinstance(v, Tensor) else v
+
+        key = ("p2p", phase, getattr(call, "__name__", repr(call)), tuple(map(sig, args)),
+               tuple(sorted((k, sig(v)) for k, v in kw.items())))
         with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
-            return call(*args, **kw)
+            return self.ann.block(key, lambda *a: call(*a, **kw), *args)
 
 
 def _no_pipelining(r: _Runner) -> None:

@@ -147,3 +147,11 @@ def test_get_preset_returns_a_copy():
     """Presets are not mutated through get_preset."""
     get_preset("tiny")["num_layers"] = 99
     assert PRESETS["tiny"]["num_layers"] == 8
+
+
+def test_async_tp_allreduce_flag():
+    """The column-parallel input-gradient all-reduce is async unless
+    --no-async-tensor-model-parallel-allreduce says otherwise (Megatron-LM's flag)."""
+    base = ["--preset", "tiny", "--tensor-model-parallel-size", "2"]
+    assert parse_args(base, 2).parallel.async_tp_allreduce is True
+    assert parse_args(base + ["--no-async-tensor-model-parallel-allreduce"], 2).parallel.async_tp_allreduce is False

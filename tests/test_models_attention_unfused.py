@@ -26,7 +26,7 @@ from models.layers import megatron_ops
 from models.layers.megatron_ops import scaled_upper_triang_masked_softmax
 from models.layers.unfused_attention import CoreAttention
 
-SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None)
+SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None, async_tp_allreduce=True)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

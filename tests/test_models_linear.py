@@ -77,3 +77,23 @@ def test_backward_overlaps_collective_with_wgrad():
     assert res["False"] == [["mm", [[64, 32], [32, 64]]], ["allreduce_", [[32, 2, 64]]],
                             ["mm", [[32, 64], [64, 64]]]]
     assert [n for n, _ in res["True"]] == ["_allgather_base_", "mm", "_reduce_scatter_base_", "mm"]
+
+
+SYNC_ORDER = """
+from models.layers.linear import ColumnParallelLinear
+g = dist.new_group([0, 1, 2, 3])
+lin = ColumnParallelLinear(64, 128, tp_group=g, sequence_parallel=False, bias=True, dtype=torch.bfloat16,
+                           init_std=0.02, async_allreduce=False)
+x = torch.randn(32, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+y = lin(x)
+log = OpLog()
+with log:
+    y.backward(torch.ones_like(y))
+result = [o["name"].split(".")[1] for o in log.ops if o["name"].startswith(("c10d.", "aten.mm", "aten.sum"))]
+"""
+
+
+def test_sync_allreduce_runs_after_both_gemms():
+    """``async_allreduce=False`` (Megatron-LM before late 2021): dgrad GEMM, wgrad GEMM, bias-grad sum,
+    then the input-gradient all-reduce, which nothing overlaps."""
+    assert run_fake(SYNC_ORDER, rank=1, world=4) == ["mm", "mm", "sum", "allreduce_"]

@@ -25,22 +25,38 @@ SHAPE = (S, B, H)
 
 
 class Ann(TagAnnotator):
-    """Counts blocks and scopes; with ``cache`` it replays blocks like a capture does."""
+    """Counts compute blocks (``blocks``), p2p blocks (``p2p_blocks``) and scopes; with ``cache``
+    it replays blocks like a capture does (outputs: a tensor, None or a tuple of them)."""
 
     def __init__(self, cache: bool = False) -> None:
         super().__init__()
         self.blocks: list[tuple] = []
+        self.p2p_blocks: list[tuple] = []
         self.cache = cache
         self.seen: dict = {}
 
     def block(self, key, fn, *args):
-        self.blocks.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))
+        where = self.p2p_blocks if key[0] == "p2p" else self.blocks
+        where.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))
         if self.cache and key in self.seen:
-            meta = self.seen[key]
-            return None if meta is None else torch.empty(meta[0], dtype=meta[1], requires_grad=meta[2])
+            return _mimic(self.seen[key])
         out = fn(*args)
-        self.seen[key] = None if out is None else (out.shape, out.dtype, out.requires_grad)
+        self.seen[key] = _meta(out)
         return out
+
+
+def _meta(out):
+    if isinstance(out, tuple):
+        return tuple(map(_meta, out))
+    return None if out is None else ("t", out.shape, out.dtype, out.requires_grad)
+
+
+def _mimic(meta):
+    if meta is None:
+        return None
+    if meta[0] != "t":
+        return tuple(map(_mimic, meta))
+    return torch.empty(meta[1], dtype=meta[2], requires_grad=meta[3])
 
 
 class CommLog(TorchDispatchMode):
@@ -336,12 +352,17 @@ def test_async_grad_sync_blocks_rerun_every_iteration():
 
 def test_capture_like_block_replay_runs_all_schedules():
     """When blocks are replayed (fresh tensors instead of re-running), every schedule still runs
-    and issues the same p2p traffic as the real run."""
+    the same compute and p2p blocks in the same order as the real run, and the p2p ops a replay
+    issues are those of each exchange kind's first occurrence in the real run."""
     for pp, vpp, m in ((4, 1, 8), (2, 2, 4)):
         for rank in range(pp):
-            _, real, _ = run_rank(rank, pp, m, vpp=vpp)
-            _, replay, _ = run_rank(rank, pp, m, vpp=vpp, cache=True)
-            assert [o[:3] for o in real.ops] == [o[:3] for o in replay.ops]
+            ann_real, real, _ = run_rank(rank, pp, m, vpp=vpp)
+            ann_rep, replay, _ = run_rank(rank, pp, m, vpp=vpp, cache=True)
+            assert ann_real.blocks == ann_rep.blocks and ann_real.p2p_blocks == ann_rep.p2p_blocks
+            kinds = {k for k, *_ in ann_real.p2p_blocks}
+            assert len(kinds) < len(ann_real.p2p_blocks)  # exchanges repeat, so blocks pay off
+            sent = [o[:3] for o in real.ops if o[0] in ("send", "recv_")]
+            assert set(o[:3] for o in replay.ops) <= set(sent)
 
 
 def test_interleaved_needs_multiple_of_pp():
@@ -351,3 +372,21 @@ def test_interleaved_needs_multiple_of_pp():
         forward_backward(lambda c, m, x: x, num_microbatches=6, num_chunks=2, comm=comm)
     with pytest.raises(ConfigError, match="needs --pipeline-model-parallel-size > 1"):
         forward_backward(lambda c, m, x: x, num_microbatches=6, num_chunks=2, comm=None)
+
+
+def test_scatter_gather_sends_a_tp_slice_and_all_gathers_it():
+    """Megatron's scatter/gather p2p (SC'21 section 4.1), tp 2 x pp 2, stage 1 rank 2: it sends its
+    half of the gradient to stage 0's rank 0, receives half an activation from it, and all-gathers
+    the halves over its TP group (2, 3) into a full [s, b, h] tensor that needs grad."""
+    ann = Ann()
+    log = CommLog(ann)
+    with fake_world(2, 4):
+        pp_group, tp_group = dist.new_group([0, 2]), dist.new_group([2, 3])
+        comm = PipelineComm(group=pp_group, rank=1, size=2, shape=SHAPE, dtype=torch.bfloat16,
+                            scatter_gather_group=tp_group)
+        with log:
+            got, _ = comm.communicate(send_prev=torch.ones(SHAPE, dtype=torch.bfloat16), recv_prev=True)
+    half = S * B * H * 2 // 2
+    assert [(n, w, b) for n, w, b, _ in log.ops] == [("send", 0, half), ("recv_", 0, half),
+                                                     ("_allgather_base_", (2, 3), 2 * half)]  # logs the output
+    assert tuple(got.shape) == SHAPE and got.requires_grad

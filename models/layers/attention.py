@@ -68,7 +68,8 @@ class SelfAttention(nn.Module):
         sp = pstate.sequence_parallel
         self.linear_qkv = ColumnParallelLinear(
             mcfg.hidden_size, (heads + 2 * groups) * d, tp_group=pstate.tp_group,
-            sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=init_std, fp8=fp8)
+            sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=init_std, fp8=fp8,
+            async_allreduce=pstate.async_tp_allreduce)
         self.linear_proj = RowParallelLinear(
             heads * d, mcfg.hidden_size, tp_group=pstate.tp_group, sequence_parallel=sp,
             bias=mcfg.add_bias_linear, dtype=dtype,

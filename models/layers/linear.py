@@ -3,7 +3,10 @@
 The GEMMs run in :class:`LinearWithAsyncComm`, Megatron's
 ``LinearWithGradAccumulationAndAsyncCommunication``: in backward the data-gradient GEMM comes
 first, then its TP all-reduce (or, with sequence parallelism, its reduce-scatter) is issued
-asynchronously and the weight-gradient GEMM runs while it is in flight. With sequence
+asynchronously and the weight-gradient GEMM runs while it is in flight. Without
+``async_allreduce`` (``--no-async-tensor-model-parallel-allreduce``; Megatron-LM before late 2021,
+whose ``copy_to_tensor_model_parallel_region`` all-reduced in its own backward) the all-reduce
+runs after both GEMMs and the compute stream waits for it. With sequence
 parallelism the forward all-gathers the sequence-split input and the backward re-gathers it
 (async, overlapped with the data-gradient GEMM) instead of keeping the gathered copy.
 
@@ -59,7 +62,8 @@ def init_normal(std: float) -> Callable[[torch.Tensor], Any]:
 class LinearWithAsyncComm(torch.autograd.Function):
     """``y = x @ W^T (+ b)`` with Megatron's overlapped TP communication in backward.
 
-    ``allreduce_dgrad``: all-reduce the input gradient over ``group`` (column-parallel without SP).
+    ``allreduce_dgrad``: all-reduce the input gradient over ``group`` (column-parallel without SP):
+    ``"async"`` overlapped with the weight-gradient GEMM, ``"sync"`` after it, ``""`` not at all.
     ``sequence_parallel``: the input is sequence-split; all-gather it in forward, re-gather it for
     wgrad and reduce-scatter the input gradient in backward.
     """
@@ -96,12 +100,15 @@ class LinearWithAsyncComm(torch.autograd.Function):
             sub = grad_in.new_empty((grad_in.shape[0] // group_size(group), *grad_in.shape[1:]))
             handle = torch.distributed.reduce_scatter_tensor(
                 sub, grad_in.contiguous(), group=group, async_op=True)
-        elif ctx.allreduce_dgrad:
+        elif ctx.allreduce_dgrad == "async":
             grad_in = grad_in.contiguous()
             handle = torch.distributed.all_reduce(grad_in, group=group, async_op=True)
         with gemm_scope(ctx.fp8):
             grad_w = grad_out2.t().matmul(total2)  # wgrad overlaps the collective above
         grad_b = grad_out2.sum(dim=0) if ctx.use_bias else None
+        if ctx.allreduce_dgrad == "sync":
+            grad_in = grad_in.contiguous()
+            torch.distributed.all_reduce(grad_in, group=group)
         if handle is not None:
             handle.wait()
         return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None
@@ -116,9 +123,10 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, fp8: bool = False,
-                 weight: nn.Parameter | None = None) -> None:
+                 weight: nn.Parameter | None = None, async_allreduce: bool = True) -> None:
         super().__init__()
         tp = group_size(tp_group)
+        self.async_allreduce = async_allreduce
         if out_features % tp:
             raise ConfigError(f"output size {out_features} not divisible by tensor-parallel size {tp}")
         self.tp_group, self.tp = tp_group, tp
@@ -140,7 +148,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         w = self.weight if weight is None else weight
-        allreduce_dgrad = self.tp > 1 and not self.sequence_parallel
+        allreduce_dgrad = ("" if self.tp == 1 or self.sequence_parallel
+                           else "async" if self.async_allreduce else "sync")
         return LinearWithAsyncComm.apply(x, w, self.bias, self.tp_group, allreduce_dgrad,
                                          self.sequence_parallel, self.fp8)
 

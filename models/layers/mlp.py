@@ -49,13 +49,14 @@ class MLP(nn.Module):
     """``x [s(/tp), b, h] -> (out [s(/tp), b, h], bias)``; ``ffn`` is the full (unsplit) width."""
 
     def __init__(self, hidden: int, ffn: int, *, activation: str, tp_group: Any, sequence_parallel: bool,
-                 bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool) -> None:
+                 bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool,
+                 async_allreduce: bool = True) -> None:
         super().__init__()
         self.act = activation_fn(activation)
         gated = activation == "swiglu"
         self.linear_fc1 = ColumnParallelLinear(
             hidden, ffn * (2 if gated else 1), tp_group=tp_group, sequence_parallel=sequence_parallel,
-            bias=bias, dtype=dtype, init_std=init_std, fp8=fp8)
+            bias=bias, dtype=dtype, init_std=init_std, fp8=fp8, async_allreduce=async_allreduce)
         self.linear_fc2 = RowParallelLinear(
             ffn, hidden, tp_group=tp_group, sequence_parallel=sequence_parallel, bias=bias,
             dtype=dtype, init_std=out_init_std, fp8=fp8)
