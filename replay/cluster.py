@@ -55,15 +55,10 @@ def resolve_gpu(name: str) -> tuple[str, int]:
 
 def read_spec(path: str | os.PathLike) -> ClusterSpec:
     """Parse a cluster YAML file; errors name the file."""
-    import yaml
+    from heterosim.yamlfile import read_yaml
 
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise TopologyError(f"cluster file {path}: cannot read it ({e})") from e
-    except yaml.YAMLError as e:
-        raise TopologyError(f"cluster file {path}: not valid YAML ({e})") from e
+    raw = read_yaml(path, "cluster file", error=TopologyError)
     try:
         return parse_spec(raw)
     except TopologyError as e:
