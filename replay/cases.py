@@ -12,8 +12,9 @@ batch and precision in words and numbers as the source published them. This modu
   words; parallelism and recomputation),
 - the FLOP convention its TFLOP/s use (:func:`flop_convention`).
 
-Anything a case leaves "not stated" takes Megatron-LM's documented default for the era and is
-listed in the returned ``assumptions``; a word the reader does not know raises one
+Anything a case leaves "not stated" takes, first, what its authors' published launch script passed
+(:mod:`replay.published_runs`: micro-batch, interleaved split, DDP implementation), else
+Megatron-LM's documented default for the era, and is listed in the returned ``assumptions``; a word the reader does not know raises one
 :class:`~heterosim.errors.ConfigError` naming it and the words it knows -- never a guess.
 """
 
@@ -25,11 +26,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from heterosim.errors import ConfigError, UnknownGPUError
+from heterosim.yamlfile import read_yaml
+
+from .published_runs import published_settings
 
 __all__ = ["Case", "CaseInputs", "load_cases", "gpu_from_text", "cluster_for", "megatron_flags",
            "flop_convention", "source_year", "ARCH_WORDS", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
+
+PUBLISHED_RUNS_NAME = "replay/data/published_runs.yaml"
+
+TORCH_DDP_BUCKET_BYTES = 25 * 2**20
+"""torch.nn.parallel.DistributedDataParallel's ``bucket_cap_mb=25`` (its default)."""
 
 # NVLink per-lane rate per direction, GB/s, by generation (NVLink 2.0-4.0: 25 GB/s, 5.0: 50 GB/s;
 # NVIDIA V100/A100/H100/B200 whitepapers).
@@ -79,19 +88,8 @@ class CaseInputs:
 
 def load_cases(path: str | Path) -> list[Case]:
     """Read a cases YAML (``schema_version: 1``, a ``cases:`` list)."""
-    import yaml
-
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cases file {p}: cannot read it ({e})") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"cases file {p}: not valid YAML ({e})") from e
-    if not isinstance(raw, Mapping) or raw.get("schema_version") != SCHEMA_VERSION:
-        got = raw.get("schema_version") if isinstance(raw, Mapping) else None
-        raise ConfigError(f"cases file {p}: schema_version {got!r} is not supported; write "
-                          f"schema_version: {SCHEMA_VERSION} and a 'cases:' list")
+    raw = read_yaml(p, "cases file", schema_version=SCHEMA_VERSION, hint=" and a 'cases:' list")
     out, seen = [], set()
     for i, c in enumerate(raw.get("cases") or []):
         if not isinstance(c, Mapping) or "id" not in c or "category" not in c:
@@ -372,14 +370,22 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
         flags += ["--context-parallel-size", str(size["cp"])]
     if size["ep"] > 1:
         flags += ["--expert-model-parallel-size", str(size["ep"])]
+    pub, script = published_settings(case)
     vpp = _int_or_none(par.get("vpp"))
+    if vpp is None and "layers_per_virtual_stage" in pub and size["pp"] > 1:
+        per = pub["layers_per_virtual_stage"]
+        if int(m["layers"]) % (size["pp"] * per):
+            raise ConfigError(f"case {case.id}: {m['layers']} layers do not split into pp {size['pp']} stages "
+                              f"of {per}-layer virtual stages ({script}); fix {PUBLISHED_RUNS_NAME}")
+        vpp = int(m["layers"]) // (size["pp"] * per)
+        notes.append(f"vpp not stated: {vpp} ({per} layers per virtual stage, {script})")
+    elif par.get("vpp") is not None and vpp is None and size["pp"] > 1:
+        notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
+                     "--num-layers-per-virtual-pipeline-stage)")
     if vpp is not None and vpp > 1:
         if int(m["layers"]) % (size["pp"] * vpp):
             raise ConfigError(f"case {case.id}: {m['layers']} layers do not split into pp {size['pp']} x vpp {vpp}")
         flags += ["--num-layers-per-virtual-pipeline-stage", str(int(m["layers"]) // (size["pp"] * vpp))]
-    elif par.get("vpp") is not None and vpp is None and size["pp"] > 1:
-        notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
-                     "--num-layers-per-virtual-pipeline-stage)")
     if par.get("sequence_parallel") is True:
         flags.append("--sequence-parallel")
     rc = _recompute(par.get("recompute", "none"))
@@ -388,10 +394,21 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
     mb = _int_or_none(b.get("micro"))
-    if mb is None:
+    if mb is None and "micro_batch" in pub:
+        mb = int(pub["micro_batch"])
+        notes.append(f"micro-batch not stated: {mb} ({script})")
+    elif mb is None:
         mb = micro_batch_default
-        notes.append(f"micro-batch not stated: {mb} (SC'21 runs used 1 or 2; 1 gives the most micro-batches "
-                     "per pipeline, the paper's setting for its largest rows)")
+        notes.append(f"micro-batch not stated: {mb} (Megatron-LM's --micro-batch-size has no default; 1 "
+                     "gives the most micro-batches per pipeline)")
+    if "ddp" in pub:
+        if pub["ddp"] == "torch":
+            flags += ["--overlap-grad-reduce", "--ddp-bucket-size", str(TORCH_DDP_BUCKET_BYTES // 2)]
+            notes.append(f"data parallelism: PyTorch DDP ({script}): gradient all-reduce in 25 MB buckets "
+                         "overlapped with the backward")
+        else:
+            notes.append(f"data parallelism: Megatron LocalDDP ({script}): one gradient all-reduce after "
+                         "the backward")
     gb = _int_or_none(b.get("global"))
     if gb is None:
         raise ConfigError(f"case {case.id}: batch.global is {b.get('global')!r}; give an integer")
@@ -400,6 +417,16 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     flags += p_flags
     notes.append(p_note)
     cluster, gpu, hw_notes = cluster_for(case.hardware, world)
+    year = source_year(case)
+    if size["tp"] > 1 and year is not None and year < ASYNC_TP_ALLREDUCE_YEAR:
+        flags.append("--no-async-tensor-model-parallel-allreduce")
+        notes.append(f"tensor-parallel backward all-reduce synchronous (Megatron-LM in {year}; the "
+                     f"async all-reduce overlapping the weight-gradient GEMM arrived in late 2021)")
+    if (size["pp"] > 1 and size["tp"] > 1 and par.get("sequence_parallel") is not True and year is not None
+            and year < CORE_P2P_YEAR):
+        flags.append("--scatter-gather-tensors-in-pipeline")
+        notes.append(f"pipeline p2p with the scatter/gather optimization (Megatron-LM in {year}, on by default "
+                     "before Megatron-core): each TP rank sends 1/tp of the activation, all-gathered over NVLink")
     a_flags, a_notes = _attention(case, gpu)
     flags += a_flags
     notes += a_notes
@@ -410,6 +437,16 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
 FLASH_IN_MEGATRON_YEAR = 2023
 """First Megatron-LM year with flash attention (``--use-flash-attn``, 2023); earlier releases ran
 core attention unfused (baddbmm, fused scale-mask-softmax, dropout, bmm)."""
+
+ASYNC_TP_ALLREDUCE_YEAR = 2022
+"""First year whose Megatron-LM runs overlap the column-parallel input-gradient all-reduce with the
+weight-gradient GEMM (``LinearWithGradAccumulationAndAsyncAllreduce``, added in late 2021, after the
+SC'21 paper's April 2021 runs; ``--no-async-tensor-model-parallel-allreduce`` turns it off)."""
+
+CORE_P2P_YEAR = 2023
+"""First year of Megatron-core's pipeline p2p, which sends whole tensors. Earlier releases split each
+p2p tensor over the TP ranks and all-gathered it after (``--scatter-gather-tensors-in-pipeline``,
+default on; Narayanan et al., SC'21, section 4.1)."""
 
 ATTENTION_DROPOUT_DEFAULT = 0.1
 """Megatron-LM's ``--attention-dropout`` default (arguments.py, every release)."""

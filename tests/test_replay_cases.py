@@ -207,3 +207,42 @@ def test_source_year():
     assert source_year(_case(source={"url": "https://github.com/x/y/blob/abc/images/tables.tex"})) is None
 
 
+
+
+def _sc21(**kw) -> Case:
+    return _case(source={"title": "Narayanan et al. (SC'21), Table 1", "url": "https://arxiv.org/abs/2104.04473"},
+                 hardware={"gpu": "NVIDIA A100-SXM4-80GB", "gpus_per_node": 8, "system": "DGX A100",
+                           "intra_node": "NVLink3 + NVSwitch", "inter_node": "8 x 200 Gb/s HDR"},
+                 precision="mixed precision (fp16/bf16 autocast)", **kw)
+
+
+def test_unstated_settings_come_from_the_published_script():
+    """SC'21 rows take micro-batch, interleaving and DDP from Megatron-LM's run_table_1.sh, say so, and run
+    the TP backward all-reduce synchronously (2021 Megatron-LM)."""
+    gpt = {"layers": 24, "hidden": 2304, "heads": 24, "ffn": 9216, "seq_len": 2048, "vocab": 51200, "arch": "GPT"}
+    ci = megatron_flags(_sc21(model=gpt, parallelism={"tp": 1, "pp": 1, "dp": 32, "vpp": "not stated",
+                                                      "recompute": "full"},
+                              batch={"micro": "not stated", "global": 512}))
+    f = list(ci.flags)
+    assert f[f.index("--micro-batch-size") + 1] == "16"
+    assert f[f.index("--overlap-grad-reduce"):f.index("--overlap-grad-reduce") + 3] == [
+        "--overlap-grad-reduce", "--ddp-bucket-size", str(25 * 2**20 // 2)]
+    assert "--no-async-tensor-model-parallel-allreduce" not in f  # tp 1: no TP all-reduce
+    text = " | ".join(ci.assumptions)
+    assert "micro-batch not stated: 16 (Megatron-LM examples/sc21/run_table_1.sh, 1.7B)" in text
+    assert "PyTorch DDP (Megatron-LM examples/sc21/run_table_1.sh, 1.7B)" in text
+    big = {**gpt, "layers": 60, "hidden": 10240, "heads": 80, "ffn": 40960}
+    ci = megatron_flags(_sc21(model=big, parallelism={"tp": 8, "pp": 4, "dp": 32, "vpp": "not stated",
+                                                      "recompute": "full"},
+                              batch={"micro": "not stated", "global": 1792}))
+    f = list(ci.flags)
+    assert f[f.index("--num-layers-per-virtual-pipeline-stage") + 1] == "5"
+    assert f[f.index("--micro-batch-size") + 1] == "2"
+    assert "--overlap-grad-reduce" not in f and "--no-async-tensor-model-parallel-allreduce" in f
+    assert "--scatter-gather-tensors-in-pipeline" in f  # 2021, pp 4, tp 8, no SP
+    assert "vpp not stated: 3 (5 layers per virtual stage, Megatron-LM examples/sc21/run_table_1.sh, 76B)" in ci.assumptions
+    # What the case states wins over the script.
+    ci = megatron_flags(_sc21(model=big, parallelism={"tp": 8, "pp": 4, "dp": 32, "vpp": 1, "recompute": "full"},
+                              batch={"micro": 1, "global": 1792}))
+    f = list(ci.flags)
+    assert f[f.index("--micro-batch-size") + 1] == "1" and "--num-layers-per-virtual-pipeline-stage" not in f

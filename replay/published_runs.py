@@ -1,0 +1,95 @@
+"""Launch settings that a case's source published apart from its results table.
+
+Papers leave the micro-batch size, the interleaved-pipeline split or the data-parallel
+implementation out of their tables; the authors' launch scripts state them (SC'21 Table 1:
+``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM). ``replay/data/published_runs.yaml`` lists
+such runs with the script they come from; :func:`published_settings` returns the settings of the
+first run whose ``match`` fits a case. The case reader uses them only for fields the case leaves
+unstated, and says so in its assumptions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from heterosim.errors import ConfigError
+from heterosim.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from .cases import Case
+
+__all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT_PATH", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+DEFAULT_PATH = Path(__file__).with_name("data") / "published_runs.yaml"
+
+SETTINGS = ("micro_batch", "layers_per_virtual_stage", "ddp")
+DDP_KINDS = ("torch", "local")
+_SECTIONS = ("model", "parallelism", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    """One run: where its settings come from, what it matches, and the settings."""
+
+    source: str
+    script: str
+    match: Mapping[str, Any]
+    settings: Mapping[str, Any]
+
+    def fits(self, case: "Case") -> bool:
+        """Whether ``case`` names this run's source and has every matched value."""
+        text = " ".join(str(case.source.get(k, "")) for k in ("title", "url"))
+        if self.source not in text:
+            return False
+        for key, want in self.match.items():
+            got = [sect[key] for sect in (case.model, case.parallelism, case.batch) if key in sect]
+            if not got or str(got[0]).strip() != str(want):
+                return False
+        return True
+
+
+def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
+    runs = doc.get("runs") if isinstance(doc, Mapping) else None
+    if not isinstance(runs, list):
+        raise ConfigError(f"published runs file {path}: needs a 'runs:' list")
+    out = []
+    for i, r in enumerate(runs):
+        where = f"published runs file {path}: run #{i}"
+        if not isinstance(r, Mapping) or not {"source", "script", "match", "settings"} <= set(r):
+            raise ConfigError(f"{where} needs source, script, match and settings")
+        settings = dict(r["settings"])
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(SETTINGS)}")
+        if "ddp" in settings and settings["ddp"] not in DDP_KINDS:
+            raise ConfigError(f"{where}: ddp {settings['ddp']!r} is unknown; valid: {', '.join(DDP_KINDS)}")
+        for key in ("micro_batch", "layers_per_virtual_stage"):
+            if key in settings and (not isinstance(settings[key], int) or settings[key] < 1):
+                raise ConfigError(f"{where}: {key} must be a positive integer, not {settings[key]!r}")
+        out.append(PublishedRun(source=str(r["source"]), script=str(r["script"]),
+                                match=dict(r["match"]), settings=settings))
+    return tuple(out)
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> tuple[PublishedRun, ...]:
+    p = Path(path)
+    return _parse(read_yaml(p, "published runs file", schema_version=SCHEMA_VERSION), p)
+
+
+def load_published_runs(path: str | os.PathLike | None = None) -> tuple[PublishedRun, ...]:
+    """The runs of ``path`` (default: the bundled ``replay/data/published_runs.yaml``)."""
+    return _load(str(Path(path) if path is not None else DEFAULT_PATH))
+
+
+def published_settings(case: "Case", path: str | os.PathLike | None = None) -> tuple[dict[str, Any], str | None]:
+    """(settings, script) of the first published run that fits ``case``; ({}, None) if none does."""
+    for run in load_published_runs(path):
+        if run.fits(case):
+            return dict(run.settings), run.script
+    return {}, None

@@ -1,0 +1,53 @@
+"""Tests for replay.published_runs: launch settings published apart from a results table."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterosim.errors import ConfigError
+from replay.cases import Case
+from replay.published_runs import load_published_runs, published_settings
+
+SC21 = {"title": "Narayanan et al. (SC'21), Table 1", "url": "https://arxiv.org/abs/2104.04473"}
+
+
+def _case(source=SC21, layers=60, hidden=10240, tp=8, pp=4, glob=1792) -> Case:
+    return Case(id="c", category="end_to_end", source=source,
+                model={"layers": layers, "hidden": hidden}, parallelism={"tp": tp, "pp": pp},
+                batch={"global": glob})
+
+
+def test_bundled_file_has_the_sc21_table():
+    """The bundled file carries the ten rows of Megatron-LM's examples/sc21/run_table_1.sh."""
+    runs = [r for r in load_published_runs() if r.source == "2104.04473"]
+    assert len(runs) == 10
+    assert {r.settings["micro_batch"] for r in runs} == {16, 8, 4, 2, 1}
+
+
+def test_match_needs_source_and_every_value():
+    """The 76B row matches on source and shape; another source or a different global batch does not."""
+    settings, script = published_settings(_case())
+    assert settings == {"micro_batch": 2, "layers_per_virtual_stage": 5, "ddp": "local"}
+    assert script == "Megatron-LM examples/sc21/run_table_1.sh, 76B"
+    assert published_settings(_case(source={"title": "another paper"})) == ({}, None)
+    assert published_settings(_case(glob=1536)) == ({}, None)
+
+
+@pytest.mark.parametrize("body,message", [
+    ("schema_version: 2\nruns: []\n", "schema_version 2 is not supported; write schema_version: 1"),
+    ("schema_version: 1\n", "needs a 'runs:' list"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {mbs: 2}}\n",
+     "run #0: unknown setting(s) mbs; valid: micro_batch, layers_per_virtual_stage, ddp"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {ddp: fsdp}}\n",
+     "run #0: ddp 'fsdp' is unknown; valid: torch, local"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {micro_batch: 0}}\n",
+     "run #0: micro_batch must be a positive integer, not 0"),
+    ("schema_version: 1\nruns:\n- {source: x, match: {}, settings: {}}\n",
+     "run #0 needs source, script, match and settings"),
+    ("schema_version: 1\nruns: [\n", "not valid YAML"),
+])
+def test_bad_file_is_one_clear_error(tmp_path, body, message):
+    p = tmp_path / "runs.yaml"
+    p.write_text(body)
+    with pytest.raises(ConfigError, match=f"published runs file {p}.*" + message.replace("(", r"\(").replace(")", r"\)")):
+        load_published_runs(p)
