@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=Path, default=DEFAULT_CASES)
     ap.add_argument("--only", nargs="+")
     ap.add_argument("--cache-dir", type=Path, help="existing cache (skips the cold run)")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="cases at a time, as `python -m replay validate --jobs` (default 1); with "
-                         "more than 1 only totals are printed")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="cases at a time, as `python -m replay validate --jobs` (default 2, as there); "
+                         "with more than 1 only totals are printed")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 
+from replay.simulate import OVERLAP_SLOWDOWN
+
 __all__ = ["main"]
 
 
@@ -30,9 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--placement", help="placement YAML (rank -> GPU mapping per node group or stage)")
     s.add_argument("--no-link-sharing", action="store_true",
                    help="give every transfer its uncontended time (faster, ignores contention)")
-    s.add_argument("--overlap-slowdown", type=float, default=0.0, metavar="F",
+    s.add_argument("--overlap-slowdown", type=float, default=OVERLAP_SLOWDOWN, metavar="F",
                    help="compute runs at speed 1-F while a comm op of the same rank is in flight "
-                   "(NCCL takes SMs and HBM bandwidth; ~0.1 is typical); default 0: off")
+                   f"(NCCL takes SMs and HBM bandwidth); default {OVERLAP_SLOWDOWN} (measured, "
+                   "arXiv:2507.03114); 0: off")
     s.add_argument("--engine", default="fast", choices=("fast", "reference"), help=argparse.SUPPRESS)
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     s.add_argument("--timeline", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
@@ -50,9 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     v.add_argument("--markdown", action="store_true", help="print the table as Markdown (README)")
     v.add_argument("--plot", metavar="FILE", help="write a PNG of predicted vs measured")
-    v.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="cases run at a time, each in its own process (default 1: captures already use "
-                        "every CPU; on 2 CPUs --jobs 2 measured slower, 644 s vs 630 s cold)")
+    v.add_argument("--jobs", type=int, default=2, metavar="N",
+                   help="cases run at a time, each in its own process (default 2: a replay is single-"
+                        "threaded, so a second case uses the other CPU; on 2 CPUs the public file "
+                        "takes 360 s cold with 2, 530 s with 1)")
     return ap
 
 
