@@ -21,9 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-import yaml
-
 from heterosim.errors import ConfigError, UnknownGPUError
+from heterosim.yamlfile import read_yaml
 
 __all__ = ["DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key"]
 
@@ -205,10 +204,7 @@ def _default_catalogue() -> Catalogue:
 def _load(path: Path) -> Catalogue:
     if not path.is_file():
         raise ConfigError(f"GPU catalogue {path} does not exist")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"GPU catalogue {path} is not valid YAML: {e}") from e
+    doc = read_yaml(path, "GPU catalogue")
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         raise ConfigError(
             f"GPU catalogue {path} has schema_version {doc.get('schema_version') if isinstance(doc, dict) else None!r}; "

@@ -31,9 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from heterosim.errors import ConfigError
+from heterosim.yamlfile import read_yaml
 
 from .catalogue import GpuSpec
 
@@ -122,10 +121,7 @@ def _default_model() -> EfficiencyModel:
 def _load(path: Path) -> EfficiencyModel:
     if not path.is_file():
         raise ConfigError(f"efficiency file {path} does not exist")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"efficiency file {path} is not valid YAML: {e}") from e
+    doc = read_yaml(path, "efficiency file")
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         raise ConfigError(f"efficiency file {path}: schema_version must be {SCHEMA_VERSION}")
     unknown = set(doc) - {"schema_version", "format", "default", "arch", "gpu"}

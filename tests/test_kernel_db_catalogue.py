@@ -65,3 +65,13 @@ def test_bad_catalogue_rejected(tmp_path):
     p.write_text("schema_version: 1\ngpus:\n  - {name: X, vendor: nvidia}\n")
     with pytest.raises(ConfigError, match="GPU entry 'X' has unknown keys \\[\\] / missing keys"):
         load_catalogue(p)
+
+
+def test_bad_yaml_is_one_clear_error(tmp_path):
+    """A catalogue that is not YAML names the file (the project's common wording)."""
+    from kernel_db.catalogue import load_catalogue
+
+    p = tmp_path / "gpus.yaml"
+    p.write_text("gpus: [\n")
+    with pytest.raises(ConfigError, match=f"GPU catalogue {p}: not valid YAML"):
+        load_catalogue(p)
