@@ -34,7 +34,7 @@ from heterosim.errors import ConfigError
 from models.config import ModelConfig, ParallelConfig, TrainConfig
 from models.layers.context_chunks import cp_chunk_select
 from models.layers.embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from models.layers.linear import ColumnParallelLinear, init_normal
+from models.layers.linear import ColumnParallelLinear, init_replicated
 from models.layers.mappings import scatter_to_sp
 from models.layers.rope import rotary_freqs
 from models.transformer import TransformerBlock, dropout, torch_dtype
@@ -70,15 +70,12 @@ class GPTModel(nn.Module):
             if learned:
                 max_pos = mcfg.max_position_embeddings or s
                 self.position_embeddings = nn.Parameter(torch.empty(max_pos, mcfg.hidden_size, dtype=dtype))
-                # Replicated over TP: the same values on every TP rank (Megatron draws it from the
-                # default generator, which is seeded alike on all of them).
-                with torch.random.fork_rng(devices=[]):
-                    if replicated_seed is not None:
-                        torch.manual_seed(replicated_seed)
-                    init_normal(std)(self.position_embeddings)
+                # Replicated over TP: the same values on every TP rank.
+                init_replicated(std, replicated_seed)(self.position_embeddings)
             else:
                 self.position_embeddings = None
-        self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process)
+        self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process,
+                                        replicated_seed=replicated_seed)
         if post_process:
             tied = not mcfg.untie_embeddings_and_output_weights
             same = self.word_embeddings.weight if (tied and pre_process) else None

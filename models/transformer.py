@@ -66,7 +66,8 @@ def bias_dropout_add(out: torch.Tensor, bias: torch.Tensor | None, residual: tor
 class TransformerLayer(nn.Module):
     """One decoder layer; ``layer_number`` is its global index (0-based)."""
 
-    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, layer_number: int) -> None:
+    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, layer_number: int,
+                 replicated_seed: int | None = None) -> None:
         super().__init__()
         dtype = torch_dtype(tcfg.params_dtype)
         sp = pstate.sequence_parallel
@@ -81,7 +82,8 @@ class TransformerLayer(nn.Module):
             selective_recompute=tcfg.recompute_granularity == "selective")
         self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
         if mcfg.num_experts:
-            self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8)
+            self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8,
+                                replicated_seed=None if replicated_seed is None else replicated_seed + 1 + layer_number)
         else:
             self.mlp = MLP(
                 mcfg.hidden_size, mcfg.ffn_size, activation=mcfg.activation, tp_group=pstate.tp_group,
@@ -101,9 +103,9 @@ class TransformerBlock(nn.Module):
     ``post_process``. Input and output ``[s/cp (/tp with SP), b, h]``."""
 
     def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, *, layers: range,
-                 post_process: bool) -> None:
+                 post_process: bool, replicated_seed: int | None = None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(TransformerLayer(mcfg, tcfg, pstate, i) for i in layers)
+        self.layers = nn.ModuleList(TransformerLayer(mcfg, tcfg, pstate, i, replicated_seed) for i in layers)
         self.recompute_method = None
         self.recompute_num_layers = 0
         if tcfg.recompute_granularity == "full":

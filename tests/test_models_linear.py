@@ -97,3 +97,22 @@ def test_sync_allreduce_runs_after_both_gemms():
     """``async_allreduce=False`` (Megatron-LM before late 2021): dgrad GEMM, wgrad GEMM, bias-grad sum,
     then the input-gradient all-reduce, which nothing overlaps."""
     assert run_fake(SYNC_ORDER, rank=1, world=4) == ["mm", "mm", "sum", "allreduce_"]
+
+
+def test_init_replicated_ignores_and_keeps_the_global_generator():
+    """A TP-replicated parameter (position embeddings, MoE router) gets the same values on every TP
+    rank although each rank's global generator is seeded differently, and the global stream is
+    left where it was."""
+    import torch
+
+    from models.layers.linear import init_replicated
+
+    draws = []
+    for tp_rank in range(2):
+        torch.manual_seed(1234 + 2718 + tp_rank)  # pretrain_gpt's per-TP-rank seed for split weights
+        before = torch.random.get_rng_state()
+        w = torch.empty(4, 3)
+        init_replicated(0.02, seed=1234)(w)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        draws.append(w)
+    assert torch.equal(draws[0], draws[1]) and float(draws[0].std()) > 0

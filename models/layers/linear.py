@@ -41,6 +41,7 @@ __all__ = [
     "RowParallelLinear",
     "gemm_scope",
     "init_normal",
+    "init_replicated",
     "scaled_init_std",
 ]
 
@@ -57,6 +58,19 @@ def scaled_init_std(std: float, num_layers: int) -> float:
 
 def init_normal(std: float) -> Callable[[torch.Tensor], Any]:
     return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def init_replicated(std: float, seed: int | None) -> Callable[[torch.Tensor], Any]:
+    """:func:`init_normal` for a parameter replicated over TP ranks: drawn from a generator seeded
+    with ``seed`` (the same on every TP rank, as Megatron's default generator is), leaving the
+    global generator as it was. ``seed`` None: the global generator."""
+    def init(w: torch.Tensor) -> Any:
+        if seed is None:
+            return nn.init.normal_(w, mean=0.0, std=std)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return nn.init.normal_(w, mean=0.0, std=std)
+    return init
 
 
 class LinearWithAsyncComm(torch.autograd.Function):

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
-from models.layers.linear import gemm_scope, init_normal, scaled_init_std
+from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, group_size, reduce_scatter_to_sp
 from models.layers.mlp import activation_fn
 
@@ -98,7 +98,8 @@ class _GroupedGemm(torch.autograd.Function):
 class MoELayer(nn.Module):
     """``x [s/tp, b, h] -> (out [s/tp, b, h], None)`` through ``num_experts`` top-k experts."""
 
-    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool) -> None:
+    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool,
+                 replicated_seed: int | None = None) -> None:
         super().__init__()
         E, ep, tp = mcfg.num_experts, pstate.ep_size, pstate.tp_size
         if E % ep:
@@ -116,7 +117,7 @@ class MoELayer(nn.Module):
         h, std = mcfg.hidden_size, mcfg.init_method_std
         gated = 2 if mcfg.activation == "swiglu" else 1
         self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))
-        init_normal(std)(self.router)
+        init_replicated(std, replicated_seed)(self.router)  # the same on every TP rank
         self.router.sequence_parallel = pstate.sequence_parallel  # replicated over TP
         self.fc1 = nn.Parameter(torch.empty(self.local, h, gated * ffn // tp, dtype=dtype))
         self.fc2 = nn.Parameter(torch.empty(self.local, ffn // tp, h, dtype=dtype))
