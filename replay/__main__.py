@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--jobs", type=int, default=2, metavar="N",
                    help="cases run at a time, each in its own process (default 2: a replay is single-"
                         "threaded, so a second case uses the other CPU; on 2 CPUs the public file "
-                        "takes 360 s cold with 2, 530 s with 1)")
+                        "takes 335-360 s cold with 2, 530 s with 1)")
     return ap
 
 
