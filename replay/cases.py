@@ -14,8 +14,9 @@ batch and precision in words and numbers as the source published them. This modu
 
 Anything a case leaves "not stated" takes, first, what its authors' published launch script passed
 (:mod:`replay.published_runs`: micro-batch, interleaved split, DDP implementation), else
-Megatron-LM's documented default for the era, and is listed in the returned ``assumptions``; a word the reader does not know raises one
-:class:`~heterosim.errors.ConfigError` naming it and the words it knows -- never a guess.
+Megatron-LM's documented default for the era, and is listed in the returned ``assumptions``; a
+word the reader does not know raises one :class:`~heterosim.errors.ConfigError` naming it and the
+words it knows -- never a guess.
 """
 
 from __future__ import annotations
@@ -403,6 +404,8 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
                      "gives the most micro-batches per pipeline)")
     if "ddp" in pub:
         if pub["ddp"] == "torch":
+            # Bucket size in elements of 2-byte gradients: the models' grads are in the fp16/bf16
+            # parameter dtype (every case names fp16, bf16 or fp8-with-bf16).
             flags += ["--overlap-grad-reduce", "--ddp-bucket-size", str(TORCH_DDP_BUCKET_BYTES // 2)]
             notes.append(f"data parallelism: PyTorch DDP ({script}): gradient all-reduce in 25 MB buckets "
                          "overlapped with the backward")
