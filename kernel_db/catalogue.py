@@ -202,14 +202,7 @@ def _default_catalogue() -> Catalogue:
 
 
 def _load(path: Path) -> Catalogue:
-    if not path.is_file():
-        raise ConfigError(f"GPU catalogue {path} does not exist")
-    doc = read_yaml(path, "GPU catalogue")
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise ConfigError(
-            f"GPU catalogue {path} has schema_version {doc.get('schema_version') if isinstance(doc, dict) else None!r}; "
-            f"this HeteroSim reads schema_version {SCHEMA_VERSION}"
-        )
+    doc = read_yaml(path, "GPU catalogue", schema_version=SCHEMA_VERSION)
     defaults = doc.get("defaults", {}) or {}
     gpus = tuple(_spec_from_entry(e, defaults, str(path)) for e in doc.get("gpus", []))
     return Catalogue(gpus, str(path), _build_index(gpus))

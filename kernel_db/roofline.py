@@ -119,11 +119,7 @@ def _default_model() -> EfficiencyModel:
 
 
 def _load(path: Path) -> EfficiencyModel:
-    if not path.is_file():
-        raise ConfigError(f"efficiency file {path} does not exist")
-    doc = read_yaml(path, "efficiency file")
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise ConfigError(f"efficiency file {path}: schema_version must be {SCHEMA_VERSION}")
+    doc = read_yaml(path, "efficiency file", schema_version=SCHEMA_VERSION)
     unknown = set(doc) - {"schema_version", "format", "default", "arch", "gpu"}
     if unknown:
         raise ConfigError(f"efficiency file {path}: unknown sections {sorted(unknown)}")

@@ -430,7 +430,7 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
         flags.append("--scatter-gather-tensors-in-pipeline")
         notes.append(f"pipeline p2p with the scatter/gather optimization (Megatron-LM in {year}, on by default "
                      "before Megatron-core): each TP rank sends 1/tp of the activation, all-gathered over NVLink")
-    a_flags, a_notes = _attention(case, gpu)
+    a_flags, a_notes = _attention(case, gpu, year)
     flags += a_flags
     notes += a_notes
     return CaseInputs(flags=tuple(flags), world_size=world, cluster=cluster, gpu=gpu,
@@ -463,7 +463,7 @@ def source_year(case: Case) -> int | None:
     return min(years) if years else None
 
 
-def _attention(case: Case, gpu: str) -> tuple[list[str], list[str]]:
+def _attention(case: Case, gpu: str, year: int | None) -> tuple[list[str], list[str]]:
     """Flags and notes for the core-attention kernel the measured run used."""
     from kernel_db.catalogue import get_gpu
 
@@ -483,7 +483,6 @@ def _attention(case: Case, gpu: str) -> tuple[list[str], list[str]]:
     if 0 < cc < 80:
         return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
                          f"{ATTENTION_DROPOUT_DEFAULT}, bmm): {gpu} (sm_{cc}) has no flash-attention kernel"]
-    year = source_year(case)
     if year is not None and year < FLASH_IN_MEGATRON_YEAR:
         return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
                          f"{ATTENTION_DROPOUT_DEFAULT}, bmm), Megatron-LM's core attention in {year} "

@@ -430,14 +430,19 @@ class FluidNetwork:
             ck = ("form", form, self.capacity[list(local)].tobytes())
             ends = self._spec_info.get(ck)
             if ends is None:
-                scratch = FluidNetwork(self.capacity, solo=False)
-                done = scratch.start(0, list(specs), 0.0)
+                scratch, done = self._idle_run(specs)
                 while not done:
                     _, done = scratch.step()
                 ends = self._spec_info[ck] = done[0][1]
             v = (specs, ends)
             self._spec_info[k] = v
         return _Group(members, links, v[1], specs)
+
+    def _idle_run(self, specs: Sequence[TransferSpec]) -> tuple["FluidNetwork", list]:
+        """A scratch network (no solo fast path) with ``specs`` started together at 0 on idle links,
+        and what its start completed."""
+        scratch = FluidNetwork(self.capacity, solo=False)
+        return scratch, scratch.start(0, list(specs), 0.0)
 
     def _group_state(self, g: _Group, dt: float) -> dict[int, tuple]:
         """State of group ``g`` run alone, ``dt`` after its start: member position -> (phase,
@@ -447,16 +452,14 @@ class FluidNetwork:
         every step kept: a later call takes the snapshot after the steps due by ``dt``, the same
         state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again)."""
         if sum(len(ph.flows) for sp in g.specs for ph in sp.phases) > _SNAPSHOT_MAX_FLOWS:
-            scratch = FluidNetwork(self.capacity, solo=False)
-            scratch.start(0, list(g.specs), 0.0)
+            scratch, _ = self._idle_run(g.specs)
             while scratch.next_time() <= dt:
                 scratch.step()
             return _snapshot(scratch)
         k = ("state",) + tuple(map(id, g.specs))
         run = self._spec_info.get(k)
         if run is None or any(a is not b for a, b in zip(run[0], g.specs)):
-            scratch = FluidNetwork(self.capacity, solo=False)
-            scratch.start(0, list(g.specs), 0.0)
+            scratch, _ = self._idle_run(g.specs)
             run = self._spec_info[k] = (g.specs, scratch, [scratch.next_time()], [_snapshot(scratch)])
         _, scratch, times, states = run
         while times[-1] <= dt:

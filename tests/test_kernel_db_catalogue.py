@@ -60,7 +60,7 @@ def test_bad_catalogue_rejected(tmp_path):
     """A catalogue with a missing key or a wrong schema_version fails naming the problem."""
     p = tmp_path / "g.yaml"
     p.write_text("schema_version: 2\ngpus: []\n")
-    with pytest.raises(ConfigError, match="schema_version 2; this HeteroSim reads schema_version 1"):
+    with pytest.raises(ConfigError, match="schema_version 2 is not supported; write schema_version: 1"):
         load_catalogue(p)
     p.write_text("schema_version: 1\ngpus:\n  - {name: X, vendor: nvidia}\n")
     with pytest.raises(ConfigError, match="GPU entry 'X' has unknown keys \\[\\] / missing keys"):
