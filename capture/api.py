@@ -8,21 +8,16 @@ runs one rank standalone, for debugging).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
-import sys
-import tempfile
-import traceback
 import warnings
-from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from capture.ir import write_trace
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
 from capture.runner import RankCapture, run_rank
-from heterosim.atomic import atomic_write_text
 from heterosim.errors import CaptureError, ConfigError, ScriptError
+from heterosim.forkpool import run_forked
 
 __all__ = ["capture", "capture_command"]
 
@@ -35,31 +30,25 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
-def run_and_write(script: str, args: Sequence[str], rank: int, world: int, nproc: int, out_dir: Path) -> int:
-    """Capture one rank into ``out_dir/rank_R.json``; on failure write ``rank_R.err``. Returns an exit code."""
+def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int) -> str:
+    """Capture one rank; its ``RankCapture`` as the JSON text traces are merged from.
+
+    Text, not the object, crosses the worker's pipe, so the parent rebuilds exactly what
+    ``python -m capture.worker`` writes to ``rank_R.json``.
+    """
+    cap = run_rank(script, list(args), rank, world, nproc)
+    return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int]) -> str:
+    """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
+    script, args, rank, world, nproc = job
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.simplefilter("ignore")
     try:
-        cap = run_rank(script, list(args), rank, world, nproc)
-        atomic_write_text(out_dir / f"rank_{rank}.json", json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":")))
-        return 0
+        return rank_json(script, args, rank, world, nproc)
     except ScriptError as e:
-        (out_dir / f"rank_{rank}.err").write_text(str(e))
-        return 3
-    except Exception:  # a bug of ours: keep the traceback
-        (out_dir / f"rank_{rank}.err").write_text(traceback.format_exc())
-        return 4
-
-
-def _child(script: str, args: Sequence[str], rank: int, world: int, nproc: int, tmp: Path) -> None:
-    """Body of a forked worker: run one rank and exit with its status."""
-    code = 4
-    try:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        warnings.simplefilter("ignore")
-        code = run_and_write(script, args, rank, world, nproc, tmp)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
 
 def _run_ranks(
@@ -68,7 +57,6 @@ def _run_ranks(
     ranks: Sequence[int],
     world: int,
     nproc: int,
-    tmp: Path,
     jobs: int,
     on_done: Callable[[], None] | None,
 ) -> list[RankCapture]:
@@ -77,30 +65,10 @@ def _run_ranks(
     Forking after torch and FakeTensorMode's imports are loaded here saves each rank the few
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
     """
-    ctx = mp.get_context("fork")
-    todo = list(ranks)
-    running: dict[int, Any] = {}
-    failed: list[str] = []
-    while todo or running:
-        while todo and len(running) < jobs and not failed:
-            r = todo.pop(0)
-            p = ctx.Process(target=_child, args=(script, args, r, world, nproc, tmp), daemon=False)
-            p.start()
-            running[p.sentinel] = (r, p)
-        if not running:
-            break
-        for sentinel in mp_wait(list(running)):
-            r, p = running.pop(sentinel)
-            p.join()
-            if p.exitcode != 0:
-                err = tmp / f"rank_{r}.err"
-                msg = err.read_text() if err.exists() else f"worker died with exit code {p.exitcode}"
-                failed.append(f"capturing rank {r} failed:\n{msg}")
-            elif on_done:
-                on_done()
-    if failed:
-        raise ScriptError(failed[0])
-    return [RankCapture.from_json(json.loads((tmp / f"rank_{r}.json").read_text())) for r in ranks]
+    rs = list(ranks)
+    texts = run_forked([(script, tuple(args), r, world, nproc) for r in rs], _capture_rank, jobs=jobs,
+                       name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None)
+    return [RankCapture.from_json(json.loads(t)) for t in texts]
 
 
 def capture(
@@ -135,31 +103,28 @@ def capture(
     import torch._dynamo  # noqa: F401
 
     command = capture_command(script, script_args, world_size, nproc, ranks)
-    with tempfile.TemporaryDirectory(prefix="heterosim-capture-") as td:
-        tmp = Path(td)
+    done = [0, 0]
 
-        done = [0, 0]
+    def tick() -> None:
+        done[0] += 1
+        if on_rank_done:
+            on_rank_done(done[0], done[1])
 
-        def tick() -> None:
-            done[0] += 1
-            if on_rank_done:
-                on_rank_done(done[0], done[1])
+    def run(rs: Sequence[int]) -> list[RankCapture]:
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick)
 
-        def run(rs: Sequence[int]) -> list[RankCapture]:
-            return _run_ranks(script, script_args, rs, world_size, nproc, tmp, jobs, tick)
-
-        if ranks == "all":
-            done[1] = world_size
-            caps = run(range(world_size))
-            roles = group_by_program(caps)
-            reps = None
-        else:
-            done[1] = 1
-            first = run([0])[0]
-            roles = roles_from_groups(first.groups, world_size)
-            reps = [r[0] for r in roles] if ranks == "auto" else parse_rank_list(ranks, world_size)
-            rest = [r for r in reps if r != 0]
-            done[1] = 1 + len(rest)
-            caps = [first, *run(rest)]
-        trace = merge_captures(caps, roles, command, representatives=reps)
+    if ranks == "all":
+        done[1] = world_size
+        caps = run(range(world_size))
+        roles = group_by_program(caps)
+        reps = None
+    else:
+        done[1] = 1
+        first = run([0])[0]
+        roles = roles_from_groups(first.groups, world_size)
+        reps = [r[0] for r in roles] if ranks == "auto" else parse_rank_list(ranks, world_size)
+        rest = [r for r in reps if r != 0]
+        done[1] = 1 + len(rest)
+        caps = [first, *run(rest)]
+    trace = merge_captures(caps, roles, command, representatives=reps)
     return write_trace(trace, out)

@@ -17,6 +17,7 @@ Nothing here reads a measured number to set a prediction: calibration lives in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -405,7 +406,12 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
     todo = [c for c in cases if c.category in ("end_to_end", "collective")]
     kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db}
     if jobs > 1 and len(todo) > 1:
-        results = _run_forked(todo, jobs, kw, progress)
+        from heterosim.forkpool import run_forked
+
+        results = run_forked(todo, functools.partial(_run_one, kw=kw), jobs=jobs,
+                             order=sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i])),
+                             name=lambda i: f"validate case {todo[i].id}",
+                             on_start=(lambda i: progress(todo[i].id)) if progress is not None else None)
     else:
         results = []
         for c in todo:
@@ -430,51 +436,3 @@ def _size_hint(case: Case) -> int:
         return megatron_flags(case).world_size
     except HeteroSimError:
         return 0
-
-
-def _child(conn: Any, case: Case, kw: dict) -> None:
-    try:
-        payload: tuple[str, Any] = ("ok", _run_one(case, kw))
-    except BaseException:  # noqa: BLE001 -- shipped to the parent, which raises it
-        import traceback
-
-        payload = ("exc", traceback.format_exc())
-    try:
-        conn.send(payload)
-    finally:
-        conn.close()
-        os._exit(0)  # NB: skip the parent's atexit handlers inherited by fork
-
-
-def _run_forked(todo: list[Case], jobs: int, kw: dict, progress: Callable[[str], None] | None) -> list:
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    ctx = mp.get_context("fork")
-    pending = sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i]))
-    results: list[Any] = [None] * len(todo)
-    running: dict[Any, tuple[Any, int]] = {}
-    while pending or running:
-        while pending and len(running) < jobs:
-            i = pending.pop(0)
-            if progress is not None:
-                progress(todo[i].id)
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(send, todo[i], kw), daemon=False)
-            proc.start()
-            send.close()
-            running[recv] = (proc, i)
-        for recv in wait(list(running)):
-            proc, i = running.pop(recv)
-            try:
-                kind, obj = recv.recv()
-            except EOFError:
-                kind, obj = "exc", f"the worker for case {todo[i].id} died (exit status {proc.exitcode})"
-            recv.close()
-            proc.join()
-            if kind == "exc":
-                for other, _ in running.values():
-                    other.kill()
-                raise RuntimeError(f"validate case {todo[i].id} failed in its worker:\n{obj}")
-            results[i] = obj
-    return results
