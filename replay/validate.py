@@ -42,6 +42,12 @@ _INFER_TOL = 0.03
 _PRIMARY = ("iteration_time_s", "busbw_GBps")
 
 
+def _signed_pct(x: float) -> str:
+    """``+1.2%`` / ``-3.4%``; an error that rounds to zero prints ``+0.0%``, never ``-0.0%``."""
+    text = f"{x:+.1%}"
+    return "+0.0%" if text == "-0.0%" else text
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     """One predicted vs measured number. ``error`` = predicted / measured - 1 (signed)."""
@@ -124,7 +130,7 @@ class Report:
                 if markdown and c.metric not in _PRIMARY:
                     continue  # the README keeps one row per figure: TF/s error follows from time
                 rows.append((r.id, c.metric + (" ~" if "approximate" in c.note else ""), f"{c.measured:.4g}",
-                             f"{c.predicted:.4g}", f"{c.error:+.1%}"))
+                             f"{c.predicted:.4g}", _signed_pct(c.error)))
         lines = []
         if markdown:
             lines.append("| " + " | ".join(head) + " |")
@@ -145,7 +151,7 @@ class Report:
                 continue
             lines.append(f"{cat}: MAPE {s['mape']:.1%} over {s['compared']} figures of {s['compared_cases']} of "
                          f"{s['cases']} cases; "
-                         f"worst {s['worst']['id']} {s['worst']['error']:+.1%}")
+                         f"worst {s['worst']['id']} {_signed_pct(s['worst']['error'])}")
         return "\n".join(lines)
 
     def assumptions_text(self) -> str:

@@ -209,3 +209,11 @@ def test_jobs_runs_cases_in_forked_workers_with_the_same_report(env):
     assert [r.id for r in two.cases] == [r.id for r in one.cases]
     assert seen[0] == "small-1gpu"  # an end-to-end case before the collective one
     assert main(["validate", str(env[1]), "--jobs", "0", "--cache-dir", str(env[2])]) == 2
+
+
+def test_an_error_that_rounds_to_zero_prints_plus_zero():
+    """-0.00001 prints +0.0%, not -0.0% (the 1T row of the README table)."""
+    from replay.validate import _signed_pct
+
+    assert _signed_pct(-1e-5) == "+0.0%" and _signed_pct(1e-5) == "+0.0%"
+    assert _signed_pct(-0.0751) == "-7.5%" and _signed_pct(0.114) == "+11.4%"
