@@ -135,6 +135,17 @@ class MixedPrecisionAdam:
         groups = [g for g in groups if g["params"]]
         # Fused AdamW = one multi-tensor kernel per group, like apex/TE FusedAdam in Megatron.
         self.adam = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True) if groups else None
+        if self.adam is not None:
+            # Allocate AdamW's state now, as torch's Adam._init_group would at the first step (a
+            # float32 step counter on the parameter's device when fused, zeroed moments), so that
+            # every iteration, the first included, is a steady one: published iteration times are
+            # steady ones, and capture keeps one iteration.
+            for group in self.adam.param_groups:
+                for p in group["params"]:
+                    self.adam.state[p] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
     @property
     def master_params(self) -> list[torch.Tensor]:

@@ -415,7 +415,7 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     gb = _int_or_none(b.get("global"))
     if gb is None:
         raise ConfigError(f"case {case.id}: batch.global is {b.get('global')!r}; give an integer")
-    flags += ["--micro-batch-size", str(mb), "--global-batch-size", str(gb), "--train-iters", str(CAPTURE_ITERATIONS)]
+    flags += ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
     p_flags, p_note = _precision(case.precision)
     flags += p_flags
     notes.append(p_note)
@@ -436,11 +436,6 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     return CaseInputs(flags=tuple(flags), world_size=world, cluster=cluster, gpu=gpu,
                       assumptions=tuple(notes + hw_notes))
 
-
-CAPTURE_ITERATIONS = 2
-"""Iterations the case's script runs under capture. The trace holds the last one, and a published
-iteration time is a steady one: the first iteration also creates the optimizer's state (zeroed
-moments: ~0.6% of a one-GPU 1.3B iteration on an H100, validation/heterosim_gpu_runs.yaml)."""
 
 FLASH_IN_MEGATRON_YEAR = 2023
 """First Megatron-LM year with flash attention (``--use-flash-attn``, 2023); earlier releases ran

@@ -228,6 +228,25 @@ def test_adam_matches_torch_reference_with_clipping():
         torch.testing.assert_close(p, q)
 
 
+def test_adam_state_exists_before_the_first_step():
+    """AdamW's moments are allocated when the optimizer is built (zeroed, fp32 step counter), and
+    the first step reuses them: no iteration, the first included, creates optimizer state."""
+    model = two_linears(torch.bfloat16)
+    gs = ModelGradSync([DataParallel(model, dp_group=None)])
+    opt = MixedPrecisionAdam(gs, lr=1e-3)
+    state = {id(p): dict(opt.adam.state[p]) for p in opt.master_params}
+    assert len(state) == 4
+    for p in opt.master_params:
+        st = opt.adam.state[p]
+        assert st["step"].dtype == torch.float32 and float(st["step"]) == 0.0
+        assert st["exp_avg"].shape == p.shape and not st["exp_avg"].any() and not st["exp_avg_sq"].any()
+    iteration(model, gs, m=1, opt=opt)
+    for p in opt.master_params:
+        st = opt.adam.state[p]
+        assert float(st["step"]) == 1.0
+        assert st["exp_avg"] is state[id(p)]["exp_avg"] and st["exp_avg_sq"] is state[id(p)]["exp_avg_sq"]
+
+
 def test_bf16_params_follow_fp32_masters():
     """bf16 model parameters are the rounded fp32 masters after a step."""
     model = two_linears(torch.bfloat16)

@@ -177,13 +177,12 @@ def test_public_file_reads():
 
 def test_project_gpu_runs_are_the_benchmarks_configurations():
     """validation/heterosim_gpu_runs.yaml states exactly the runs bench_gpu_training.py timed: its
-    cases become the same pretrain_gpt configuration (iterations aside) on one H100."""
+    cases become the same pretrain_gpt configuration (the number of iterations aside) on one H100."""
     import importlib.util
     from dataclasses import replace
     from pathlib import Path
 
     from models.args import parse_args
-    from replay.cases import CAPTURE_ITERATIONS
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("bench_gpu_training", root / "benchmarks" / "bench_gpu_training.py")
@@ -195,7 +194,6 @@ def test_project_gpu_runs_are_the_benchmarks_configurations():
     for cid, name in pairs.items():
         ci = megatron_flags(cases[cid])
         assert ci.world_size == 1 and ci.gpu == "H100-SXM5-80GB"
-        assert ci.flags[ci.flags.index("--train-iters") + 1] == str(CAPTURE_ITERATIONS) == "2"
         ran, predicted = parse_args(bench.CONFIGS[name].split(), 1), parse_args(list(ci.flags), 1)
         assert replace(predicted, train=replace(predicted.train, train_iters=ran.train.train_iters)) == ran
 
