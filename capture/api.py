@@ -67,7 +67,8 @@ def _run_ranks(
     """
     rs = list(ranks)
     texts = run_forked([(script, tuple(args), r, world, nproc) for r in rs], _capture_rank, jobs=jobs,
-                       name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None)
+                       name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
+                       error=CaptureError)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
 
 

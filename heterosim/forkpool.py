@@ -11,9 +11,9 @@ Semantics:
   back in task order whatever the start ``order``.
 - The first task to fail stops the pool: the other workers are killed and the failure is raised
   in the parent. A :class:`~heterosim.errors.HeteroSimError` raised by ``fn`` is re-raised as the
-  same exception (type and message: it is the user's to read); anything else (a bug) becomes a
-  ``RuntimeError`` carrying the child's traceback. A worker that dies without answering (killed,
-  ``os._exit``) is a failure too.
+  same exception (type and message: it is the user's to read); anything else (a bug) becomes an
+  ``error`` (default ``RuntimeError``) carrying the child's traceback. A worker that dies without
+  answering (killed by the OOM killer, ``os._exit``) is a failure of that kind too.
 - Children leave through ``os._exit`` so they never run the parent's ``atexit`` handlers.
 """
 
@@ -63,12 +63,14 @@ def run_forked(
     name: Callable[[int], str] = lambda i: f"task {i}",
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[int], None] | None = None,
+    error: type[Exception] = RuntimeError,
 ) -> list[R]:
     """``[fn(t) for t in tasks]``, each call in its own forked process, at most ``jobs`` at once.
 
     ``order``: the indices in the order to start them (default: task order). ``name(i)`` names task
     ``i`` in failure messages. ``on_start(i)`` / ``on_done(i)`` run in the parent when task ``i``
-    starts / has answered successfully (progress bars).
+    starts / has answered successfully (progress bars). ``error``: the exception type raised for a
+    worker that crashed or died (capture passes its ``CaptureError`` so its CLI reports it cleanly).
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -101,7 +103,7 @@ def run_forked(
                 if kind == "error":
                     raise value
                 if kind == "bug":
-                    raise RuntimeError(f"{name(i)} failed in its worker:\n{text}")
+                    raise error(f"{name(i)} failed in its worker:\n{text}")
                 results[i] = value
                 if on_done is not None:
                     on_done(i)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from heterosim.errors import ConfigError
+from heterosim.errors import CaptureError, ConfigError
 from heterosim.forkpool import run_forked
 
 
@@ -69,3 +69,9 @@ def test_bad_arguments():
         run_forked([1], _square, jobs=0)
     with pytest.raises(ValueError, match="order must be a permutation of the task indices"):
         run_forked([1, 2], _square, jobs=1, order=[0, 0])
+
+
+def test_the_failure_type_is_the_callers():
+    """Capture asks for CaptureError, so its CLI reports a dead worker as one clean error."""
+    with pytest.raises(CaptureError, match=r"^capturing rank 1 failed in its worker:\nits worker died"):
+        run_forked([0, 1], _die, jobs=2, name=lambda i: f"capturing rank {i}", error=CaptureError)
