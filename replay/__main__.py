@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--plot", metavar="FILE", help="write a PNG of predicted vs measured")
     v.add_argument("--jobs", type=int, default=2, metavar="N",
                    help="cases run at a time, each in its own process (default 2: a replay is single-"
-                        "threaded, so a second case uses the other CPU; on 2 CPUs the public file "
-                        "takes 335-360 s cold with 2, 530 s with 1)")
+                        "threaded, so a second case uses the other CPU; timings in docs/calibration.md, "
+                        "'Cost')")
     return ap
 
 
