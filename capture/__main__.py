@@ -23,7 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc-per-node", type=int, help="ranks (GPUs) per node; default min(world size, 8)")
     ap.add_argument("--ranks", default="auto", help="auto (one per role, default), all, or a list like 0,8-11")
     ap.add_argument("-j", "--jobs", type=int, help="worker processes in parallel (default: CPU cores)")
-    ap.add_argument("-o", "--output", help="trace directory to write")
+    ap.add_argument("-o", "--output", help="trace directory to write (new, empty, or a previous trace)")
+    ap.add_argument("--force", action="store_true",
+                    help="let -o replace a regular file (never a device or a directory that is not a trace)")
     ap.add_argument("--inspect", metavar="TRACE", help="print a trace's totals instead of capturing")
     ap.add_argument("--json", action="store_true", help="with --inspect: one JSON object")
     ap.add_argument("script", nargs="?", help="the training script")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
-                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress)
+                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force)
         finally:
             bar.close()
         print(f"wrote {path}", file=sys.stderr)

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from capture.ir import write_trace
+from capture.ir import check_trace_output, write_trace
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
 from capture.runner import RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
@@ -82,12 +82,15 @@ def capture(
     ranks: str = "auto",
     jobs: int | None = None,
     on_rank_done: Callable[[int, int], None] | None = None,
+    force: bool = False,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
     ``ranks``: ``auto`` (one rank per role), ``all`` (every rank; roles by identical programs) or a
     list like ``"0,8-11"`` (representatives; roles as for auto). ``on_rank_done(done, total)`` is
-    called after each captured rank (progress). Nothing is written if any rank fails.
+    called after each captured rank (progress). Nothing is written if any rank fails. ``out`` may
+    be new, an empty directory or a previous trace (``force``: also a regular file); anything else
+    is refused before the script runs (:func:`capture.ir.check_trace_output`).
     """
     if world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {world_size}")
@@ -99,6 +102,7 @@ def capture(
         )
     if not os.path.isfile(script):
         raise CaptureError(f"script {script!r} does not exist")
+    check_trace_output(out, force=force)
     jobs = jobs or max(1, os.cpu_count() or 1)
     # Load what every worker needs before forking them (FakeTensorMode imports dynamo lazily).
     import torch._dynamo  # noqa: F401
@@ -128,4 +132,4 @@ def capture(
         done[1] = 1 + len(rest)
         caps = [first, *run(rest)]
     trace = merge_captures(caps, roles, command, representatives=reps)
-    return write_trace(trace, out)
+    return write_trace(trace, out, force=force)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
-from heterosim.atomic import atomic_dir
+from heterosim.atomic import atomic_dir, check_dir_output
 from heterosim.errors import TraceSchemaError
 
 __all__ = [
@@ -383,8 +383,30 @@ def flop_totals(trace: Trace) -> dict[str, float]:
     return {"model": model, "hardware": hardware, "executed": executed}
 
 
-def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
-    """Write ``trace`` to directory ``path`` atomically (all of it or nothing)."""
+def is_trace_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory holding a HeteroSim trace header (any schema version)."""
+    hfile = Path(path) / "trace.json"
+    try:
+        if not hfile.is_file() or hfile.is_symlink() or hfile.stat().st_size > (64 << 20):
+            return False
+        header = json.loads(hfile.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == "heterosim-trace"
+
+
+def check_trace_output(path: str | os.PathLike, *, force: bool = False) -> None:
+    """Raise :class:`~heterosim.errors.OutputPathError` unless a trace may be written at ``path``:
+    nothing there, an empty directory, a previous trace, or (``force``) a regular file."""
+    check_dir_output(path, is_trace_dir, what="HeteroSim trace", force=force)
+
+
+def write_trace(trace: Trace, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``trace`` to directory ``path`` atomically (all of it or nothing).
+
+    Only a previous trace or an empty directory is replaced (``force``: a regular file too);
+    see :func:`check_trace_output`.
+    """
     path = Path(path)
     header = {
         "schema_version": SCHEMA_VERSION,
@@ -411,7 +433,7 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
         ],
         "flops": flop_totals(trace),
     }
-    with atomic_dir(path) as tmp:
+    with atomic_dir(path, is_trace_dir, what="HeteroSim trace", force=force) as tmp:
         (tmp / "roles").mkdir()
         for r in trace.roles:
             body = {

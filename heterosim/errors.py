@@ -17,6 +17,7 @@ __all__ = [
     "TopologyError",
     "ReplayError",
     "TraceMismatchError",
+    "OutputPathError",
 ]
 
 
@@ -72,3 +73,7 @@ class ReplayError(HeteroSimError):
 
 class TraceMismatchError(ReplayError):
     """Collectives or p2p ops do not match across ranks (order, size or partner)."""
+
+
+class OutputPathError(HeteroSimError):
+    """An output path holds something HeteroSim must not replace, or cannot be written."""

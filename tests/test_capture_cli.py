@@ -88,3 +88,47 @@ def test_bad_sizes_and_ranks(tmp_path):
     assert p.returncode == 2 and "ranks [9] are outside the world (0..3)" in p.stderr
     p = run("--world-size", "4", "-o", str(tmp_path / "x"), "no_such_script.py")
     assert p.returncode == 2 and "script 'no_such_script.py' does not exist" in p.stderr
+
+
+def _tree(p):
+    return sorted(str(x.relative_to(p)) for x in p.rglob("*"))
+
+
+@pytest.mark.parametrize("make, message", [
+    ("dir", "is a directory that is not a HeteroSim trace; it is left as it is"),
+    ("file", "is a regular file, not a HeteroSim trace; pass --force to replace it"),
+    ("devlink", "is a symlink; the HeteroSim trace is not written through it"),
+])
+def test_output_that_is_not_a_trace_is_refused_and_kept(tmp_path, make, message):
+    """-o onto a user's directory, a regular file or a symlink to a device: exit 2, one line, intact."""
+    out = tmp_path / "out"
+    if make == "dir":
+        out.mkdir()
+        (out / "results.csv").write_text("a,b\n1,2\n")
+    elif make == "file":
+        out.write_text("my notes")
+    else:
+        out.symlink_to("/dev/null")
+    before = _tree(tmp_path)
+    p = run("--world-size", "4", "-o", str(out), TINY)
+    assert p.returncode == 2
+    assert p.stderr.startswith(f"error: output {out} {message}") and len(p.stderr.strip().splitlines()) == 1
+    assert _tree(tmp_path) == before
+    if make == "dir":
+        assert (out / "results.csv").read_text() == "a,b\n1,2\n"
+    elif make == "file":
+        assert out.read_text() == "my notes"
+    else:
+        assert os.readlink(out) == "/dev/null" and Path("/dev/null").is_char_device()
+
+
+def test_force_replaces_a_file_and_a_previous_trace_is_replaced(tiny, tmp_path):
+    """--force lets a trace replace a regular file; a previous trace is replaced without it."""
+    out = tmp_path / "out"
+    out.write_text("old")
+    p = run("--world-size", "4", "--force", "-o", str(out), TINY)
+    assert p.returncode == 0, p.stderr
+    assert load_trace(out).world_size == 4
+    p = run("--world-size", "4", "-o", str(out), TINY)
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out"]
