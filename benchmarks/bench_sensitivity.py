@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=0.9)
     a = ap.parse_args(argv)
     from kernel_db import Pricer
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     base = {r.id: r.primary.predicted for r in validate(a.cases, only=a.only).cases}
     moved = {r.id: r.primary.predicted

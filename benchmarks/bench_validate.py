@@ -28,8 +28,8 @@ def _cpu() -> float:
 
 
 def _run(cases: Path, only: list[str] | None, cache: Path) -> tuple[list[tuple[str, float, float]], object]:
-    from replay.cases import load_cases
-    from replay.validate import Report, run_case
+    from heterosim.validation.cases import load_cases
+    from heterosim.validation.validate import Report, run_case
 
     rows, results = [], []
     for c in load_cases(cases):
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, d in runs:
             t0, c0 = time.perf_counter(), _cpu()
             if a.jobs > 1:
-                from replay.validate import validate
+                from heterosim.validation.validate import validate
 
                 rows, rep = [], validate(a.cases, only=a.only, cache_dir=d, jobs=a.jobs)
             else:

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.fakeworld import FakeWorld
-from capture.ir import Block, Segment
+from heterosim.trace.ir import Block, Segment
 from capture.opinfo import describe
 from models.annotate import Annotator
 

@@ -15,7 +15,7 @@ import json
 from typing import Iterable, Sequence
 
 from capture.fakeworld import GroupRecord
-from capture.ir import COLUMNS, GroupInfo, Role, Trace
+from heterosim.trace.ir import COLUMNS, GroupInfo, Role, Trace
 from capture.runner import RankCapture
 from heterosim.errors import CaptureError
 

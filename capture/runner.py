@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchrun_env
-from capture.ir import COLUMNS, Block, Segment
+from heterosim.trace.ir import COLUMNS, Block, Segment
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
 from models.annotate import set_annotator

@@ -1,7 +1,7 @@
 """Totals of a trace (what ``python -m capture --inspect`` prints). Imports no torch.
 
 Every figure is for one training iteration. Sums "over all ranks" multiply each role's totals by
-the number of ranks it stands for. Communication bytes use nccl-tests sizes (``capture.ir``); p2p
+the number of ranks it stands for. Communication bytes use nccl-tests sizes (``heterosim.trace.ir``); p2p
 traffic is counted once, at the sender.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from capture.ir import Trace, flop_totals
+from heterosim.trace.ir import Trace, flop_totals
 
 __all__ = ["summarize", "format_summary"]
 

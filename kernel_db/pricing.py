@@ -136,7 +136,7 @@ class Pricer:
         return self.catalogue.get(gpu)
 
     def price(self, op: Any, gpu: "str | GpuSpec") -> Price:
-        """Price one op (a :class:`capture.ir.Op`, or anything with its fields) on ``gpu``."""
+        """Price one op (a :class:`heterosim.trace.ir.Op`, or anything with its fields) on ``gpu``."""
         spec = self.gpu(gpu)
         kind = _get(op, "kind", "compute")
         if kind != "compute":
@@ -254,7 +254,7 @@ class Pricer:
 
     # ---------------------------------------------------------------- blocks
     def price_block(self, block: Any, gpu: "str | GpuSpec") -> tuple[np.ndarray, list[str], np.ndarray]:
-        """Price every op of a :class:`capture.ir.Block` on ``gpu``.
+        """Price every op of a :class:`heterosim.trace.ir.Block` on ``gpu``.
 
         Returns (seconds, sources, rel_err) aligned with the block's ops. With ``fuse`` on, a chain
         of elementwise ops that Megatron runs as one fused kernel (see :func:`fusion_groups`) that

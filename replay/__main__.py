@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clusters", help="list the cluster presets")
     c.add_argument("--json", action="store_true", help="one JSON object")
     v = sub.add_parser("validate", help="predict published runs and collective benchmarks; print the error")
-    v.add_argument("cases", help="cases YAML (schema of shared/validation/public_cases.yaml)")
+    v.add_argument("cases", help="cases YAML (schema of validation/public_cases.yaml)")
     v.add_argument("--only", nargs="+", metavar="ID", help="run only these case ids")
     v.add_argument("--cache-dir", help="trace cache (default ~/.cache/heterosim/traces)")
     v.add_argument("--kernel-db", help="kernel database CSV; default: roofline only")
@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(a: argparse.Namespace) -> int:
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     def progress(case_id: str) -> None:
         print(f"validate: {case_id}", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from capture.ir import Trace
+from heterosim.trace.ir import Trace
 from heterosim.errors import ReplayError, TraceSchemaError
 
 from .flows import TransferSpec

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from capture.ir import Trace, flop_totals, load_trace
+from heterosim.trace.ir import Trace, flop_totals, load_trace
 from heterosim.errors import ConfigError, ReplayError
 
 from .backend import get_backend
@@ -255,7 +255,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     """Simulate one training iteration of ``trace`` on ``cluster``.
 
     Args:
-        trace: a :class:`~capture.ir.Trace` or a trace directory.
+        trace: a :class:`~heterosim.trace.ir.Trace` or a trace directory.
         cluster: a ``replay.cluster.Cluster``, or what ``load_cluster`` takes (preset name, YAML
             path, dict); then it is built for the trace's world size.
         kernel_db: None (catalogue + roofline only), a DB path, a ``KernelDB`` or a ``Pricer``.

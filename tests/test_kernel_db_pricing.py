@@ -2,7 +2,7 @@
 
 import pytest
 
-from capture.ir import Block, Op
+from heterosim.trace.ir import Block, Op
 from heterosim.errors import UnknownGPUError, UnknownKernelError
 from kernel_db.catalogue import get_gpu
 from kernel_db.db import KernelDB, KernelRow, dims_key

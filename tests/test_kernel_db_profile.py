@@ -2,7 +2,7 @@
 
 import pytest
 
-from capture.ir import Block, GroupInfo, Role, Segment, Trace
+from heterosim.trace.ir import Block, GroupInfo, Role, Segment, Trace
 from heterosim.errors import KernelDBError
 from kernel_db.db import KernelDB
 from kernel_db.pricing import Pricer

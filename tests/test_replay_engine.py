@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from capture.ir import Block, GroupInfo, Role, Segment, Trace
+from heterosim.trace.ir import Block, GroupInfo, Role, Segment, Trace
 from heterosim.errors import ReplayError, TraceMismatchError
 from replay.engine import run_fast
 from replay.expand import rank_classes

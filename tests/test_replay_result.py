@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from capture.ir import flop_totals
+from heterosim.trace.ir import flop_totals
 from replay.engine import run_fast
 from replay.result import Breakdown, rank_breakdown
 from replay.simulate import simulate, summarize

@@ -1,12 +1,12 @@
-"""Tests for replay.published_runs: launch settings published apart from a results table."""
+"""Tests for heterosim.validation.published_runs: launch settings published apart from a results table."""
 
 from __future__ import annotations
 
 import pytest
 
 from heterosim.errors import ConfigError
-from replay.cases import Case
-from replay.published_runs import load_published_runs, published_settings
+from heterosim.validation.cases import Case
+from heterosim.validation.published_runs import load_published_runs, published_settings
 
 SC21 = {"title": "Narayanan et al. (SC'21), Table 1", "url": "https://arxiv.org/abs/2104.04473"}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from capture.ir import Block, GroupInfo, Role, Segment, Trace, flop_totals, load_trace, write_trace
+from heterosim.trace.ir import Block, GroupInfo, Role, Segment, Trace, flop_totals, load_trace, write_trace
 from heterosim.errors import TraceSchemaError
 
 

@@ -1,4 +1,4 @@
-"""Tests for replay.validate: capture (cached) + replay of cases, errors, MAPE, the CLI."""
+"""Tests for heterosim.validation.validate: capture (cached) + replay of cases, errors, MAPE, the CLI."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(env):
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     _, path, cache = env
     return validate(path, cache_dir=cache)
@@ -52,7 +52,7 @@ def report(env):
 
 def test_end_to_end_case(report, env):
     """An end-to-end case is captured and replayed; time and TFLOP/s (its FLOP convention) compare."""
-    from capture.ir import flop_totals, load_trace
+    from heterosim.trace.ir import flop_totals, load_trace
 
     r = next(c for c in report.cases if c.id == "small-1gpu")
     assert r.status == "ok" and r.detail["flop_convention"] == "hardware"
@@ -96,7 +96,7 @@ def test_mape_and_worst(report):
 def test_json_is_byte_identical(report, env):
     """Re-running (from the trace cache) gives byte-identical JSON; a cache hit does not capture."""
     import capture.api
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     def boom(*a, **k):
         raise AssertionError("captured again despite the cache")
@@ -118,11 +118,11 @@ def test_sensitivity_gemm_efficiency(env):
     every case."""
     import numpy as np
 
-    from capture.ir import load_trace
+    from heterosim.trace.ir import load_trace
     from kernel_db import Pricer
     from kernel_db.roofline import load_efficiency
-    from replay.cases import load_cases
-    from replay.validate import run_case
+    from heterosim.validation.cases import load_cases
+    from heterosim.validation.validate import run_case
 
     tmp, path, cache = env
     src = Path(__import__("kernel_db").__file__).parent / "data" / "efficiency.yaml"
@@ -155,7 +155,7 @@ def test_sensitivity_gemm_efficiency(env):
 
 def test_only_unknown_id(env):
     """--only with an id not in the file is one error listing the ids."""
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     with pytest.raises(ConfigError, match=r"--only 'nope': no such case in .*; ids: coll-8, small-1gpu, spec-x"):
         validate(env[1], only=["nope"], cache_dir=env[2])
@@ -163,7 +163,7 @@ def test_only_unknown_id(env):
 
 def test_missing_feature_message():
     """A capture failure naming an unsupported feature becomes a missing_feature result."""
-    from replay.validate import _missing_feature
+    from heterosim.validation.validate import _missing_feature
 
     assert _missing_feature("Traceback...\nConfigError: --cp-comm-type a2a is not supported") == \
         "ConfigError: --cp-comm-type a2a is not supported"
@@ -183,8 +183,8 @@ def test_cli_json_and_plot(env, capsys, tmp_path):
 
 def test_unfused_attention_case_runs(tmp_path):
     """A case whose run predates flash attention is captured with Megatron's unfused core attention."""
-    from capture.ir import load_trace
-    from replay.validate import validate
+    from heterosim.trace.ir import load_trace
+    from heterosim.validation.validate import validate
 
     case = {**E2E, "id": "unfused", "model": {**E2E["model"], "attention": "unfused"}}
     rep = validate(_write(tmp_path, [case]), cache_dir=tmp_path / "c")
@@ -200,7 +200,7 @@ def test_jobs_runs_cases_in_forked_workers_with_the_same_report(env):
     """validate(jobs=2) forks one process per case, largest world first, and reports exactly what
     jobs=1 does, in the file's order; --jobs 0 is refused."""
     from replay.__main__ import main
-    from replay.validate import validate
+    from heterosim.validation.validate import validate
 
     one = validate(env[1], cache_dir=env[2])
     seen: list[str] = []
@@ -213,7 +213,7 @@ def test_jobs_runs_cases_in_forked_workers_with_the_same_report(env):
 
 def test_an_error_that_rounds_to_zero_prints_plus_zero():
     """-0.00001 prints +0.0%, not -0.0% (the 1T row of the README table)."""
-    from replay.validate import _signed_pct
+    from heterosim.validation.validate import _signed_pct
 
     assert _signed_pct(-1e-5) == "+0.0%" and _signed_pct(1e-5) == "+0.0%"
     assert _signed_pct(-0.0751) == "-7.5%" and _signed_pct(0.114) == "+11.4%"

@@ -2,7 +2,7 @@
 
 Papers leave the micro-batch size, the interleaved-pipeline split or the data-parallel
 implementation out of their tables; the authors' launch scripts state them (SC'21 Table 1:
-``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM). ``replay/data/published_runs.yaml`` lists
+``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM). ``heterosim/validation/data/published_runs.yaml`` lists
 such runs with the script they come from; :func:`published_settings` returns the settings of the
 first run whose ``match`` fits a case. The case reader uses them only for fields the case leaves
 unstated, and says so in its assumptions.
@@ -83,7 +83,7 @@ def _load(path: str) -> tuple[PublishedRun, ...]:
 
 
 def load_published_runs(path: str | os.PathLike | None = None) -> tuple[PublishedRun, ...]:
-    """The runs of ``path`` (default: the bundled ``replay/data/published_runs.yaml``)."""
+    """The runs of ``path`` (default: the bundled ``heterosim/validation/data/published_runs.yaml``)."""
     return _load(str(Path(path) if path is not None else DEFAULT_PATH))
 
 

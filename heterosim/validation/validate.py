@@ -1,11 +1,11 @@
 """``replay validate``: predict published training runs and collective benchmarks, report the error.
 
-For an end-to-end case: :func:`replay.cases.megatron_flags` gives ``models/pretrain_gpt.py``
+For an end-to-end case: :func:`heterosim.validation.cases.megatron_flags` gives ``models/pretrain_gpt.py``
 flags, the world size and a cluster; the script is captured (``--ranks auto``; traces cached
 under ``cache_dir`` by a hash of flags, world size and the code of ``capture/`` and ``models/``),
 replayed with :func:`replay.simulate.simulate`, and compared with the measured iteration time
 (measured, or derived by the source from its TFLOP/s) and TFLOP/s per GPU counted in the
-source's own FLOP convention (:func:`replay.cases.flop_convention`: the SC'21 table counts the
+source's own FLOP convention (:func:`heterosim.validation.cases.flop_convention`: the SC'21 table counts the
 recompute forward, i.e. ``flop_totals(trace)["hardware"]``). For a collective case: every
 measured ``*busbw_GBps`` figure is planned by ``ncclshim`` on the case's cluster at the message
 size the source used.
@@ -35,7 +35,7 @@ __all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "captur
 
 SCHEMA_VERSION = 1
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "heterosim" / "traces"
-_SCRIPT = Path(__file__).resolve().parent.parent / "models" / "pretrain_gpt.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "models" / "pretrain_gpt.py"
 # How close F/(T x GPUs) must come to a source's TFLOP/s for a convention to be inferred from a
 # case that states both but names no convention (rounding of published 3-4 digit figures).
 _INFER_TOL = 0.03
@@ -203,10 +203,10 @@ class Report:
 
 # --------------------------------------------------------------------------------- capturing
 def code_version() -> str:
-    """Hash of the sources a capture depends on (``capture/`` and ``models/``)."""
+    """Hash of the sources a capture depends on (``capture/``, ``models/`` and the trace IR)."""
     root = _SCRIPT.parent.parent
     h = hashlib.sha256()
-    for pkg in ("capture", "models"):
+    for pkg in ("capture", "models", "heterosim/trace"):
         for p in sorted((root / pkg).rglob("*.py")):
             h.update(str(p.relative_to(root)).encode())
             h.update(p.read_bytes())
@@ -251,10 +251,10 @@ def _missing_feature(msg: str) -> str | None:
 
 
 def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
-    from capture.ir import flop_totals, load_trace
+    from heterosim.trace.ir import flop_totals, load_trace
 
-    from .cluster import load_cluster
-    from .simulate import simulate
+    from replay.cluster import load_cluster
+    from replay.simulate import simulate
 
     try:
         inputs: CaseInputs = megatron_flags(case)
@@ -322,7 +322,7 @@ _WORD_NUM = {"single": 1, "one": 1, "two": 2, "three": 3, "four": 4, "eight": 8}
 def _coll(case: Case, nccl_env: Any) -> CaseResult:
     import ncclshim
 
-    from .cluster import load_cluster
+    from replay.cluster import load_cluster
 
     col, hw = case.collective, case.hardware
     op = str(col.get("op", "all_reduce"))

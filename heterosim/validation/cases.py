@@ -1,6 +1,6 @@
 """Validation cases: read a cases YAML and turn each case's free text into runnable inputs.
 
-A case (schema of ``shared/validation/public_cases.yaml``) states hardware, model, parallelism,
+A case (schema of ``validation/public_cases.yaml``) states hardware, model, parallelism,
 batch and precision in words and numbers as the source published them. This module maps them to
 
 - a GPU of the ``kernel_db`` catalogue (:func:`gpu_from_text`: "NVIDIA H100 80GB HBM3 (SXM5)"),
@@ -13,7 +13,7 @@ batch and precision in words and numbers as the source published them. This modu
 - the FLOP convention its TFLOP/s use (:func:`flop_convention`).
 
 Anything a case leaves "not stated" takes, first, what its authors' published launch script passed
-(:mod:`replay.published_runs`: micro-batch, interleaved split, DDP implementation), else
+(:mod:`heterosim.validation.published_runs`: micro-batch, interleaved split, DDP implementation), else
 Megatron-LM's documented default for the era, and is listed in the returned ``assumptions``; a
 word the reader does not know raises one :class:`~heterosim.errors.ConfigError` naming it and the
 words it knows -- never a guess.
@@ -36,7 +36,7 @@ __all__ = ["Case", "CaseInputs", "load_cases", "gpu_from_text", "cluster_for", "
 
 SCHEMA_VERSION = 1
 
-PUBLISHED_RUNS_NAME = "replay/data/published_runs.yaml"
+PUBLISHED_RUNS_NAME = "heterosim/validation/data/published_runs.yaml"
 
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20
 """torch.nn.parallel.DistributedDataParallel's ``bucket_cap_mb=25`` (its default)."""
