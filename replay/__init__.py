@@ -3,7 +3,7 @@
 Public names:
 
 - :func:`simulate` -> :class:`Result` (iteration time, breakdown, MFU, critical path; writers for
-  JSON, Perfetto timelines and plots).
+  JSON, Perfetto timelines and plots; ``Result.to_dataframe("classes" | "ranks" | "ops")``).
 - :func:`run_fast` (class-level engine) and :func:`run_reference` (per-rank reference engine) over
   a :class:`Workload`; :class:`FluidNetwork` shares links max-min fairly.
 - :func:`load_cluster`, :func:`list_presets` (cluster specs and presets).

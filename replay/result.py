@@ -130,7 +130,8 @@ class PathStep:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """One simulated iteration. Writers: :meth:`to_json`, :meth:`write_timeline`, :meth:`write_plot`."""
+    """One simulated iteration. Writers: :meth:`to_json`, :meth:`write_timeline`, :meth:`write_plot`;
+    tables: :meth:`to_dataframe`."""
 
     iteration_time_s: float
     world_size: int
@@ -211,6 +212,13 @@ class Result:
         from .timeline import write_timeline
 
         write_timeline(self, path, ranks=ranks)
+
+    def to_dataframe(self, table: str = "classes", *, ranks: Sequence[int] | None = None) -> Any:
+        """A pandas DataFrame of ``"classes"``, ``"ranks"`` or ``"ops"`` (per-op simulated times);
+        see :mod:`replay.frames`."""
+        from .frames import to_dataframe
+
+        return to_dataframe(self, table, ranks=ranks)
 
     def write_plot(self, path: str | os.PathLike) -> None:
         """Breakdown chart and timeline picture as one PNG (see :mod:`replay.plots`)."""
