@@ -14,13 +14,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
-
-if TYPE_CHECKING:
-    from .cases import Case
 
 __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT_PATH", "SCHEMA_VERSION"]
 
@@ -32,6 +29,15 @@ DDP_KINDS = ("torch", "local")
 _SECTIONS = ("model", "parallelism", "batch")
 
 
+class CaseFields(Protocol):
+    """What a run's ``match`` reads of a case (:class:`heterosim.validation.cases.Case` has it)."""
+
+    source: Mapping[str, Any]
+    model: Mapping[str, Any]
+    parallelism: Mapping[str, Any]
+    batch: Mapping[str, Any]
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedRun:
     """One run: where its settings come from, what it matches, and the settings."""
@@ -41,7 +47,7 @@ class PublishedRun:
     match: Mapping[str, Any]
     settings: Mapping[str, Any]
 
-    def fits(self, case: "Case") -> bool:
+    def fits(self, case: CaseFields) -> bool:
         """Whether ``case`` names this run's source and has every matched value."""
         text = " ".join(str(case.source.get(k, "")) for k in ("title", "url"))
         if self.source not in text:
@@ -87,7 +93,7 @@ def load_published_runs(path: str | os.PathLike | None = None) -> tuple[Publishe
     return _load(str(Path(path) if path is not None else DEFAULT_PATH))
 
 
-def published_settings(case: "Case", path: str | os.PathLike | None = None) -> tuple[dict[str, Any], str | None]:
+def published_settings(case: CaseFields, path: str | os.PathLike | None = None) -> tuple[dict[str, Any], str | None]:
     """(settings, script) of the first published run that fits ``case``; ({}, None) if none does."""
     for run in load_published_runs(path):
         if run.fits(case):
