@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc-per-node", type=int, help="ranks (GPUs) per node; default min(world size, 8)")
     ap.add_argument("--ranks", default="auto", help="auto (one per role, default), all, or a list like 0,8-11")
     ap.add_argument("-j", "--jobs", type=int, help="worker processes in parallel (default: CPU cores)")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="seconds one rank may run before the capture stops with an error (default 1800)")
     ap.add_argument("-o", "--output", help="trace directory to write (new, empty, or a previous trace)")
     ap.add_argument("--force", action="store_true",
                     help="let -o replace a regular file (never a device or a directory that is not a trace)")
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
-                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force)
+                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force,
+                           **({} if a.timeout is None else {"timeout": a.timeout}))
         finally:
             bar.close()
         print(f"wrote {path}", file=sys.stderr)
@@ -82,6 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     except HeteroSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (``--inspect | head``)
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on a closed pipe."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

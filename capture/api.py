@@ -8,6 +8,7 @@ runs one rank standalone, for debugging).
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -19,7 +20,15 @@ from capture.runner import RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
 from heterosim.forkpool import run_forked
 
-__all__ = ["capture", "capture_command"]
+__all__ = ["capture", "capture_command", "DEFAULT_RANK_TIMEOUT_S", "MAX_WORLD_SIZE"]
+
+DEFAULT_RANK_TIMEOUT_S = 1800.0
+"""Seconds one captured rank may run by default (the largest rank we capture, LLaMA-3 405B's at
+16,384 GPUs, takes under a minute on 2 CPUs): a script that loops forever ends with an error."""
+
+MAX_WORLD_SIZE = 1 << 20
+"""The largest world a capture accepts (1,048,576 ranks): beyond any cluster built, and small
+enough that per-rank tables stay in memory."""
 
 
 def capture_command(script: str, script_args: Sequence[str], world_size: int, nproc_per_node: int, ranks: str) -> list[str]:
@@ -59,6 +68,7 @@ def _run_ranks(
     nproc: int,
     jobs: int,
     on_done: Callable[[], None] | None,
+    timeout: float | None = None,
 ) -> list[RankCapture]:
     """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
 
@@ -68,7 +78,7 @@ def _run_ranks(
     rs = list(ranks)
     texts = run_forked([(script, tuple(args), r, world, nproc) for r in rs], _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
-                       error=CaptureError)
+                       error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
 
 
@@ -83,6 +93,7 @@ def capture(
     jobs: int | None = None,
     on_rank_done: Callable[[int, int], None] | None = None,
     force: bool = False,
+    timeout: float | None = DEFAULT_RANK_TIMEOUT_S,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
@@ -90,10 +101,15 @@ def capture(
     list like ``"0,8-11"`` (representatives; roles as for auto). ``on_rank_done(done, total)`` is
     called after each captured rank (progress). Nothing is written if any rank fails. ``out`` may
     be new, an empty directory or a previous trace (``force``: also a regular file); anything else
-    is refused before the script runs (:func:`heterosim.trace.ir.check_trace_output`).
+    is refused before the script runs (:func:`heterosim.trace.ir.check_trace_output`). ``timeout``:
+    seconds one rank may run (None: no limit); a rank over it stops the capture with an error.
     """
-    if world_size < 1:
-        raise ConfigError(f"--world-size must be >= 1, got {world_size}")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ConfigError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} ranks, got {world_size}")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 worker process, got {jobs}")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(f"--timeout must be a positive number of seconds per rank, got {timeout}")
     nproc = nproc_per_node or min(world_size, 8)
     if world_size % nproc:
         raise ConfigError(
@@ -116,7 +132,7 @@ def capture(
             on_rank_done(done[0], done[1])
 
     def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick)
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout)
 
     if ranks == "all":
         done[1] = world_size

@@ -59,14 +59,14 @@ def parse_rank_list(text: str, world_size: int) -> list[int]:
         try:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
-                ranks.extend(range(lo, hi + 1))
             else:
-                ranks.append(int(part))
+                lo = hi = int(part)
         except ValueError:
             raise CaptureError(f"--ranks {text!r}: {part!r} is not a rank or a range like 8-11") from None
-    bad = [r for r in ranks if not 0 <= r < world_size]
-    if bad:
-        raise CaptureError(f"--ranks {text!r}: ranks {bad} are outside the world (0..{world_size - 1})")
+        bad = sorted({r for r in (lo, hi) if not 0 <= r < world_size})
+        if bad:  # checked before the range is built: 0-99999999999 must not fill memory
+            raise CaptureError(f"--ranks {text!r}: ranks {bad} are outside the world (0..{world_size - 1})")
+        ranks.extend(range(lo, hi + 1))
     return sorted(set(ranks))
 
 

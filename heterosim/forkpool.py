@@ -15,13 +15,20 @@ Semantics:
   ``error`` (default ``RuntimeError``) carrying the child's traceback. A worker that dies without
   answering (killed by the OOM killer, ``os._exit``) is a failure of that kind too.
 - Children leave through ``os._exit`` so they never run the parent's ``atexit`` handlers.
+- Children die with the parent: each asks the kernel for SIGKILL when its parent dies
+  (``PR_SET_PDEATHSIG``, Linux), so a parent killed by SIGKILL or SIGTERM leaves no worker
+  behind; an interrupted parent (Ctrl-C) kills its workers on the way out.
+- ``timeout``: seconds one task may run; a task over it is killed and reported as an ``error``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence, TypeVar
@@ -34,7 +41,22 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _child(conn: Any, fn: Callable[[Any], Any], task: Any) -> None:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _child(conn: Any, fn: Callable[[Any], Any], task: Any, parent: int) -> None:
+    _die_with_parent(parent)
     payload: tuple[str, Any, str]
     try:
         payload = ("ok", fn(task), "")
@@ -64,6 +86,7 @@ def run_forked(
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[int], None] | None = None,
     error: type[Exception] = RuntimeError,
+    timeout: float | None = None,
 ) -> list[R]:
     """``[fn(t) for t in tasks]``, each call in its own forked process, at most ``jobs`` at once.
 
@@ -71,15 +94,20 @@ def run_forked(
     ``i`` in failure messages. ``on_start(i)`` / ``on_done(i)`` run in the parent when task ``i``
     starts / has answered successfully (progress bars). ``error``: the exception type raised for a
     worker that crashed or died (capture passes its ``CaptureError`` so its CLI reports it cleanly).
+    ``timeout``: seconds each task may run before it is killed and reported as ``error``.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     ctx = mp.get_context("fork")
     pending = list(range(len(tasks)) if order is None else order)
     if sorted(pending) != list(range(len(tasks))):
         raise ValueError("order must be a permutation of the task indices")
     results: list[Any] = [None] * len(tasks)
     running: dict[Any, tuple[Any, int]] = {}
+    started: dict[Any, float] = {}
+    parent = os.getpid()
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -87,15 +115,26 @@ def run_forked(
                 if on_start is not None:
                     on_start(i)
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(send, fn, tasks[i]), daemon=False)
+                proc = ctx.Process(target=_child, args=(send, fn, tasks[i], parent), daemon=False)
                 proc.start()
                 send.close()
                 running[recv] = (proc, i)
-            for recv in wait(list(running)):
+                started[recv] = time.monotonic()
+            left = None
+            if timeout is not None:
+                left = max(0.0, min(started[r] for r in running) + timeout - time.monotonic())
+            ready = wait(list(running), timeout=left)
+            if not ready:
+                late = min(running, key=lambda r: started[r])
+                raise error(f"{name(running[late][1])} did not finish within {timeout:g} s; it was stopped "
+                            "(raise the time limit, e.g. capture --timeout, if it needs longer)")
+            for recv in ready:
                 proc, i = running.pop(recv)
+                started.pop(recv)
                 try:
                     kind, value, text = recv.recv()
                 except EOFError:
+                    proc.join()  # the exit status is known only once the worker is reaped
                     kind, value, text = "bug", None, f"its worker died without answering (exit status {proc.exitcode})"
                 finally:
                     recv.close()

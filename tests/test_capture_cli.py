@@ -132,3 +132,46 @@ def test_force_replaces_a_file_and_a_previous_trace_is_replaced(tiny, tmp_path):
     p = run("--world-size", "4", "-o", str(out), TINY)
     assert p.returncode == 0, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out"]
+
+
+def test_bad_numbers_are_refused_before_any_work(tmp_path):
+    """Negative jobs, a rank range past the world and a non-positive time limit: exit 2, at once."""
+    import time
+
+    for args, message in [
+        (["-j", "-3"], "error: --jobs must be >= 1 worker process, got -3"),
+        (["--ranks", "0-99999999999"], "error: --ranks '0-99999999999': ranks [99999999999] are outside the world (0..3)"),
+        (["--timeout", "0"], "error: --timeout must be a positive number of seconds per rank, got 0.0"),
+        (["--world-size", "2000000"], "error: --world-size must be between 1 and 1,048,576 ranks, got 2000000"),
+    ]:
+        t0 = time.monotonic()
+        argv = args if "--world-size" in args else ["--world-size", "4", *args]
+        p = run(*argv, "-o", str(tmp_path / "x"), TINY)
+        assert (p.returncode, p.stderr.strip()) == (2, message)
+        assert time.monotonic() - t0 < 10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rank_that_never_ends_is_stopped_by_the_timeout(tmp_path):
+    """A script looping forever: --timeout 2 stops the capture with one error, nothing written."""
+    import time
+
+    script = tmp_path / "loop.py"
+    script.write_text("while True:\n    pass\n")
+    t0 = time.monotonic()
+    p = run("--world-size", "2", "--timeout", "2", "-o", str(tmp_path / "x"), str(script))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (
+        "error: capturing rank 0 did not finish within 2 s; it was stopped (raise the time limit, e.g. "
+        "capture --timeout, if it needs longer)")
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "x").exists()
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(tiny):
+    """``capture --inspect T | head -0``: the reader is gone before we write; no traceback, exit 0."""
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([sys.executable, "-m", "capture", "--inspect", str(tiny)], stdout=w, stderr=subprocess.PIPE,
+                       text=True, cwd=ROOT)
+    os.close(w)
+    assert (p.returncode, p.stderr) == (0, "")

@@ -75,3 +75,52 @@ def test_the_failure_type_is_the_callers():
     """Capture asks for CaptureError, so its CLI reports a dead worker as one clean error."""
     with pytest.raises(CaptureError, match=r"^capturing rank 1 failed in its worker:\nits worker died"):
         run_forked([0, 1], _die, jobs=2, name=lambda i: f"capturing rank {i}", error=CaptureError)
+
+
+def _sleep(x: float) -> float:
+    import time
+
+    time.sleep(x)
+    return x
+
+
+def test_a_task_over_the_time_limit_is_stopped_with_one_error():
+    """A task that would run 60 s is killed after 0.5 s; the error names it and the fix."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(CaptureError, match=r"^task 1 did not finish within 0\.5 s; it was stopped \(raise the time limit"):
+        run_forked([0.0, 60.0], _sleep, jobs=2, timeout=0.5, error=CaptureError)
+    assert time.monotonic() - t0 < 10
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    """SIGKILL of the parent: its forked worker (sleeping 60 s) is gone within seconds (PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "worker.pid"
+    code = ("import os, time, sys; sys.path.insert(0, %r)\n"
+            "from heterosim.forkpool import run_forked\n"
+            "def f(_):\n"
+            "    open(%r, 'w').write(str(os.getpid())); time.sleep(60)\n"
+            "run_forked([0], f, jobs=1)\n") % (str(os.getcwd()), str(pidfile))
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    for _ in range(100):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.1)
+    worker = int(pidfile.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(50):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived its parent")

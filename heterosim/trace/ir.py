@@ -35,6 +35,7 @@ computes it: only the unmasked blocks), ``flops_full`` is Megatron's convention 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,8 +184,10 @@ def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
             f"{where}: columns missing {missing} / unknown {extra}; expected exactly {list(COLUMNS)}"
         )
     for c, values in cols.items():
-        if len(values) != n:
-            raise TraceSchemaError(f"{where}: column {c!r} has {len(values)} values, expected n={n}")
+        if not isinstance(values, list) or len(values) != n:
+            got = f"{len(values)} values" if isinstance(values, list) else f"a {type(values).__name__}"
+            raise TraceSchemaError(f"{where}: column {c!r} has {got}, expected a list of n={n}")
+        _check_values(where, c, values)
     for i, k in enumerate(cols["kind"]):
         if k not in OP_KINDS:
             raise TraceSchemaError(f"{where}: op {i} has kind {k!r}; valid kinds are {OP_KINDS}")
@@ -202,6 +205,27 @@ def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
             )
         if k == "wait" and cols["target"][i] <= 0:
             raise TraceSchemaError(f"{where}: wait op {i} has no target (distance {cols['target'][i]})")
+
+
+_NONNEGATIVE = ("flops", "flops_full", "bytes_read", "bytes_written", "comm_bytes", "target", "coalesced")
+
+
+def _check_values(where: str, column: str, values: list) -> None:
+    """Every value of ``column`` has the column's type; counts are finite and not negative."""
+    t = COLUMNS[column][0]
+    if t is float:
+        ok = all(type(v) in (float, int) for v in values) and all(map(math.isfinite, values))
+        what = "a finite number"
+    elif t is int:
+        ok = all(type(v) is int for v in values)
+        what = "an integer"
+    else:
+        ok = all(type(v) is t for v in values)
+        what = f"a {t.__name__}"
+    if ok and column in _NONNEGATIVE:
+        ok, what = min(values, default=0) >= 0, "a number >= 0"
+    if not ok:
+        raise TraceSchemaError(f"{where}: column {column!r} holds a value that is not {what}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +493,99 @@ def _check_version(v: Any, where: str) -> None:
         )
 
 
+MAX_WORLD_SIZE = 1 << 20
+"""The largest world size a trace may claim (1,048,576 ranks); larger is a damaged header."""
+
+
+def _read_json(file: Path, what: str) -> Any:
+    """The JSON object in ``file``; one TraceSchemaError for a missing, binary or malformed file."""
+    if not file.is_file():
+        raise TraceSchemaError(f"{what} {file} does not exist")
+    try:
+        doc = json.loads(file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TraceSchemaError(f"{file} is not a text (UTF-8 JSON) file: it is damaged or not a trace") from None
+    except ValueError as e:
+        raise TraceSchemaError(f"{file} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise TraceSchemaError(f"{file} nests too deeply to be a trace") from None
+    if not isinstance(doc, dict):
+        raise TraceSchemaError(f"{file} must hold a JSON object, found a {type(doc).__name__}")
+    return doc
+
+
+def _typed(d: Mapping[str, Any], key: str, t: type | tuple[type, ...], where: str) -> Any:
+    """``d[key]``, which must exist and have type ``t`` (bool is never an int here)."""
+    v = _need(d, key, where)
+    names = " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
+    if not isinstance(v, t) or (isinstance(v, bool) and t is not bool):
+        raise TraceSchemaError(f"{where}: {key!r} must be a {names}, found {v!r:.60}")
+    return v
+
+
+def _role_file(path: Path, name: Any, where: str) -> Path:
+    """The role file ``name`` names, which must lie inside the trace directory ``path``."""
+    if not isinstance(name, str) or not name:
+        raise TraceSchemaError(f"{where}: a role's 'file' must be a path inside the trace, found {name!r:.60}")
+    f = path / name
+    if Path(name).is_absolute() or ".." in Path(name).parts or not f.resolve().is_relative_to(path.resolve()):
+        raise TraceSchemaError(f"{where}: role file {name!r} lies outside the trace directory; "
+                               "role files must be inside it (e.g. roles/role_0000.json)")
+    return f
+
+
+def _load_role(path: Path, rh: Any, hfile: str, groups: Mapping[str, GroupInfo], world: int) -> Role:
+    if not isinstance(rh, dict):
+        raise TraceSchemaError(f"{hfile}: each role must be a JSON object, found {rh!r:.60}")
+    rfile = _role_file(path, _need(rh, "file", hfile), hfile)
+    body = _read_json(rfile, f"{hfile} names role file")
+    _check_version(body.get("schema_version"), str(rfile))
+    blocks = {}
+    for b, bd in _typed(body, "blocks", dict, str(rfile)).items():
+        if not isinstance(bd, dict):
+            raise TraceSchemaError(f"{rfile} block {b!r} must be a JSON object")
+        n = _typed(bd, "n", int, f"{rfile} block {b!r}")
+        _check_columns(f"{rfile} block {b!r}", _typed(bd, "columns", dict, f"{rfile} block {b!r}"), n)
+        blocks[b] = Block(bd["columns"])
+    program = []
+    for entry in _typed(body, "program", list, str(rfile)):
+        if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str)
+                or not all(type(x) is int for x in entry[1:])):
+            raise TraceSchemaError(f"{rfile}: a program entry must be [block, micro-batch, chunk], found {entry!r:.60}")
+        b, mb, chunk = entry
+        if b not in blocks:
+            raise TraceSchemaError(f"{rfile}: program references unknown block {b!r}")
+        program.append(Segment(b, mb, chunk))
+    ranks = _typed(rh, "ranks", list, hfile)
+    if not ranks or not all(type(r) is int and 0 <= r < world for r in ranks):
+        raise TraceSchemaError(f"{hfile}: a role's ranks must be ranks of the world (0..{world - 1})")
+    role = Role(_typed(rh, "id", int, hfile), _typed(rh, "captured_rank", int, hfile), tuple(ranks), blocks, program)
+    _check_references(role, groups, str(rfile))
+    return role
+
+
+def _load_groups(header: Mapping[str, Any], hfile: str, world: int) -> dict[str, GroupInfo]:
+    groups = {}
+    for g, v in _typed(header, "groups", dict, hfile).items():
+        if not isinstance(v, dict):
+            raise TraceSchemaError(f"{hfile}: group {g} must be a JSON object")
+        ranks = _typed(v, "ranks", list, f"{hfile} group {g}")
+        bad = [r for r in ranks if type(r) is not int or not 0 <= r < world]
+        if bad:
+            raise TraceSchemaError(f"{hfile}: group {g} has ranks {bad[:8]} outside world size {world}")
+        dim, family = v.get("dim", "other"), v.get("family", "")
+        if not isinstance(dim, str) or not isinstance(family, str):
+            raise TraceSchemaError(f"{hfile}: group {g}'s 'dim' and 'family' must be strings")
+        groups[g] = GroupInfo(tuple(ranks), dim, family)
+    return groups
+
+
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Load and validate a trace directory; raises :class:`TraceSchemaError` with what is wrong."""
+    """Load and validate a trace directory; raises :class:`TraceSchemaError` with what is wrong.
+
+    Everything read is checked for type and range before use (a damaged or hostile trace gives
+    one TraceSchemaError, never another exception), and role files must lie inside ``path``.
+    """
     path = Path(path)
     hfile = path / "trace.json"
     if not hfile.is_file():
@@ -478,50 +593,27 @@ def load_trace(path: str | os.PathLike) -> Trace:
             f"{path} is not a HeteroSim trace: {hfile} does not exist "
             f"(create one with: python -m capture -o {path} script.py)"
         )
-    try:
-        header = json.loads(hfile.read_text())
-    except json.JSONDecodeError as e:
-        raise TraceSchemaError(f"{hfile} is not valid JSON: {e}") from e
+    header = _read_json(hfile, "trace header")
     _check_version(header.get("schema_version"), str(hfile))
-    world = int(_need(header, "world_size", str(hfile)))
-    groups = {
-        g: GroupInfo(tuple(int(x) for x in v["ranks"]), v.get("dim", "other"), v.get("family", ""))
-        for g, v in _need(header, "groups", str(hfile)).items()
-    }
-    for g, info in groups.items():
-        bad = [r for r in info.ranks if not 0 <= r < world]
-        if bad:
-            raise TraceSchemaError(f"{hfile}: group {g} has ranks {bad} outside world size {world}")
+    if header.get("format", "heterosim-trace") != "heterosim-trace":
+        raise TraceSchemaError(f"{hfile}: format {header.get('format')!r:.60} is not 'heterosim-trace'")
+    world = _typed(header, "world_size", int, str(hfile))
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise TraceSchemaError(f"{hfile}: world_size {world} is outside 1..{MAX_WORLD_SIZE:,} ranks")
+    for key, t in (("layout", dict), ("model", dict), ("meta", dict), ("command", list), ("torch_version", str)):
+        if key in header and not isinstance(header[key], t):
+            raise TraceSchemaError(f"{hfile}: {key!r} must be a {t.__name__}")
+    groups = _load_groups(header, str(hfile), world)
     roles: list[Role] = []
     seen: set[int] = set()
-    for rh in _need(header, "roles", str(hfile)):
-        rfile = path / rh["file"]
-        if not rfile.is_file():
-            raise TraceSchemaError(f"{hfile} names role file {rfile}, which does not exist")
-        try:
-            body = json.loads(rfile.read_text())
-        except json.JSONDecodeError as e:
-            raise TraceSchemaError(f"{rfile} is not valid JSON: {e}") from e
-        _check_version(body.get("schema_version"), str(rfile))
-        blocks = {}
-        for b, bd in body["blocks"].items():
-            _check_columns(f"{rfile} block {b!r}", bd["columns"], int(bd["n"]))
-            blocks[b] = Block(bd["columns"])
-        program = []
-        for entry in body["program"]:
-            b, mb, chunk = entry
-            if b not in blocks:
-                raise TraceSchemaError(f"{rfile}: program references unknown block {b!r}")
-            program.append(Segment(b, int(mb), int(chunk)))
-        ranks = tuple(int(x) for x in rh["ranks"])
-        dup = seen.intersection(ranks)
+    for rh in _typed(header, "roles", list, str(hfile)):
+        role = _load_role(path, rh, str(hfile), groups, world)
+        dup = seen.intersection(role.ranks)
         if dup:
             raise TraceSchemaError(f"{hfile}: ranks {sorted(dup)[:8]} belong to more than one role")
-        seen.update(ranks)
-        role = Role(int(rh["id"]), int(rh["captured_rank"]), ranks, blocks, program)
-        _check_references(role, groups, str(rfile))
+        seen.update(role.ranks)
         roles.append(role)
-    if seen != set(range(world)):
+    if len(seen) != world:
         missing = sorted(set(range(world)) - seen)
         raise TraceSchemaError(f"{hfile}: ranks {missing[:8]}... belong to no role (world {world})")
     return Trace(
@@ -545,7 +637,7 @@ def _check_references(role: Role, groups: Mapping[str, GroupInfo], where: str) -
         for i, kind in enumerate(cols["kind"]):
             oid = base + i
             for d in cols["deps"][i]:
-                if not 0 < d <= oid:
+                if type(d) is not int or not 0 < d <= oid:
                     raise TraceSchemaError(f"{where}: op {oid} has dependency distance {d} out of range")
             t = cols["target"][i]
             if kind == "wait":
