@@ -217,3 +217,36 @@ def test_an_error_that_rounds_to_zero_prints_plus_zero():
 
     assert _signed_pct(-1e-5) == "+0.0%" and _signed_pct(1e-5) == "+0.0%"
     assert _signed_pct(-0.0751) == "-7.5%" and _signed_pct(0.114) == "+11.4%"
+
+
+def test_a_malformed_case_fails_alone(tmp_path):
+    """hardware as a list, a measured -1 and an unreadable tool size: each case fails or skips alone."""
+    from heterosim.validation.validate import validate
+
+    bad_hw = {**COLL, "id": "hw-list", "hardware": ["A100", "DGX"]}
+    negative = {**COLL, "id": "negative", "measured": {"single_node_8gpu_busbw_GBps": -1,
+                                                        "two_node_16gpu_busbw_GBps": 150.0}}
+    bad_tool = {**COLL, "id": "bad-tool", "collective": {"op": "all_reduce", "tool": "all_reduce_perf -e 4Q"}}
+    rep = validate(_write(tmp_path, [bad_hw, COLL, negative, bad_tool]), cache_dir=tmp_path / "cache")
+    by = {c.id: c for c in rep.cases}
+    assert by["hw-list"].status == "error"
+    assert by["hw-list"].message == ("ConfigError: case 'hw-list': section(s) hardware must be a mapping of "
+                                     "'key: value' lines, found list")
+    assert by["coll-8"].status == "ok"
+    assert [c.measured for c in by["negative"].comparisons] == [150.0]
+    assert any("not a number: -1" in a for a in by["negative"].assumptions)
+    assert by["bad-tool"].status == "error" and "size '4Q' is not understood" in by["bad-tool"].message
+    assert rep.summary_dict()["collective"]["compared"] == 2
+
+
+def test_a_damaged_cached_trace_is_captured_again(tmp_path):
+    """A cache entry whose header was damaged is replaced by a fresh capture, not reused."""
+    from heterosim.trace.ir import load_trace
+    from heterosim.validation.validate import capture_cached
+
+    script = Path(__file__).resolve().parent / "scripts" / "tiny_tp.py"
+    first = capture_cached([], 4, tmp_path, script=script)
+    good = (first / "trace.json").read_bytes()
+    (first / "trace.json").write_bytes(b"\x00garbage")
+    again = capture_cached([], 4, tmp_path, script=script)
+    assert again == first and (again / "trace.json").read_bytes() == good and load_trace(again).world_size == 4

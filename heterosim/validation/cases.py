@@ -74,6 +74,11 @@ class Case:
     collective: Mapping[str, Any] = field(default_factory=dict)
     measured: Mapping[str, Any] = field(default_factory=dict)
     notes: str = ""
+    problem: str = ""
+    """Why the case as written cannot be read (empty when it can): it then fails alone."""
+
+
+_SECTIONS = ("source", "hardware", "model", "parallelism", "batch", "collective", "measured")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,11 +103,12 @@ def load_cases(path: str | Path) -> list[Case]:
         if c["id"] in seen:
             raise ConfigError(f"cases file {p}: case id {c['id']!r} appears twice; ids must be unique")
         seen.add(c["id"])
-        out.append(Case(id=str(c["id"]), category=str(c["category"]), source=c.get("source") or {},
-                        hardware=c.get("hardware") or {}, model=c.get("model") or {},
-                        parallelism=c.get("parallelism") or {}, batch=c.get("batch") or {},
-                        precision=str(c.get("precision") or ""), collective=c.get("collective") or {},
-                        measured=c.get("measured") or {}, notes=str(c.get("notes") or "")))
+        bad = [k for k in _SECTIONS if not isinstance(c.get(k) or {}, Mapping)]
+        sections = {k: (c.get(k) or {}) if k not in bad else {} for k in _SECTIONS}
+        problem = (f"case {c['id']!r}: section(s) {', '.join(bad)} must be a mapping of 'key: value' lines, "
+                   f"found {type(c[bad[0]]).__name__}" if bad else "")
+        out.append(Case(id=str(c["id"]), category=str(c["category"]), precision=str(c.get("precision") or ""),
+                        notes=str(c.get("notes") or ""), problem=problem, **sections))
     return out
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -224,7 +226,14 @@ def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.Pa
                                      "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
     out = cache / key
     if (out / "trace.json").is_file():
-        return out
+        from heterosim.errors import TraceSchemaError
+        from heterosim.trace.ir import load_trace
+
+        try:
+            load_trace(out)
+            return out
+        except TraceSchemaError:  # a damaged cache entry (a crash, a full disk): capture it again
+            shutil.rmtree(out, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     capture(str(script), list(flags), out, world_size=world_size, ranks="auto")
     return out
@@ -235,10 +244,10 @@ def _num(v: Any) -> tuple[float | None, bool]:
     """(value, approximate) of a measured field: 3.53, '~200 (still rising)'; (None, False) else."""
     if isinstance(v, bool):
         return None, False
-    if isinstance(v, (int, float)):
-        return float(v), False
+    if isinstance(v, (int, float)):  # a measured time or rate is finite and positive
+        return (float(v), False) if math.isfinite(v) and v > 0 else (None, False)
     m = re.match(r"\s*(~)?\s*(\d+(?:\.\d+)?)", str(v))
-    return (float(m.group(2)), bool(m.group(1))) if m else (None, False)
+    return (float(m.group(2)), bool(m.group(1))) if m and float(m.group(2)) > 0 else (None, False)
 
 
 def _missing_feature(msg: str) -> str | None:
@@ -333,7 +342,7 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
     if m and "NCCL_ALGO" not in env:
         env["NCCL_ALGO"] = m.group(1)
         notes.append(f"NCCL_ALGO={m.group(1)} as the source recommends for representative numbers")
-    tool_max = re.search(r"-e\s*(\d+[KMGT]?)", str(col.get("tool", "")))
+    tool_max = re.search(r"-e\s*(\S+)", str(col.get("tool", "")))  # parse_size refuses what it cannot read
     comps, skipped = [], []
     for key, value in case.measured.items():
         if "busbw" not in key or not key.endswith("_GBps") or key.startswith("theoretical"):
@@ -387,6 +396,8 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
 def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env: Any = None,
              kernel_db: Any = None) -> CaseResult | None:
     """Predict one case; None for categories that are not predictions (spec, kernel)."""
+    if case.problem:
+        raise ConfigError(case.problem)
     if case.category == "end_to_end":
         return _e2e(case, cache_dir, nccl_env, kernel_db)
     if case.category == "collective":
