@@ -22,6 +22,7 @@ import csv
 import fcntl
 import io
 import json
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -135,8 +136,19 @@ def _parse(path: Path, text: str) -> list[KernelRow]:
                     raise KernelDBError(
                         f"{path}: line {lineno}: column {c} = {v!r} is not a number; the file was left untouched"
                     ) from None
-            if not kw["time_s"] > 0:
-                raise KernelDBError(f"{path}: line {lineno}: time_s must be > 0, got {kw['time_s']}")
+            if not kw["time_s"] > 0 or not math.isfinite(kw["time_s"]):
+                raise KernelDBError(f"{path}: line {lineno}: time_s must be a finite number > 0 seconds, "
+                                    f"got {kw['time_s']}")
+            bad = [c for c in _FLOAT if not math.isfinite(kw[c])]
+            if bad:
+                raise KernelDBError(f"{path}: line {lineno}: column {bad[0]} is not finite; the file was left untouched")
+            try:
+                dims = json.loads(kw["dims"])
+            except ValueError:
+                dims = None
+            if not isinstance(dims, dict):
+                raise KernelDBError(f"{path}: line {lineno}: dims {kw['dims']!r:.60} is not a JSON object like "
+                                    '{"m":1024}; the file was left untouched -- repair or remove that line')
             rows.append(KernelRow(**kw))
     except csv.Error as e:
         raise KernelDBError(f"{path}: damaged CSV ({e}); the file was left untouched") from e
@@ -219,8 +231,9 @@ class KernelDB:
             self._by_sig.setdefault((r.kernel_class, r.signature, r.dtype, r.dims), []).append(r)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "KernelDB":
-        """Read a DB file; a missing file is an empty DB, a damaged one raises :class:`KernelDBError`.
+    def load(cls, path: str | os.PathLike, *, must_exist: bool = False) -> "KernelDB":
+        """Read a DB file; a damaged one raises :class:`KernelDBError`. A missing file is an empty
+        DB (a profile starts one), unless ``must_exist`` (a DB to price from), when it is an error.
 
         A directory loads every ``*.csv`` in it, merged (e.g. :data:`SHIPPED_DIR`); such a DB has
         no single file to :meth:`save` back to.
@@ -232,6 +245,9 @@ class KernelDB:
                 rows.extend(cls.load(f).rows)
             return cls(rows, "")
         if not p.exists():
+            if must_exist:
+                raise KernelDBError(f"kernel DB {p} does not exist; create it with python -m kernel_db profile "
+                                    "--db FILE, or leave the option out to price by roofline")
             return cls((), str(p))
         try:
             text = p.read_text()

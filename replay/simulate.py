@@ -68,7 +68,7 @@ def _pricer(kernel_db: Any):
         return kernel_db
     if kernel_db is None or isinstance(kernel_db, KernelDB):
         return Pricer(kernel_db)
-    return Pricer(KernelDB.load(kernel_db))
+    return Pricer(KernelDB.load(kernel_db, must_exist=True))
 
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,

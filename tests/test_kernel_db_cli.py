@@ -58,7 +58,11 @@ def test_gpus_lists_catalogue():
 def test_price_json_roofline_then_measured(trace_dir, tmp_path):
     """Without a DB every second is roofline; after `profile --device cpu`, pricing on cpu is all measured."""
     db = str(tmp_path / "k.csv")
-    doc = json.loads(run("price", trace_dir, "--gpu", "H100", "--db", db, "--json").stdout)
+    p = run("price", trace_dir, "--gpu", "H100", "--db", db, "--json")
+    assert (p.returncode, p.stderr.strip()) == (2, f"error: kernel DB {db} does not exist; create it with python -m "
+                                                   "kernel_db profile --db FILE, or leave the option out to price by "
+                                                   "roofline")
+    doc = json.loads(run("price", trace_dir, "--gpu", "H100", "--json").stdout)
     assert set(doc["seconds_by_source"]) == {"roofline"}
     assert doc["compute_seconds_per_role"]["0"] == pytest.approx(doc["seconds_by_source"]["roofline"])
     p = run("profile", trace_dir, "--device", "cpu", "--db", db, "--warmup", "1", "--repeats", "3")
@@ -83,7 +87,7 @@ def test_profile_without_gpu_exits_nonzero(trace_dir, tmp_path):
 
 def test_bad_inputs(trace_dir):
     """Unknown GPU and a profile without TRACE/--sweep each give one clear error and exit 2."""
-    p = run("price", trace_dir, "--gpu", "Q8000", "--db", "/nonexistent/k.csv")
+    p = run("price", trace_dir, "--gpu", "Q8000")
     assert p.returncode == 2 and "error: unknown GPU 'Q8000'; known GPUs:" in p.stderr
     p = run("profile")
     assert p.returncode == 2 and "profile needs exactly one of TRACE or --sweep KIND" in p.stderr
@@ -115,3 +119,24 @@ def test_profile_cpu_on_a_captured_trace(tmp_path):
     doc = json.loads(run("price", str(trace), "--gpu", "cpu", "--db", db, "--json").stdout)
     assert doc["fraction_by_source"] == {"measured": pytest.approx(1.0)}
     assert doc["compute_seconds_per_role"]["0"] > 0
+
+
+def test_bad_numbers_and_a_damaged_dims_row(trace_dir, tmp_path):
+    """--top -5, --k 0 and --sizes 12,abc are one error each; a row with broken dims JSON names its line."""
+    for args, message in [
+        (["price", trace_dir, "--gpu", "H100", "--top", "-5"], "error: --top must be >= 0 kernels, got -5"),
+        (["calibrate", "--k", "0"], "error: --k must be >= 2 folds (k-fold cross-validation), got 0"),
+        (["profile", "--sweep", "gemm", "--sizes", "12,abc", "--device", "cpu"],
+         "error: --sizes '12,abc': 'abc' is not a positive integer; write e.g. 256,512"),
+    ]:
+        p = run(*args)
+        assert (p.returncode, p.stderr.strip().splitlines()[-1]) == (2, message)
+    db = tmp_path / "k.csv"
+    p = run("profile", trace_dir, "--device", "cpu", "--db", str(db), "--warmup", "1", "--repeats", "2")
+    assert p.returncode == 0, p.stderr
+    lines = db.read_text().splitlines()
+    lines[2] = lines[2].replace('{"', '{{"', 1)
+    db.write_text("\n".join(lines) + "\n")
+    for cmd in (["price", trace_dir, "--gpu", "cpu"], ["calibrate"]):
+        p = run(*cmd, "--db", str(db))
+        assert p.returncode == 2 and f"{db}: line 3: dims" in p.stderr and "is not a JSON object" in p.stderr
