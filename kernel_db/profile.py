@@ -25,6 +25,7 @@ import datetime as _dt
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -305,16 +306,27 @@ def _embedding_builder(spec: KernelSpec, shapes: Sequence[tuple[int, ...]], torc
     return mkb, lambda table, i, g: table.index_add_(0, i, g), "proxy index_add"
 
 
+_ATEN_NAME = re.compile(r"aten\.([a-z_][a-z0-9_]*)(?:\.([a-zA-Z_][a-zA-Z0-9_]*))?")
+
+
 def _resolve_aten(torch: Any, name: str) -> Any:
-    parts = name.split(".")
-    if len(parts) < 2 or parts[0] != "aten":
+    """The aten op overload a trace names (``aten.mm.default``), or None.
+
+    Only a real aten operator is returned: the name must be ``aten.<op>[.<overload>]`` with plain
+    identifiers (no dunders: a trace is data, and its names must not reach arbitrary attributes),
+    the op an ``OpOverloadPacket`` and the overload one of its listed overloads.
+    """
+    m = _ATEN_NAME.fullmatch(name)
+    if m is None or "__" in name:
         return None
-    obj = torch.ops.aten
-    for p in parts[1:]:
-        obj = getattr(obj, p, None)
-        if obj is None:
-            return None
-    return obj
+    op, overload = m.group(1), m.group(2) or "default"
+    try:
+        packet = getattr(torch.ops.aten, op)
+    except (AttributeError, RuntimeError):
+        return None
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
+        return None
+    return getattr(packet, overload)
 
 
 # ------------------------------------------------------------------------------------ environment

@@ -106,3 +106,16 @@ def test_cpu_clock_measures_elapsed():
     b = c.record()
     c.synchronize()
     assert 0 <= c.elapsed_s(a, b) < 1.0
+
+
+def test_only_real_aten_ops_resolve_from_trace_names():
+    """A trace's op name reaches only aten operators: no dunders, no other namespaces, no attributes."""
+    import torch
+
+    from kernel_db.profile import _resolve_aten
+
+    assert _resolve_aten(torch, "aten.mm.default") is torch.ops.aten.mm.default
+    assert _resolve_aten(torch, "aten.addmm.out") is torch.ops.aten.addmm.out
+    for name in ("aten.__class__.__init__", "aten.mm.__call__", "aten.mm.default.__globals__", "os.system",
+                 "aten.no_such_op.default", "aten.mm.no_such_overload", "aten.mm.default.name"):
+        assert _resolve_aten(torch, name) is None, name
