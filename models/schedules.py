@@ -413,113 +413,148 @@ def _one_f_one_b(r: _Runner) -> None:
     r.start_grad_sync(0)
 
 
-def _interleaved(r: _Runner) -> None:
-    """Megatron ``forward_backward_pipelining_with_interleaving`` (non-overlapped p2p path)."""
-    c = r.comm
-    assert c is not None
-    pp, rank, vpp, m = c.size, c.rank, r.vpp, r.m
-    total = m * vpp
-    all_warmup = m == pp
-    warmup = total if all_warmup else min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
-    remaining = total - warmup
-    inputs: list[list[Tensor | None]] = [[] for _ in range(vpp)]
-    outputs: list[list[Tensor]] = [[] for _ in range(vpp)]
-    grads: list[list[Tensor | None]] = [[] for _ in range(vpp)]
+class _Interleaved:
+    """Megatron ``forward_backward_pipelining_with_interleaving`` (non-overlapped p2p path): warm-up
+    forwards, steady forward/backward pairs, cool-down backwards. Step ``k`` runs micro-batch
+    ``_mb_in_chunk(k)`` of chunk ``_chunk_id(k)``; each chunk queues its in-flight inputs, outputs
+    and output gradients."""
 
-    def is_last_mb_of_chunk(k: int) -> bool:
-        group, in_group = divmod(k, pp * vpp)
-        return group == total // (pp * vpp) - 1 and in_group % pp == pp - 1
+    def __init__(self, r: _Runner) -> None:
+        c = r.comm
+        assert c is not None
+        pp, rank, vpp, m = c.size, c.rank, r.vpp, r.m
+        self.r, self.c, self.pp, self.rank, self.vpp = r, c, pp, rank, vpp
+        self.total = m * vpp
+        self.all_warmup = m == pp
+        self.warmup = self.total if self.all_warmup else min((pp - rank - 1) * 2 + (vpp - 1) * pp, self.total)
+        self.remaining = self.total - self.warmup
+        self.inputs: list[list[Tensor | None]] = [[] for _ in range(self.vpp)]
+        self.outputs: list[list[Tensor]] = [[] for _ in range(self.vpp)]
+        self.grads: list[list[Tensor | None]] = [[] for _ in range(self.vpp)]
+        self.synced: set[int] = set()
 
-    def fwd_helper(k: int) -> Tensor | None:
-        chunk, mb = _chunk_id(k, pp, vpp, True), _mb_in_chunk(k, pp, vpp)
-        if r.first_virtual(chunk) and len(inputs[chunk]) == len(outputs[chunk]):
-            inputs[chunk].append(None)
-        y = r.forward(chunk, mb, inputs[chunk][-1])
-        outputs[chunk].append(y)
+    def chunk(self, k: int, forward: bool) -> int:
+        """The model chunk of step ``k`` of the forward (or backward) order."""
+        return _chunk_id(k, self.pp, self.vpp, forward)
+
+    def tag(self, k: int, forward: bool) -> tuple[int, int]:
+        """(micro-batch, chunk) of step ``k``, the annotation of its p2p."""
+        return _mb_in_chunk(k, self.pp, self.vpp), self.chunk(k, forward)
+
+    def is_last_mb_of_chunk(self, k: int) -> bool:
+        """Whether backward step ``k`` is its chunk's last micro-batch."""
+        group, in_group = divmod(k, self.pp * self.vpp)
+        return group == self.total // (self.pp * self.vpp) - 1 and in_group % self.pp == self.pp - 1
+
+    def forward(self, k: int) -> Tensor | None:
+        """Forward step ``k`` on its chunk's newest input; queues and returns the output."""
+        chunk, mb = self.chunk(k, True), _mb_in_chunk(k, self.pp, self.vpp)
+        if self.r.first_virtual(chunk) and len(self.inputs[chunk]) == len(self.outputs[chunk]):
+            self.inputs[chunk].append(None)
+        y = self.r.forward(chunk, mb, self.inputs[chunk][-1])
+        self.outputs[chunk].append(y)
         return y
 
-    synced: set[int] = set()
-
-    def bwd_helper(k: int) -> Tensor | None:
-        chunk, mb = _chunk_id(k, pp, vpp, False), _mb_in_chunk(k, pp, vpp)
+    def backward(self, k: int) -> Tensor | None:
+        """Backward step ``k`` on its chunk's oldest micro-batch; launches a finished chunk's
+        grad reduction ``pp_rank`` steps later; returns the input gradient."""
+        r = self.r
+        chunk, mb = self.chunk(k, False), _mb_in_chunk(k, self.pp, self.vpp)
         if r.syncs_in_backward(mb):  # not aligned: hooks reduce in the chunk's last backward
             r.set_grad_sync(True)
-        if r.last_virtual(chunk) and not grads[chunk]:
-            grads[chunk].append(None)
-        dx = r.backward(chunk, mb, inputs[chunk].pop(0), outputs[chunk].pop(0), grads[chunk].pop(0))
+        if r.last_virtual(chunk) and not self.grads[chunk]:
+            self.grads[chunk].append(None)
+        dx = r.backward(chunk, mb, self.inputs[chunk].pop(0), self.outputs[chunk].pop(0),
+                        self.grads[chunk].pop(0))
         # Megatron launches a chunk's reduction pp_rank steps after its last backward, so that
         # all stages launch it at the same time (schedules.py, custom grad_sync_func path).
-        sync_k = k - rank
-        if r.aligned and sync_k >= 0 and is_last_mb_of_chunk(sync_k):
-            sync_chunk = _chunk_id(sync_k, pp, vpp, False)
+        sync_k = k - self.rank
+        if r.aligned and sync_k >= 0 and self.is_last_mb_of_chunk(sync_k):
+            sync_chunk = self.chunk(sync_k, False)
             r.start_grad_sync(sync_chunk)
-            synced.add(sync_chunk)
+            self.synced.add(sync_chunk)
         r.set_grad_sync(False)
         return dx
 
-    def tag(k: int, forward: bool) -> tuple[int, int]:
-        return _mb_in_chunk(k, pp, vpp), _chunk_id(k, pp, vpp, forward)
+    def run(self) -> None:
+        """The whole iteration."""
+        self.r.set_grad_sync(False)
+        self.inputs[0].append(self.r.p2p("fwd", 0, 0, self.c.recv_forward))
+        self.warmup_phase()
+        self.steady_phase()
+        self.cooldown_phase()
+        for chunk in range(self.vpp):  # "Launch any remaining grad reductions."
+            if chunk not in self.synced:
+                self.r.start_grad_sync(chunk)
 
-    r.set_grad_sync(False)
-    inputs[0].append(r.p2p("fwd", 0, 0, c.recv_forward))
-    for k in range(warmup):
-        y = fwd_helper(k)
-        next_chunk = _chunk_id(k + 1, pp, vpp, True)
-        recv_prev = not (c.is_first and next_chunk == 0) and k != total - 1
-        if r.last_virtual(_chunk_id(k, pp, vpp, True)):
-            y = None
-        if k == warmup - 1 and not all_warmup:
-            x, dy = r.p2p("fwd", *tag(k, True), c.communicate, send_next=y,
-                          recv_prev=recv_prev, recv_next=not c.is_last)
-            grads[vpp - 1].append(dy)
-        else:
-            x, _ = r.p2p("fwd", *tag(k, True), c.communicate, send_next=y, recv_prev=recv_prev)
-        if recv_prev:
-            inputs[next_chunk].append(x)
-    for k in range(remaining):
-        fk, bk = k + warmup, k
-        y = fwd_helper(fk)
-        dx = bwd_helper(bk)
-        if r.last_virtual(_chunk_id(fk, pp, vpp, True)):
-            y = None
-        if r.first_virtual(_chunk_id(bk, pp, vpp, False)):
-            dx = None
-        recv_prev = True
-        if c.is_first:
-            next_f = _chunk_id(fk - (pp - 1), pp, vpp, True)
-            recv_prev = next_f != vpp - 1
-            next_f += 1
-        else:
-            next_f = _chunk_id(fk + 1, pp, vpp, True)
-        recv_next = True
-        if c.is_last:
-            next_b = _chunk_id(bk - (pp - 1), pp, vpp, False)
-            recv_next = next_b != 0
-            next_b -= 1
-        else:
-            next_b = _chunk_id(bk + 1, pp, vpp, False)
-        if k == remaining - 1:
-            recv_prev = False
-        x, dy = r.p2p("bwd", *tag(bk, False), c.communicate, send_next=y, send_prev=dx,
-                      recv_prev=recv_prev, recv_next=recv_next)
-        if recv_prev:
-            inputs[next_f].append(x)
-        if recv_next:
-            grads[next_b].append(dy)
-    if all_warmup:
-        grads[vpp - 1].append(r.p2p("bwd", 0, vpp - 1, c.recv_backward))
-    for k in range(remaining, total):
-        dx = bwd_helper(k)
-        if r.first_virtual(_chunk_id(k, pp, vpp, False)):
-            dx = None
-        next_b = _chunk_id(k + 1, pp, vpp, False)
-        recv_next = not (c.is_last and next_b == vpp - 1) and k != total - 1
-        _, dy = r.p2p("bwd", *tag(k, False), c.communicate, send_prev=dx, recv_next=recv_next)
-        if recv_next:
-            grads[next_b].append(dy)
-    for chunk in range(vpp):  # "Launch any remaining grad reductions."
-        if chunk not in synced:
-            r.start_grad_sync(chunk)
+    def warmup_phase(self) -> None:
+        """Forwards only; the last one also receives the first output gradient (unless all warm-up)."""
+        r, c = self.r, self.c
+        for k in range(self.warmup):
+            y = self.forward(k)
+            next_chunk = self.chunk(k + 1, True)
+            recv_prev = not (c.is_first and next_chunk == 0) and k != self.total - 1
+            if r.last_virtual(self.chunk(k, True)):
+                y = None
+            if k == self.warmup - 1 and not self.all_warmup:
+                x, dy = r.p2p("fwd", *self.tag(k, True), c.communicate, send_next=y,
+                              recv_prev=recv_prev, recv_next=not c.is_last)
+                self.grads[self.vpp - 1].append(dy)
+            else:
+                x, _ = r.p2p("fwd", *self.tag(k, True), c.communicate, send_next=y, recv_prev=recv_prev)
+            if recv_prev:
+                self.inputs[next_chunk].append(x)
+
+    def steady_phase(self) -> None:
+        """One forward and one backward per step, their p2p exchanged together."""
+        r, c = self.r, self.c
+        for k in range(self.remaining):
+            fk, bk = k + self.warmup, k
+            y = self.forward(fk)
+            dx = self.backward(bk)
+            if r.last_virtual(self.chunk(fk, True)):
+                y = None
+            if r.first_virtual(self.chunk(bk, False)):
+                dx = None
+            recv_prev, next_f = self.next_forward_chunk(fk)
+            recv_next, next_b = self.next_backward_chunk(bk)
+            if k == self.remaining - 1:
+                recv_prev = False
+            x, dy = r.p2p("bwd", *self.tag(bk, False), c.communicate, send_next=y, send_prev=dx,
+                          recv_prev=recv_prev, recv_next=recv_next)
+            if recv_prev:
+                self.inputs[next_f].append(x)
+            if recv_next:
+                self.grads[next_b].append(dy)
+
+    def next_forward_chunk(self, fk: int) -> tuple[bool, int]:
+        """(whether to receive an input, the chunk it is for) after steady forward step ``fk``."""
+        if self.c.is_first:
+            next_f = self.chunk(fk - (self.pp - 1), True)
+            return next_f != self.vpp - 1, next_f + 1
+        return True, self.chunk(fk + 1, True)
+
+    def next_backward_chunk(self, bk: int) -> tuple[bool, int]:
+        """(whether to receive an output gradient, the chunk it is for) after steady backward step ``bk``."""
+        if self.c.is_last:
+            next_b = self.chunk(bk - (self.pp - 1), False)
+            return next_b != 0, next_b - 1
+        return True, self.chunk(bk + 1, False)
+
+    def cooldown_phase(self) -> None:
+        """The remaining backwards (all of them when every step was warm-up)."""
+        r, c = self.r, self.c
+        if self.all_warmup:
+            self.grads[self.vpp - 1].append(r.p2p("bwd", 0, self.vpp - 1, c.recv_backward))
+        for k in range(self.remaining, self.total):
+            dx = self.backward(k)
+            if r.first_virtual(self.chunk(k, False)):
+                dx = None
+            next_b = self.chunk(k + 1, False)
+            recv_next = not (c.is_last and next_b == self.vpp - 1) and k != self.total - 1
+            _, dy = r.p2p("bwd", *self.tag(k, False), c.communicate, send_prev=dx, recv_next=recv_next)
+            if recv_next:
+                self.grads[next_b].append(dy)
 
 
 def forward_backward(
@@ -559,6 +594,6 @@ def forward_backward(
     elif num_chunks == 1:
         _one_f_one_b(runner)
     else:
-        _interleaved(runner)
+        _Interleaved(runner).run()
     runner.finalize()
     return runner.losses

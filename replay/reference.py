@@ -27,6 +27,7 @@ and group/sequence that did not match.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from typing import Hashable
 
@@ -68,29 +69,121 @@ class _Rank:
 
 def run_reference(w: Workload) -> dict[int, RankTimes]:
     """Simulate every rank of ``w``; returns each rank's :class:`RankTimes`."""
-    world = w.trace.world_size
-    ranks = [_Rank(expand_rank(w, r)) for r in range(world)]
-    heap: list[tuple[float, int, int, int]] = []  # (time, seq, rank, op index): op becomes ready
-    seq = 0
-    arrivals: dict[Hashable, list[tuple[int, int]]] = {}
-    inst_start: dict[Hashable, float] = {}
-    members: dict[Hashable, list[tuple[int, int]]] = {}
-    stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (rank, pred op) -> [(op, issue t)]
-    net = FluidNetwork(w.capacity_Bps, solo=False)  # plain fluid model: no fast path here
-    timers: list[tuple[float, int, Hashable]] = []  # no-sharing mode: fixed-duration completions
-    slow = w.overlap_slowdown
-    busy_rate = 1.0 - slow
-    reach: list[tuple[float, int, int, int]] = []  # (time, seq, rank, version): compute op ends
-    in_flight: set[Hashable] = set()  # started transfers counted in their members' ``busy``
+    return _Engine(w).run()
 
-    def push_ready(t: float, r: int, i: int) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, r, i))
-        seq += 1
 
-    def issue(r: int, i: int, issue_t: float) -> None:
+class _Engine:
+    """One run: every rank's state, the event queues and the network.
+
+    Events, earliest first (ties in this order): the fluid network's next transfer completion;
+    ``timers`` (time, tick, instance key), fixed-duration completions when links are not shared;
+    ``reach`` (time, seq, rank, version), the end of a rank's compute op in slowdown mode (an event
+    whose version is stale was re-planned and is skipped); ``ready`` (time, seq, rank, op), a comm
+    op becoming ready on its stream.
+    """
+
+    def __init__(self, w: Workload) -> None:
+        self.w = w
+        self.ranks = [_Rank(expand_rank(w, r)) for r in range(w.trace.world_size)]
+        self.ready: list[tuple[float, int, int, int]] = []
+        self.reach: list[tuple[float, int, int, int]] = []
+        self.timers: list[tuple[float, int, Hashable]] = []
+        self.seq = itertools.count()  # orders ready and reach events of equal times
+        self.tick = itertools.count()  # orders timers of equal times
+        self.net = FluidNetwork(w.capacity_Bps, solo=False)  # plain fluid model: no fast path here
+        self.arrivals: dict[Hashable, list[tuple[int, int]]] = {}  # instance -> (rank, op) ready so far
+        self.members: dict[Hashable, list[tuple[int, int]]] = {}  # started instance -> (rank, op)
+        self.inst_start: dict[Hashable, float] = {}  # instance -> its transfer's start
+        self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (rank, pred op) -> [(op, issue t)]
+        self.in_flight: set[Hashable] = set()  # started transfers counted in their members' ``busy``
+        self.slow = w.overlap_slowdown
+        self.busy_rate = 1.0 - self.slow
+
+    def run(self) -> dict[int, RankTimes]:
+        """Run every rank to its end; raise :class:`TraceMismatchError` if some never get there."""
+        for r in range(len(self.ranks)):
+            self.advance(r)
+        while self.step():
+            pass
+        _check_done(self.ranks, self.arrivals)
+        return {r: _rank_times(st) for r, st in enumerate(self.ranks)}
+
+    def step(self) -> bool:
+        """Handle the earliest event; False when there is none left."""
+        t_ready = self.ready[0][0] if self.ready else math.inf
+        t_net = self.net.next_time()
+        t_tim = self.timers[0][0] if self.timers else math.inf
+        t_cmp = self.reach[0][0] if self.reach else math.inf
+        if t_ready == t_net == t_tim == t_cmp == math.inf:
+            return False
+        if t_net <= t_ready and t_net <= t_tim and t_net <= t_cmp:
+            t, done = self.net.step()
+            for k, _ in done:
+                self.complete(k, t)
+        elif t_tim <= t_ready and t_tim <= t_cmp:
+            t, _, k = heapq.heappop(self.timers)
+            self.complete(k, t)
+        elif t_cmp <= t_ready:
+            t, _, r, ver = heapq.heappop(self.reach)
+            self.compute_done(t, r, ver)
+        else:
+            t, _, r, i = heapq.heappop(self.ready)
+            self.arrive(t, r, i)
+        return True
+
+    # ------------------------------------------------------------------ one rank's program
+    def advance(self, r: int) -> None:
+        """Run rank r's program from its current op until it blocks or ends."""
+        st = self.ranks[r]
+        ops = st.ops
+        while st.pc < len(ops):
+            op = ops[st.pc]
+            if op.kind == "compute":
+                if self.slow:
+                    if self.push_reach(span_step(st, op.duration_s, self.busy_rate), r):
+                        return
+                else:
+                    st.tc += op.duration_s
+                    st.compute += op.duration_s
+            elif op.kind == "wait":
+                if op.target not in st.end:
+                    st.blocked_at = st.tc
+                    return
+                te = st.end[op.target]
+                if te > st.tc:
+                    st.waits.append(self.wait_record(st.tc, te, st.start[op.target], ops[op.target]))
+                    st.tc = te
+            else:
+                self.issue(r, st.pc, st.tc)
+            st.pc += 1
+        st.finish = max(st.finish, st.tc)
+
+    def compute_done(self, t: float, r: int, ver: int) -> None:
+        """Rank r's compute op in progress ends at t (slowdown mode), unless re-planned since."""
+        st = self.ranks[r]
+        if ver == st.ver:  # else re-planned: a later event replaces it
+            st.compute += t - st.tc
+            st.tc = t
+            st.work = 0.0
+            self.advance(r)
+
+    def push_reach(self, t: float | None, r: int) -> bool:
+        """Push rank r's end-of-op event due at t (slowdown mode); False if t is None."""
+        if t is None:
+            return False
+        heapq.heappush(self.reach, (t, next(self.seq), r, self.ranks[r].ver))
+        return True
+
+    def wait_record(self, t_block: float, t_end: float, t_start: float, target: RankOp) -> WaitRecord:
+        """A wait of the compute stream from t_block to t_end on ``target`` (started at t_start)."""
+        inst = target.inst
+        return WaitRecord(t_block=t_block, t_end=t_end, t_start=t_start, dim=inst.dim,
+                          inter_node=self.w.crosses_nodes(inst.ranks))
+
+    # ------------------------------------------------------------------ comm streams
+    def issue(self, r: int, i: int, issue_t: float) -> None:
         """Op i of rank r was issued at compute time issue_t: find its stream predecessors."""
-        st = ranks[r]
+        st = self.ranks[r]
         op = st.ops[i]
         cg = op.coalesced if op.coalesced >= 0 else op.index
         cur = st.stream_groups.get(op.stream)
@@ -104,145 +197,88 @@ def run_reference(w: Workload) -> dict[int, RankTimes]:
             preds = cur[1]
             st.stream_groups[op.stream] = (cg, [i], cur[1])
         st.preds[i] = list(preds)
-        try_ready(r, i, issue_t)
+        self.try_ready(r, i, issue_t)
 
-    def try_ready(r: int, i: int, issue_t: float) -> None:
+    def try_ready(self, r: int, i: int, issue_t: float) -> None:
         """Push op i's ready event if its stream predecessors are done, else wait for one."""
-        st = ranks[r]
+        st = self.ranks[r]
         preds = st.preds[i]
         pending = [p for p in preds if p not in st.end]
         if pending:
-            stream_waiters.setdefault((r, pending[0]), []).append((i, issue_t))
+            self.stream_waiters.setdefault((r, pending[0]), []).append((i, issue_t))
             return
-        push_ready(max([issue_t] + [st.end[p] for p in preds]), r, i)
+        heapq.heappush(self.ready, (max([issue_t] + [st.end[p] for p in preds]), next(self.seq), r, i))
 
-    def push_reach(t: float | None, r: int) -> bool:
-        """Push rank r's end-of-op event due at t (slowdown mode); False if t is None."""
-        nonlocal seq
-        if t is None:
-            return False
-        heapq.heappush(reach, (t, seq, r, ranks[r].ver))
-        seq += 1
-        return True
-
-    def advance(r: int) -> None:
-        st = ranks[r]
-        ops = st.ops
-        while st.pc < len(ops):
-            op = ops[st.pc]
-            if op.kind == "compute":
-                if slow:
-                    if push_reach(span_step(st, op.duration_s, busy_rate), r):
-                        return
-                else:
-                    st.tc += op.duration_s
-                    st.compute += op.duration_s
-            elif op.kind == "wait":
-                if op.target not in st.end:
-                    st.blocked_at = st.tc
-                    return
-                te = st.end[op.target]
-                if te > st.tc:
-                    inst = ops[op.target].inst
-                    st.waits.append(WaitRecord(t_block=st.tc, t_end=te, t_start=st.start[op.target],
-                                               dim=inst.dim, inter_node=w.crosses_nodes(inst.ranks)))
-                    st.tc = te
-            else:
-                issue(r, st.pc, st.tc)
-            st.pc += 1
-        st.finish = max(st.finish, st.tc)
-
-    def complete(key: Hashable, t: float) -> None:
-        counted = key in in_flight
-        if counted:
-            in_flight.discard(key)
-        for r, i in members.pop(key):
-            if counted:
-                push_reach(busy_change(ranks[r], t, -1, busy_rate), r)
-            st = ranks[r]
-            st.end[i] = t
-            st.start[i] = inst_start[key]
-            st.finish = max(st.finish, t)
-            for j, issue_t in stream_waiters.pop((r, i), ()):
-                try_ready(r, j, issue_t)
-            if st.blocked_at is not None and st.ops[st.pc].target == i:
-                op = st.ops[i]
-                if t > st.blocked_at:
-                    st.waits.append(WaitRecord(t_block=st.blocked_at, t_end=t, t_start=inst_start[key],
-                                               dim=op.inst.dim, inter_node=w.crosses_nodes(op.inst.ranks)))
-                st.tc = max(st.tc, t)
-                st.blocked_at = None
-                st.pc += 1
-                advance(r)
-
-    def arrive(t: float, r: int, i: int) -> None:
-        op = ranks[r].ops[i]
+    # ------------------------------------------------------------------ comm instances
+    def arrive(self, t: float, r: int, i: int) -> None:
+        """Op i of rank r is ready at t; the last member to arrive starts the instance."""
+        op = self.ranks[r].ops[i]
         key = op.key
-        got = arrivals.setdefault(key, [])
+        got = self.arrivals.setdefault(key, [])
         if got:
             r0, i0 = got[0]
-            check_match(ranks[r0].ops[i0], r0, op, r, key)
+            check_match(self.ranks[r0].ops[i0], r0, op, r, key)
         got.append((r, i))
         need = len(op.inst.ranks) if key[0] == "c" else 2
         if len(got) < need:
             return
-        del arrivals[key]
-        members[key] = got
-        inst_start[key] = t
+        del self.arrivals[key]
+        self.members[key] = got
+        self.inst_start[key] = t
         if need == 1 or (key[0] == "c" and len(set(op.inst.ranks)) == 1):
-            complete(key, t)
-            return
-        if slow:
-            in_flight.add(key)
-            for r2, _ in got:
-                push_reach(busy_change(ranks[r2], t, +1, busy_rate), r2)
-        spec = w.transfer_spec(op.inst)
-        if w.link_sharing:
-            for k, _ in net.start(key, [spec], t):
-                complete(k, t)
+            self.complete(key, t)
         else:
-            heapq.heappush(timers, (t + solo_time(spec, w.capacity_Bps), next(_tick), key))
+            self.start_transfer(key, op, t)
 
-    _tick = iter(range(1 << 62))
-    for r in range(world):
-        advance(r)
-    while True:
-        t_heap = heap[0][0] if heap else math.inf
-        t_net = net.next_time()
-        t_tim = timers[0][0] if timers else math.inf
-        t_cmp = reach[0][0] if reach else math.inf
-        if t_heap == t_net == t_tim == t_cmp == math.inf:
-            break
-        if t_net <= t_heap and t_net <= t_tim and t_net <= t_cmp:
-            t, done = net.step()
-            for k, _ in done:
-                complete(k, t)
-        elif t_tim <= t_heap and t_tim <= t_cmp:
-            t, _, k = heapq.heappop(timers)
-            complete(k, t)
-        elif t_cmp <= t_heap:
-            t, _, r, ver = heapq.heappop(reach)
-            st = ranks[r]
-            if ver == st.ver:  # else re-planned: a later event replaces it
-                st.compute += t - st.tc
-                st.tc = t
-                st.work = 0.0
-                advance(r)
+    def start_transfer(self, key: Hashable, op: RankOp, t: float) -> None:
+        """Put instance ``key`` on the network at t (its members now count it as in flight)."""
+        if self.slow:
+            self.in_flight.add(key)
+            for r, _ in self.members[key]:
+                self.push_reach(busy_change(self.ranks[r], t, +1, self.busy_rate), r)
+        spec = self.w.transfer_spec(op.inst)
+        if self.w.link_sharing:
+            for k, _ in self.net.start(key, [spec], t):
+                self.complete(k, t)
         else:
-            t, _, r, i = heapq.heappop(heap)
-            arrive(t, r, i)
-    _check_done(ranks, arrivals)
-    out: dict[int, RankTimes] = {}
-    for r, st in enumerate(ranks):
-        comm = [op.index for op in st.ops if op.kind in ("collective", "p2p")]
-        out[r] = RankTimes(
-            finish_s=st.finish,
-            compute_s=st.compute,
-            comm_start=np.array([st.start[i] for i in comm], dtype=np.float64),
-            comm_end=np.array([st.end[i] for i in comm], dtype=np.float64),
-            waits=st.waits,
-        )
-    return out
+            heapq.heappush(self.timers, (t + solo_time(spec, self.w.capacity_Bps), next(self.tick), key))
+
+    def complete(self, key: Hashable, t: float) -> None:
+        """Instance ``key`` completed at t: each member's op is done."""
+        counted = key in self.in_flight
+        self.in_flight.discard(key)
+        for r, i in self.members.pop(key):
+            if counted:
+                self.push_reach(busy_change(self.ranks[r], t, -1, self.busy_rate), r)
+            self.op_done(r, i, t, self.inst_start[key])
+
+    def op_done(self, r: int, i: int, t: float, t_start: float) -> None:
+        """Comm op i of rank r ran from t_start to t: release the ops of its stream and a wait on it."""
+        st = self.ranks[r]
+        st.end[i] = t
+        st.start[i] = t_start
+        st.finish = max(st.finish, t)
+        for j, issue_t in self.stream_waiters.pop((r, i), ()):
+            self.try_ready(r, j, issue_t)
+        if st.blocked_at is not None and st.ops[st.pc].target == i:
+            if t > st.blocked_at:
+                st.waits.append(self.wait_record(st.blocked_at, t, t_start, st.ops[i]))
+            st.tc = max(st.tc, t)
+            st.blocked_at = None
+            st.pc += 1
+            self.advance(r)
+
+
+def _rank_times(st: _Rank) -> RankTimes:
+    """The results of one finished rank."""
+    comm = [op.index for op in st.ops if op.kind in ("collective", "p2p")]
+    return RankTimes(
+        finish_s=st.finish,
+        compute_s=st.compute,
+        comm_start=np.array([st.start[i] for i in comm], dtype=np.float64),
+        comm_end=np.array([st.end[i] for i in comm], dtype=np.float64),
+        waits=st.waits,
+    )
 
 
 def _check_done(ranks: list[_Rank], arrivals: dict) -> None:

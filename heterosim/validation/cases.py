@@ -331,10 +331,10 @@ def _precision(text: str) -> tuple[list[str], str]:
     return [f"--{first}"], note
 
 
-def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
-    """``models/pretrain_gpt.py`` flags, world size and cluster of an end-to-end case."""
-    m, par, b = case.model, case.parallelism, case.batch
-    notes: list[str] = []
+def _model_flags(case: Case, notes: list[str]) -> list[str]:
+    """Model-shape and architecture flags: layers, hidden, heads, seq, vocab, ffn, attention groups,
+    activation, normalization and position embedding (unstated ones noted in ``notes``)."""
+    m = case.model
     need = {"layers": "--num-layers", "hidden": "--hidden-size", "heads": "--num-attention-heads",
             "seq_len": "--seq-length", "vocab": "--vocab-size"}
     flags: list[str] = []
@@ -346,7 +346,14 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     flags += ["--max-position-embeddings", str(int(m["seq_len"]))]
     if _int_or_none(m.get("ffn")) is not None:
         flags += ["--ffn-hidden-size", str(int(m["ffn"]))]
+    return flags + _arch_flags(case, notes)
+
+
+def _arch_flags(case: Case, notes: list[str]) -> list[str]:
+    """Flags for the architecture words of ``model.arch`` (and ``model.kv_heads``)."""
+    m = case.model
     feats = _arch(str(m.get("arch", "")))
+    flags: list[str] = []
     kv = _int_or_none(m.get("kv_heads", m.get("query_groups")))
     if kv is None and feats.get("attn") == "mqa":
         kv = 1
@@ -365,34 +372,30 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     if "pos" not in feats:
         notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
                      "RoPE costs within 1% of a layer)")
+    return flags
+
+
+def _parallel_sizes(case: Case) -> dict[str, int]:
+    """The case's tp, pp, dp, cp and ep sizes (1 where not given)."""
     size = {}
     for dim in ("tp", "pp", "dp", "cp", "ep"):
-        v = par.get(dim, 1)
+        v = case.parallelism.get(dim, 1)
         size[dim] = _int_or_none(v)
         if size[dim] is None:
             raise ConfigError(f"case {case.id}: parallelism.{dim} is {v!r}; give an integer")
-    world = size["tp"] * size["pp"] * size["dp"] * size["cp"]
-    flags += ["--tensor-model-parallel-size", str(size["tp"]), "--pipeline-model-parallel-size", str(size["pp"])]
+    return size
+
+
+def _parallel_flags(case: Case, size: Mapping[str, int], pub: Mapping[str, Any], script: str | None,
+                    notes: list[str]) -> list[str]:
+    """Parallelism flags: sizes, interleaved pipeline, sequence parallelism and recomputation."""
+    par = case.parallelism
+    flags = ["--tensor-model-parallel-size", str(size["tp"]), "--pipeline-model-parallel-size", str(size["pp"])]
     if size["cp"] > 1:
         flags += ["--context-parallel-size", str(size["cp"])]
     if size["ep"] > 1:
         flags += ["--expert-model-parallel-size", str(size["ep"])]
-    pub, script = published_settings(case)
-    vpp = _int_or_none(par.get("vpp"))
-    if vpp is None and "layers_per_virtual_stage" in pub and size["pp"] > 1:
-        per = pub["layers_per_virtual_stage"]
-        if int(m["layers"]) % (size["pp"] * per):
-            raise ConfigError(f"case {case.id}: {m['layers']} layers do not split into pp {size['pp']} stages "
-                              f"of {per}-layer virtual stages ({script}); fix {PUBLISHED_RUNS_NAME}")
-        vpp = int(m["layers"]) // (size["pp"] * per)
-        notes.append(f"vpp not stated: {vpp} ({per} layers per virtual stage, {script})")
-    elif par.get("vpp") is not None and vpp is None and size["pp"] > 1:
-        notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
-                     "--num-layers-per-virtual-pipeline-stage)")
-    if vpp is not None and vpp > 1:
-        if int(m["layers"]) % (size["pp"] * vpp):
-            raise ConfigError(f"case {case.id}: {m['layers']} layers do not split into pp {size['pp']} x vpp {vpp}")
-        flags += ["--num-layers-per-virtual-pipeline-stage", str(int(m["layers"]) // (size["pp"] * vpp))]
+    flags += _interleave_flags(case, size["pp"], pub, script, notes)
     if par.get("sequence_parallel") is True:
         flags.append("--sequence-parallel")
     rc = _recompute(par.get("recompute", "none"))
@@ -400,6 +403,40 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
+    return flags
+
+
+def _interleave_flags(case: Case, pp: int, pub: Mapping[str, Any], script: str | None,
+                      notes: list[str]) -> list[str]:
+    """``--num-layers-per-virtual-pipeline-stage`` for the case's ``vpp``, else for its published
+    launch script's layers per virtual stage; none for a non-interleaved pipeline."""
+    layers, stated = case.model["layers"], case.parallelism.get("vpp")
+    vpp = _int_or_none(stated)
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if vpp is None and "layers_per_virtual_stage" in pub and pp > 1:
+        per = pub["layers_per_virtual_stage"]
+        if int(layers) % (pp * per):
+            raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} stages "
+                              f"of {per}-layer virtual stages ({script}); fix {PUBLISHED_RUNS_NAME}")
+        vpp = int(layers) // (pp * per)
+        notes.append(f"vpp not stated: {vpp} ({per} layers per virtual stage, {script})")
+        return [flag, str(per)] if vpp > 1 else []
+    if stated is not None and vpp is None and pp > 1:
+        notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
+                     "--num-layers-per-virtual-pipeline-stage)")
+    if vpp is None or vpp <= 1:
+        return []
+    if int(layers) % (pp * vpp):
+        raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} x vpp {vpp}")
+    return [flag, str(int(layers) // (pp * vpp))]
+
+
+def _batch_flags(case: Case, pub: Mapping[str, Any], script: str | None, micro_batch_default: int,
+                 notes: list[str]) -> list[str]:
+    """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
+    ``micro_batch_default``)."""
+    b = case.batch
+    flags: list[str] = []
     mb = _int_or_none(b.get("micro"))
     if mb is None and "micro_batch" in pub:
         mb = int(pub["micro_batch"])
@@ -421,26 +458,47 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     gb = _int_or_none(b.get("global"))
     if gb is None:
         raise ConfigError(f"case {case.id}: batch.global is {b.get('global')!r}; give an integer")
-    flags += ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
+    return flags + ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
+
+
+def _era_flags(case: Case, size: Mapping[str, int], year: int | None, notes: list[str]) -> list[str]:
+    """Flags for what the Megatron-LM of the source's year did by default and later releases do not:
+    a synchronous tensor-parallel backward all-reduce, scatter/gather pipeline p2p."""
+    flags: list[str] = []
+    if size["tp"] > 1 and year is not None and year < ASYNC_TP_ALLREDUCE_YEAR:
+        flags.append("--no-async-tensor-model-parallel-allreduce")
+        notes.append(f"tensor-parallel backward all-reduce synchronous (Megatron-LM in {year}; the "
+                     f"async all-reduce overlapping the weight-gradient GEMM arrived in late 2021)")
+    if (size["pp"] > 1 and size["tp"] > 1 and case.parallelism.get("sequence_parallel") is not True
+            and year is not None and year < CORE_P2P_YEAR):
+        flags.append("--scatter-gather-tensors-in-pipeline")
+        notes.append(f"pipeline p2p with the scatter/gather optimization (Megatron-LM in {year}, on by default "
+                     "before Megatron-core): each TP rank sends 1/tp of the activation, all-gathered over NVLink")
+    return flags
+
+
+def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
+    """``models/pretrain_gpt.py`` flags, world size and cluster of an end-to-end case.
+
+    Unstated settings come from the case's published launch script (:func:`published_settings`),
+    else Megatron-LM's default, and are listed in ``assumptions`` (the cluster's last).
+    """
+    notes: list[str] = []
+    flags = _model_flags(case, notes)
+    size = _parallel_sizes(case)
+    world = size["tp"] * size["pp"] * size["dp"] * size["cp"]
+    pub, script = published_settings(case)
+    flags += _parallel_flags(case, size, pub, script, notes)
+    flags += _batch_flags(case, pub, script, micro_batch_default, notes)
     p_flags, p_note = _precision(case.precision)
     flags += p_flags
     notes.append(p_note)
     cluster, gpu, hw_notes = cluster_for(case.hardware, world)
     year = source_year(case)
-    if size["tp"] > 1 and year is not None and year < ASYNC_TP_ALLREDUCE_YEAR:
-        flags.append("--no-async-tensor-model-parallel-allreduce")
-        notes.append(f"tensor-parallel backward all-reduce synchronous (Megatron-LM in {year}; the "
-                     f"async all-reduce overlapping the weight-gradient GEMM arrived in late 2021)")
-    if (size["pp"] > 1 and size["tp"] > 1 and par.get("sequence_parallel") is not True and year is not None
-            and year < CORE_P2P_YEAR):
-        flags.append("--scatter-gather-tensors-in-pipeline")
-        notes.append(f"pipeline p2p with the scatter/gather optimization (Megatron-LM in {year}, on by default "
-                     "before Megatron-core): each TP rank sends 1/tp of the activation, all-gathered over NVLink")
+    flags += _era_flags(case, size, year, notes)
     a_flags, a_notes = _attention(case, gpu, year)
-    flags += a_flags
-    notes += a_notes
-    return CaseInputs(flags=tuple(flags), world_size=world, cluster=cluster, gpu=gpu,
-                      assumptions=tuple(notes + hw_notes))
+    return CaseInputs(flags=tuple(flags + a_flags), world_size=world, cluster=cluster, gpu=gpu,
+                      assumptions=tuple(notes + a_notes + hw_notes))
 
 
 FLASH_IN_MEGATRON_YEAR = 2023
