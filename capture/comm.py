@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from capture.opinfo import dtype_name
 from heterosim.errors import CaptureError
+from heterosim.trace.vocab import COLLECTIVES, P2P
 
 __all__ = ["CommInfo", "describe_comm", "find_group", "NO_FAKE_IMPL"]
 
@@ -83,6 +84,7 @@ _FUNCTIONAL = {
     "broadcast": "broadcast",
     "broadcast_": "broadcast",
 }
+assert {c for c, _, _ in _C10D.values()} | set(_FUNCTIONAL.values()) <= set(COLLECTIVES), "not trace vocabulary"
 
 
 def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
@@ -95,8 +97,8 @@ def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
         nbytes = 0 if size_arg is None else _nb(args[size_arg])
         data = _tensors(args[0]) if args and size_arg is not None else []
         written = tuple(_tensors(args[written_arg])) if written_arg is not None else ()
-        peer = int(args[2]) if coll in ("send", "recv") else -1
-        kind = "p2p" if coll in ("send", "recv") else "collective"
+        peer = int(args[2]) if coll in P2P else -1
+        kind = "p2p" if coll in P2P else "collective"
         return CommInfo(kind, coll, nbytes, dtype_name(data[0].dtype) if data else "", peer, written)
     if packet not in _FUNCTIONAL:
         raise CaptureError(f"unsupported functional collective {func}; supported: {sorted(_FUNCTIONAL)}")

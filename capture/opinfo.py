@@ -22,6 +22,9 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from heterosim.trace import vocab
+from heterosim.trace.vocab import DTYPE_OF_TORCH
+
 __all__ = [
     "OpCost",
     "describe",
@@ -47,126 +50,17 @@ if aten._scaled_dot_product_flash_attention_for_cpu not in flop_registry:
         return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
-_DTYPE_NAMES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float64: "fp64",
-    torch.int64: "int64",
-    torch.int32: "int32",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-}
-for _n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
-    if hasattr(torch, _n):
-        _DTYPE_NAMES[getattr(torch, _n)] = "fp8"
+_DTYPE_NAMES = {getattr(torch, n): name for n, name in DTYPE_OF_TORCH.items() if hasattr(torch, n)}
 
 
 def dtype_name(dt: torch.dtype) -> str:
-    """Short dtype name used in traces (bf16, fp32, fp8, ...)."""
+    """Short dtype name used in traces (bf16, fp32, fp8, ...): :data:`heterosim.trace.vocab.DTYPE_OF_TORCH`."""
     return _DTYPE_NAMES.get(dt, str(dt).replace("torch.", ""))
 
-
-_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul"}
-_ATTENTION = {
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_forward",
-    "_flash_attention_backward",
-}
-_NORM = {
-    "native_layer_norm",
-    "native_layer_norm_backward",
-    "_fused_rms_norm",
-    "_fused_rms_norm_backward",
-    "native_group_norm",
-    "native_batch_norm",
-}
-_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax", "_masked_softmax", "_masked_softmax_backward",
-            "scaled_upper_triang_masked_softmax", "scaled_upper_triang_masked_softmax_backward"}
 
 # Megatron's fused causal softmax (models/layers/megatron_ops.py) -> how many [.., sq, sk] tensors
 # the kernel reads, each only on its unmasked elements: x forward; grad and out backward.
 _UPPER_TRIANG_READS = {"scaled_upper_triang_masked_softmax": 1, "scaled_upper_triang_masked_softmax_backward": 2}
-_CROSS_ENTROPY = {
-    "_log_softmax",
-    "_log_softmax_backward_data",
-    "nll_loss_forward",
-    "nll_loss_backward",
-    "nll_loss2d_forward",
-    "nll_loss2d_backward",
-}
-_EMBEDDING = {"embedding", "embedding_dense_backward", "_embedding_bag", "embedding_backward"}
-_REDUCTION = {
-    "sum",
-    "mean",
-    "amax",
-    "amin",
-    "max",
-    "min",
-    "var_mean",
-    "var",
-    "std",
-    "linalg_vector_norm",
-    "norm",
-    "prod",
-    "argmax",
-    "argmin",
-    "logsumexp",
-    "_foreach_norm",
-    "topk",
-    "cumsum",
-}
-_COPY = {
-    "copy_",
-    "_to_copy",
-    "clone",
-    "cat",
-    "stack",
-    "index",
-    "index_select",
-    "gather",
-    "scatter",
-    "scatter_add",
-    "scatter_add_",
-    "index_put",
-    "index_put_",
-    "index_add",
-    "index_add_",
-    "constant_pad_nd",
-    "repeat",
-    "repeat_interleave",
-    "_unsafe_index",
-    "_unsafe_index_put",
-    "flip",
-    "roll",
-    "masked_scatter",
-    "split_with_sizes_copy",
-    "slice_scatter",
-    "select_scatter",
-    "narrow_copy",
-    "_foreach_copy_",
-    "lift_fresh_copy",
-    "fill_",
-    "zero_",
-    "zeros",
-    "ones",
-    "full",
-    "zeros_like",
-    "ones_like",
-    "full_like",
-    "new_zeros",
-    "new_ones",
-    "new_full",
-    "arange",
-}
 
 # In-place ops that overwrite their destination without reading it.
 _WRITE_ONLY = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_", "bernoulli_"}
@@ -238,37 +132,19 @@ def _upper_triang_softmax_cost(packet: str, x: torch.Tensor) -> tuple[int, int, 
 
 
 def kernel_class_of(packet: str, func: Any, phase: str) -> str:
-    """Kernel class of an aten op (overload packet name), given the phase it runs in."""
-    if packet in _GEMM:
-        return "gemm"
-    if packet in _ATTENTION:
-        return "attention"
-    if phase == "optimizer":
-        return "optimizer"
-    if packet in _NORM:
-        return "norm"
-    if packet in _SOFTMAX:
-        return "softmax"
-    if packet in _CROSS_ENTROPY:
-        return "cross_entropy"
-    if packet in _EMBEDDING:
-        return "embedding"
-    if packet in _REDUCTION or packet.startswith("_foreach_norm"):
-        return "reduction"
-    if packet in _COPY:
-        return "copy"
-    if packet in _RANDOM_POINTWISE:
-        return "elementwise"
+    """Kernel class of an aten op (overload packet name), given the phase it runs in.
+
+    The name's class in :mod:`heterosim.trace.vocab` (the one table, shared with kernel_db); for a
+    name it does not hold, torch's op tags: ``reduction``, else ``pointwise`` -> elementwise, else
+    copy (memory-bound, priced from bytes).
+    """
+    kc = vocab.kernel_class_of(packet, phase)
+    if kc is not None:
+        return kc
     tags = getattr(func, "tags", ())
     if torch.Tag.reduction in tags:
         return "reduction"
-    # Pointwise ops, random (dropout), and anything else: memory-bound, priced from bytes.
-    return "elementwise" if torch.Tag.pointwise in tags or packet.startswith("_foreach") else "copy"
-
-
-_RANDOM_POINTWISE = {"native_dropout", "_fused_dropout", "bernoulli"}
-"""Pointwise ops torch does not tag ``pointwise`` (they draw random numbers): elementwise kernels,
-so kernel_db's fusion can merge them as Megatron's jit-fused bias-dropout-add does."""
+    return "elementwise" if torch.Tag.pointwise in tags else "copy"
 
 
 def _unique_nbytes(t: torch.Tensor) -> int:

@@ -52,7 +52,7 @@ class KernelRow:
     gpu: str
     """Canonical catalogue name of the GPU (``CPU-host`` for ``--device cpu``)."""
     kernel_class: str
-    """Kernel class (``heterosim.trace.ir.KERNEL_CLASSES``)."""
+    """Kernel class (``heterosim.trace.vocab.KERNEL_CLASSES``)."""
     signature: str
     """Canonical signature (CUDA kernel name, dtype, shapes)."""
     dtype: str

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from heterosim.errors import UnknownKernelError
+from heterosim.trace.vocab import DTYPE_BYTES
 
 from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key
@@ -42,7 +43,6 @@ __all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor
 SOURCES = ("measured", "interpolated", "scaled", "roofline")
 """Source kinds; a scaled price's source reads ``scaled:<gpu name>``."""
 
-_ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "int32": 4, "bool": 1, "int8": 1}
 _TENSOR_CLASSES = ("gemm", "attention")
 _BRACKET_DIMS = {"gemm": ("m", "n", "k", "batch"), "attention": ("b", "h", "sq", "sk", "d")}
 _MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal")}
@@ -68,7 +68,7 @@ def _get(op: Any, name: str, default: Any) -> Any:
 
 def _gemm_flops_bytes(dims: Mapping[str, Any], dtype: str) -> tuple[float, float]:
     m, n, k, b = (int(dims.get(x, 1)) for x in ("m", "n", "k", "batch"))
-    return 2.0 * m * n * k * b, float((m * k + k * n + m * n) * b * _ITEMSIZE.get(dtype, 2))
+    return 2.0 * m * n * k * b, float((m * k + k * n + m * n) * b * DTYPE_BYTES.get(dtype, 2))
 
 
 def scale_factor(kernel_class: str, dtype: str, flops: float, nbytes: float, old: GpuSpec, new: GpuSpec) -> float:
@@ -142,7 +142,7 @@ class Pricer:
         if kind != "compute":
             return Price(seconds=0.0, source="comm", rel_err=0.0)
         name = _get(op, "name", "")
-        kc = kernel_class_of(name, _get(op, "kernel_class", ""))
+        kc = kernel_class_of(name, _get(op, "kernel_class", ""), _get(op, "phase", ""))
         if kc == "comm":
             return Price(seconds=0.0, source="comm", rel_err=0.0)
         dims = _get(op, "dims", None) or {}

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from heterosim.errors import KernelDBError
+from heterosim.trace.vocab import DTYPE_BYTES, TORCH_DTYPE_OF
 
 from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key, merge_rows
@@ -41,9 +42,7 @@ from .opmap import canonical_name, canonical_signature, kernel_class_of, parse_s
 __all__ = ["KernelSpec", "ProfileResult", "kernels_from_trace", "sweep", "profile", "environment", "SWEEPS", "NOISY_SPREAD"]
 
 SWEEPS = ("gemm", "attention", "elementwise", "all")
-_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn",
-                 "int64": "int64", "int32": "int32", "int8": "int8", "uint8": "uint8", "bool": "bool", "fp64": "float64",
-                 "": "float32"}
+_TORCH_DTYPES = {**TORCH_DTYPE_OF, "": "float32"}
 """Trace dtype -> torch dtype name. '' (factory ops with no tensor input: arange, randint) runs in fp32."""
 
 
@@ -87,7 +86,7 @@ def kernels_from_trace(trace: Any) -> list[KernelSpec]:
             for i, kind in enumerate(c["kind"]):
                 if kind != "compute":
                     continue
-                kc = kernel_class_of(c["name"][i], c["kernel_class"][i])
+                kc = kernel_class_of(c["name"][i], c["kernel_class"][i], c["phase"][i])
                 if kc == "comm":
                     continue
                 sig = canonical_signature(c["signature"][i])
@@ -104,7 +103,7 @@ def sweep(kind: str, dtype: str = "bf16", sizes: Sequence[int] | None = None) ->
     """A standard sweep: ``gemm`` (m, n, k over ``sizes``), ``attention`` or ``elementwise``, or ``all``."""
     if kind not in SWEEPS:
         raise KernelDBError(f"unknown sweep {kind!r}; valid sweeps: {', '.join(SWEEPS)}")
-    it = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}.get(dtype, 2)
+    it = DTYPE_BYTES.get(dtype, 2)
     out: list[KernelSpec] = []
     if kind in ("gemm", "all"):
         ss = list(sizes or (512, 1024, 2048, 4096, 8192, 16384))

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from heterosim.errors import ConfigError
-from ncclshim.planner import COLLECTIVES, DTYPE_BYTES, plan
+from heterosim.trace.vocab import DTYPE_BYTES
+from ncclshim.planner import COLLECTIVES, plan
 from ncclshim.topology import TopologyView
 
 __all__ = ["BenchRow", "parse_size", "sweep", "format_table", "rows_to_json"]

@@ -6,6 +6,8 @@ and bandwidths in GB/s here because that is how NCCL writes them; the planner co
 
 from __future__ import annotations
 
+from heterosim.trace.vocab import NCCL_COLLECTIVES
+
 __all__ = [
     "ALGOS",
     "PROTOS",
@@ -31,7 +33,7 @@ __all__ = [
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
 """NCCL's algorithm order (``nccl_tuner.h``); selection scans in this order, ties keep the first."""
 PROTOS: tuple[str, ...] = ("LL", "LL128", "SIMPLE")
-COST_COLLECTIVES: tuple[str, ...] = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
+COST_COLLECTIVES: tuple[str, ...] = NCCL_COLLECTIVES
 """Collectives with a cost model (``nccl_common.h``); the others are grouped send/recv."""
 
 MAX_CHANNELS = 64

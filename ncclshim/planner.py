@@ -28,17 +28,18 @@ from numbers import Integral
 from typing import Mapping, NamedTuple, Sequence
 
 from heterosim.errors import UnsupportedCollectiveError
+from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze
 from ncclshim.topology import TopologyView, nccl_nvlink_bw
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
-__all__ = ["COLLECTIVES", "DTYPE_BYTES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
+__all__ = ["COLLECTIVES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
 
-COLLECTIVES: tuple[str, ...] = COST_COLLECTIVES + ("all_to_all", "send", "recv")
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-               "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
+COLLECTIVES: tuple[str, ...] = COST_COLLECTIVES + ("all_to_all",) + P2P
+"""What :func:`plan` plans: the trace's collectives (:data:`heterosim.trace.vocab.COLLECTIVES`) but
+``barrier``, which runs as an all_reduce (:func:`heterosim.trace.vocab.as_planned`)."""
 _P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD, bytes per channel
 
 
@@ -148,7 +149,7 @@ class Planner:
             raise UnsupportedCollectiveError(
                 f"{coll} on a group of {len(ranks)} rank(s) moves nothing; skip one-rank groups "
                 "(ncclshim.is_trivial(ranks)) instead of planning them")
-        if coll in ("send", "recv") and len(ranks) != 2:
+        if coll in P2P and len(ranks) != 2:
             raise UnsupportedCollectiveError(f"{coll} takes ranks=(src, dst), got {len(ranks)} ranks")
         if isinstance(nbytes, bool) or not isinstance(nbytes, Integral) or nbytes < 0:
             raise UnsupportedCollectiveError(f"nbytes must be a non-negative integer, got {nbytes!r}")
@@ -172,7 +173,7 @@ class Planner:
         key = (coll, algo, ranks, pxn, root if coll in ("broadcast", "reduce") else 0)
         t = self._templates.get(key)
         if t is None:
-            if coll in ("send", "recv"):  # a single path: no communicator analysis needed
+            if coll in P2P:  # a single path: no communicator analysis needed
                 a, b = ranks
                 specs: tuple[FlowSpec, ...] = ((a, b, 1.0, 0, self.view.route(a, b, 0, pxn=pxn), 0),)
             else:
@@ -195,7 +196,7 @@ class Planner:
     def _p2p_choice(self, coll: str, nbytes: int, n: int, t: _Template, s: Settings) -> Choice:
         """send/recv and all_to_all: NCCL has no cost model; same form, per-peer protocol rule (§1.6)."""
         links = self.view.links
-        per_peer = nbytes if coll in ("send", "recv") else nbytes / n
+        per_peer = nbytes if coll in P2P else nbytes / n
         net = any(links[i].kind == "net" for i, _ in t.load_per_byte)
         nvl = all(links[i].kind == "nvlink" for i, _ in t.load_per_byte)
         peer_ch = self._peer_channels(t.specs[0][0], t.specs[0][4], net, nvl)

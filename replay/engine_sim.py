@@ -17,6 +17,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from heterosim.errors import TraceMismatchError
+from heterosim.trace.vocab import P2P
 
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
                      busy_change, span_step)
@@ -202,7 +203,7 @@ class _Sim:
         fam = _family(trace, g)
         coll = sk.collective[p]
         nbytes, dtype = sk.nbytes[p], sk.dtype[p]
-        if coll in ("send", "recv"):
+        if coll in P2P:
             peer = sk.peer[p]
             if not 0 <= peer < len(info.ranks):
                 raise TraceMismatchError(

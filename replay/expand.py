@@ -21,8 +21,9 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from heterosim.trace.ir import Trace
 from heterosim.errors import ReplayError, TraceSchemaError
+from heterosim.trace.ir import Trace
+from heterosim.trace.vocab import P2P
 
 from .flows import TransferSpec
 
@@ -162,7 +163,7 @@ def comm_instance(trace: Trace, op_group: str, collective: str, nbytes: int, dty
     """Pairing key, instance and send flag of one comm op issued by ``rank``."""
     g = trace.group_for(op_group, rank)
     info = trace.groups[g]
-    if collective in ("send", "recv"):
+    if collective in P2P:
         if not 0 <= peer < len(info.ranks):
             raise TraceSchemaError(
                 f"rank {rank}: {collective} on group {g} names peer {peer}, but the group has "

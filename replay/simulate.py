@@ -15,8 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from heterosim.trace.ir import Trace, flop_totals, load_trace
 from heterosim.errors import ConfigError, ReplayError
+from heterosim.trace.ir import Trace, flop_totals, load_trace
+from heterosim.trace.vocab import DTYPE_BYTES, as_planned
 
 from .backend import get_backend
 from .engine import FastRun, run_fast
@@ -98,12 +99,8 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
     def transfer(inst: CommInstance) -> TransferSpec:
         import ncclshim
 
-        from ncclshim.planner import DTYPE_BYTES
-
         ranks_gpu = [gpus[r] for r in inst.ranks]
-        coll, nbytes, dtype = inst.collective, inst.nbytes, inst.dtype
-        if coll == "barrier":  # torch.distributed.barrier is an all_reduce of one element
-            coll, nbytes, dtype = "all_reduce", 4, "fp32"
+        coll, nbytes, dtype = as_planned(inst.collective, inst.nbytes, inst.dtype)
         if dtype not in DTYPE_BYTES or nbytes % (DTYPE_BYTES[dtype] * len(ranks_gpu)):
             dtype = "uint8"  # only sizes matter here; a byte type always divides
         p = ncclshim.plan(coll, nbytes, ranks_gpu, view, env=nccl_env, dtype=dtype)

@@ -43,13 +43,12 @@ from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from heterosim.atomic import atomic_dir, check_dir_output
 from heterosim.errors import TraceSchemaError
+from heterosim.trace.vocab import COLLECTIVES, KERNEL_CLASSES
 
 __all__ = [
     "SCHEMA_VERSION",
     "OP_KINDS",
-    "KERNEL_CLASSES",
     "PHASES",
-    "COLLECTIVES",
     "PARALLEL_DIMS",
     "COLUMNS",
     "Op",
@@ -70,33 +69,7 @@ whenever a field changes meaning."""
 OpKind = Literal["compute", "collective", "p2p", "wait"]
 OP_KINDS: tuple[str, ...] = ("compute", "collective", "p2p", "wait")
 
-KERNEL_CLASSES: tuple[str, ...] = (
-    "gemm",  # mm / addmm / bmm / linear, fp8 GEMMs included (dtype says fp8)
-    "attention",  # fused (flash / efficient / cuDNN) scaled-dot-product attention, fwd or bwd
-    "norm",  # layer norm / RMS norm, fwd or bwd
-    "softmax",  # standalone softmax (and its backward)
-    "elementwise",  # pointwise math, activations, dropout, masked fill, RoPE pieces
-    "reduction",  # sum / mean / max / norm reductions
-    "embedding",  # embedding lookup and its backward (index add)
-    "cross_entropy",  # log-softmax + nll style losses
-    "copy",  # copies, casts, cat / stack, index / gather / scatter data movement
-    "optimizer",  # fused or foreach optimizer math over parameters
-    "comm",  # collective / p2p / wait ops (their time comes from ncclshim, not kernel_db)
-)
-"""Kernel classes: what prices an op in ``kernel_db``."""
-
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "optimizer", "grad_sync", "other")
-COLLECTIVES: tuple[str, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "barrier",
-    "send",
-    "recv",
-)
 PARALLEL_DIMS: tuple[str, ...] = ("tp", "dp", "pp", "cp", "ep", "world", "other")
 
 # Column name -> (python type, default). Every block stores every column, in this order.
@@ -135,7 +108,7 @@ class Op:
     name: str
     """The aten (or c10d) op name as captured, e.g. ``aten.mm.default``."""
     kernel_class: str
-    """One of :data:`KERNEL_CLASSES`; ``comm`` for collective / p2p / wait."""
+    """One of :data:`heterosim.trace.vocab.KERNEL_CLASSES`; ``comm`` for collective / p2p / wait."""
     module: str = ""
     """Fully qualified module path (forward and backward alike)."""
     phase: str = "other"
@@ -153,7 +126,7 @@ class Op:
     bytes_written: int = 0
     """Bytes written to device memory (tensor outputs)."""
     dtype: str = ""
-    """Compute dtype: fp32, tf32, bf16, fp16, fp8, int64, ..."""
+    """Compute dtype: a name of :data:`heterosim.trace.vocab.DTYPE_BYTES` (fp32, bf16, fp8, ...)."""
     dims: Mapping[str, Any] = field(default_factory=dict)
     """Shape parameters that key the kernel DB: gemm m/n/k/batch, attention b/h/sq/sk/d/causal, numel."""
     signature: str = ""
@@ -163,7 +136,7 @@ class Op:
     deps: tuple[int, ...] = ()
     """Op ids this op reads data from (data dependencies)."""
     collective: str = ""
-    """For collective / p2p ops: one of :data:`COLLECTIVES`."""
+    """For collective / p2p ops: one of :data:`heterosim.trace.vocab.COLLECTIVES`."""
     group: str = ""
     """Process-group id (key of :attr:`Trace.groups`) as seen by the captured rank."""
     comm_bytes: int = 0
