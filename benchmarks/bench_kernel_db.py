@@ -23,7 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heterosim.trace.ir import Block, GroupInfo, Role, Segment, Trace, load_trace, write_trace  # noqa: E402
+from heterosim.trace.ir import Block, GroupInfo, Role, Segment, Trace
+
+from heterosim.trace.store import load_trace, write_trace  # noqa: E402
 from kernel_db import KernelDB, KernelRow, Pricer, get_gpu, load_efficiency  # noqa: E402
 from kernel_db.db import dims_key  # noqa: E402
 from kernel_db.profile import kernels_from_trace  # noqa: E402

@@ -231,7 +231,7 @@ def run_case(c: Shape, link_sharing: bool = True, overlap_slowdown: float = 0.0)
 
 
 def _bench_trace(path: str, cluster: str, link_sharing: bool, overlap_slowdown: float = 0.0) -> int:
-    from heterosim.trace.ir import load_trace
+    from heterosim.trace.store import load_trace
     from replay.simulate import simulate
 
     t0 = time.perf_counter()

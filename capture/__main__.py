@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if a.inspect:
-            from heterosim.trace.ir import load_trace
+            from heterosim.trace.store import load_trace
             from capture.summary import format_summary, summarize
 
             s = summarize(load_trace(a.inspect))

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from heterosim.trace.ir import check_trace_output, write_trace
+from heterosim.trace.store import check_trace_output, write_trace
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
 from capture.runner import RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
@@ -101,7 +101,7 @@ def capture(
     list like ``"0,8-11"`` (representatives; roles as for auto). ``on_rank_done(done, total)`` is
     called after each captured rank (progress). Nothing is written if any rank fails. ``out`` may
     be new, an empty directory or a previous trace (``force``: also a regular file); anything else
-    is refused before the script runs (:func:`heterosim.trace.ir.check_trace_output`). ``timeout``:
+    is refused before the script runs (:func:`heterosim.trace.store.check_trace_output`). ``timeout``:
     seconds one rank may run (None: no limit); a rank over it stops the capture with an error.
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:

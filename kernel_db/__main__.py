@@ -98,7 +98,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _price(args: argparse.Namespace) -> int:
-    from heterosim.trace.ir import load_trace
+    from heterosim.trace.store import load_trace
 
     from .db import KernelDB
     from .pricing import Pricer
@@ -135,7 +135,7 @@ def _profile(args: argparse.Namespace) -> int:
     if bool(args.trace) == bool(args.sweep):
         raise KernelDBError("profile needs exactly one of TRACE or --sweep KIND (e.g. --sweep gemm)")
     if args.trace:
-        from heterosim.trace.ir import load_trace
+        from heterosim.trace.store import load_trace
 
         kernels = kernels_from_trace(load_trace(args.trace))
         note = f"trace={os.path.basename(os.path.normpath(args.trace))}"

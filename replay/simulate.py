@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from heterosim.errors import ConfigError, ReplayError
-from heterosim.trace.ir import Trace, flop_totals, load_trace
+from heterosim.trace.ir import Trace, flop_totals
+from heterosim.trace.store import load_trace
 from heterosim.trace.vocab import DTYPE_BYTES, as_planned
 
 from .backend import get_backend

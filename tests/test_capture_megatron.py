@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from heterosim.trace.ir import flop_totals, load_trace
+from heterosim.trace.ir import flop_totals
+
+from heterosim.trace.store import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "models" / "pretrain_gpt.py")

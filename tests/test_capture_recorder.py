@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from heterosim.trace.ir import load_trace
+from heterosim.trace.store import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

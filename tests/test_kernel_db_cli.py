@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from heterosim.trace.ir import write_trace
+from heterosim.trace.store import write_trace
 
 from test_kernel_db_profile import small_trace
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from heterosim.trace.ir import write_trace
+from heterosim.trace.store import write_trace
 from heterosim.errors import ConfigError, UnknownGPUError
 from replay.__main__ import main
 from replay.cluster import load_cluster

@@ -52,7 +52,8 @@ def report(env):
 
 def test_end_to_end_case(report, env):
     """An end-to-end case is captured and replayed; time and TFLOP/s (its FLOP convention) compare."""
-    from heterosim.trace.ir import flop_totals, load_trace
+    from heterosim.trace.ir import flop_totals
+    from heterosim.trace.store import load_trace
 
     r = next(c for c in report.cases if c.id == "small-1gpu")
     assert r.status == "ok" and r.detail["flop_convention"] == "hardware"
@@ -118,7 +119,7 @@ def test_sensitivity_gemm_efficiency(env):
     every case."""
     import numpy as np
 
-    from heterosim.trace.ir import load_trace
+    from heterosim.trace.store import load_trace
     from kernel_db import Pricer
     from kernel_db.roofline import load_efficiency
     from heterosim.validation.cases import load_cases
@@ -183,7 +184,7 @@ def test_cli_json_and_plot(env, capsys, tmp_path):
 
 def test_unfused_attention_case_runs(tmp_path):
     """A case whose run predates flash attention is captured with Megatron's unfused core attention."""
-    from heterosim.trace.ir import load_trace
+    from heterosim.trace.store import load_trace
     from heterosim.validation.validate import validate
 
     case = {**E2E, "id": "unfused", "model": {**E2E["model"], "attention": "unfused"}}
@@ -241,7 +242,7 @@ def test_a_malformed_case_fails_alone(tmp_path):
 
 def test_a_damaged_cached_trace_is_captured_again(tmp_path):
     """A cache entry whose header was damaged is replaced by a fresh capture, not reused."""
-    from heterosim.trace.ir import load_trace
+    from heterosim.trace.store import load_trace
     from heterosim.validation.validate import capture_cached
 
     script = Path(__file__).resolve().parent / "scripts" / "tiny_tp.py"

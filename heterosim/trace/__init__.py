@@ -1,7 +1,7 @@
 """The trace: the contract between capture and everything that reads what it recorded.
 
-:mod:`heterosim.trace.ir` is the schema (ops, blocks, roles, process groups), its writer and its
-validating loader; :mod:`heterosim.trace.vocab` the names it is written in (dtypes, collectives,
+:mod:`heterosim.trace.ir` is the schema (ops, blocks, roles, process groups);
+:mod:`heterosim.trace.store` its directory writer and validating loader; :mod:`heterosim.trace.vocab` the names it is written in (dtypes, collectives,
 kernel classes and which op is in which). It imports no torch, so the plan layer and the engine
 read traces without it.
 """
@@ -15,9 +15,8 @@ from heterosim.trace.ir import (
     Segment,
     Trace,
     flop_totals,
-    load_trace,
-    write_trace,
 )
+from heterosim.trace.store import load_trace, write_trace
 from heterosim.trace.vocab import COLLECTIVES, DTYPE_BYTES, KERNEL_CLASSES, P2P, register_kernel_class
 
 __all__ = ["SCHEMA_VERSION", "Block", "GroupInfo", "Op", "Role", "Segment", "Trace", "flop_totals",

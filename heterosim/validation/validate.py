@@ -227,7 +227,7 @@ def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.Pa
     out = cache / key
     if (out / "trace.json").is_file():
         from heterosim.errors import TraceSchemaError
-        from heterosim.trace.ir import load_trace
+        from heterosim.trace.store import load_trace
 
         try:
             load_trace(out)
@@ -260,7 +260,8 @@ def _missing_feature(msg: str) -> str | None:
 
 
 def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
-    from heterosim.trace.ir import flop_totals, load_trace
+    from heterosim.trace.ir import flop_totals
+    from heterosim.trace.store import load_trace
 
     from replay.cluster import load_cluster
     from replay.simulate import simulate
