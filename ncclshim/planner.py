@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Mapping, NamedTuple, Sequence
 
+from heterosim.cluster.bandwidth import nccl_nvlink_bw
 from heterosim.errors import UnsupportedCollectiveError
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze
-from ncclshim.topology import TopologyView, nccl_nvlink_bw
+from ncclshim.topology import TopologyView
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
 __all__ = ["COLLECTIVES", "DTYPE_BYTES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]

@@ -116,7 +116,7 @@ def gpu_from_text(text: str) -> str:
     Raises:
         UnknownGPUError: no catalogue GPU, or several, fit the words (the message lists them).
     """
-    from kernel_db.catalogue import load_catalogue
+    from heterosim.cluster.gpus import load_catalogue
 
     cat = load_catalogue()
     for t in (text, re.sub(r"\(.*?\)", "", text).strip()):  # as written, then without remarks
@@ -201,9 +201,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     GPU, NVLink and NICs; otherwise a node is built from the words alone (PCIe switches one per
     GPU pair, two sockets, rail-optimized fabric with 32 nodes per leaf).
     """
-    from kernel_db.catalogue import get_gpu
-    from replay.cluster import read_spec
-    from replay.cluster_presets import preset_names, preset_path
+    from heterosim.cluster import get_gpu, preset_names, preset_path, read_spec
 
     notes: list[str] = []
     if "gpu" not in hardware:
@@ -465,7 +463,7 @@ def source_year(case: Case) -> int | None:
 
 def _attention(case: Case, gpu: str, year: int | None) -> tuple[list[str], list[str]]:
     """Flags and notes for the core-attention kernel the measured run used."""
-    from kernel_db.catalogue import get_gpu
+    from heterosim.cluster.gpus import get_gpu
 
     word = str(case.model.get("attention", "")).lower()
     cc = get_gpu(gpu).compute_capability
