@@ -34,7 +34,7 @@ def _time(torch, fn, reps: int = 30, warmup: int = 5) -> float:
 
 
 def tile_policy(torch) -> None:
-    from kernel_db.catalogue import get_gpu
+    from heterosim.cluster.gpus import get_gpu
     from kernel_db.roofline import load_efficiency, roofline_time
 
     name = torch.cuda.get_device_name(0)

@@ -18,7 +18,8 @@ import random
 import sys
 import time
 
-from ncclshim import Planner, TopologyView
+from ncclshim import Planner
+from ncclshim.view import preset_view
 
 
 def call_mix(calls: int, nodes: int, seed: int = 0) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -56,7 +57,7 @@ def main() -> int:
     ap.add_argument("--preset", default="dgx-h100")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    view = TopologyView.simple(args.preset, nodes=args.nodes)
+    view = preset_view(args.preset, nodes=args.nodes)
     build = time.perf_counter() - t0
     mix = call_mix(args.calls, args.nodes)
     planner = Planner(view)

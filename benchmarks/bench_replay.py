@@ -213,7 +213,7 @@ def synth_trace(c: Shape) -> Trace:
 
 
 def run_case(c: Shape, link_sharing: bool = True, overlap_slowdown: float = 0.0) -> dict:
-    from replay.cluster import load_cluster
+    from heterosim.cluster import load_cluster
     from replay.simulate import simulate
 
     t0 = time.perf_counter()

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _gpus(args: argparse.Namespace) -> int:
-    from .catalogue import load_catalogue
+    from heterosim.cluster.gpus import load_catalogue
+
     from .report import format_gpus
 
     cat = load_catalogue()

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .catalogue import Catalogue, GpuSpec, load_catalogue
+from heterosim.cluster.gpus import Catalogue, GpuSpec, load_catalogue
+
 from .db import KernelDB, KernelRow
 from .pricing import scale_time
 from .roofline import MEMORY_CLASSES, EfficiencyModel, load_efficiency, roofline_time

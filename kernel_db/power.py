@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .catalogue import GpuSpec
+from heterosim.cluster.gpus import GpuSpec
+
 from .roofline import roofline_time
 
 __all__ = ["POWER_WINDOW_S", "loop_seconds", "GemmBenchPoint", "square_gemm_benchmark"]

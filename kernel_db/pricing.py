@@ -30,10 +30,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from heterosim.cluster.gpus import Catalogue, GpuSpec, load_catalogue
 from heterosim.errors import UnknownKernelError
 from heterosim.trace.vocab import DTYPE_BYTES
 
-from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key
 from .opmap import base_name, canonical_signature, kernel_class_of, writes_only
 from .roofline import EfficiencyModel, load_efficiency, roofline_time

@@ -32,10 +32,10 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from heterosim.cluster.gpus import Catalogue, GpuSpec, load_catalogue
 from heterosim.errors import KernelDBError
 from heterosim.trace.vocab import DTYPE_BYTES, TORCH_DTYPE_OF
 
-from .catalogue import Catalogue, GpuSpec, load_catalogue
 from .db import KernelDB, KernelRow, dims_key, merge_rows
 from .opmap import canonical_name, canonical_signature, kernel_class_of, parse_signature
 

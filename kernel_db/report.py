@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from heterosim.cluster.gpus import Catalogue
+
 from .calibrate import CalibrationReport
-from .catalogue import Catalogue
 from .db import KernelDB
 from .pricing import Pricer
 

@@ -31,10 +31,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from heterosim.cluster.gpus import GpuSpec
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
-
-from .catalogue import GpuSpec
 
 __all__ = ["EfficiencyModel", "load_efficiency", "RooflineTime", "roofline_time", "gemm_efficiency", "attention_efficiency"]
 

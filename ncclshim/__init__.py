@@ -7,8 +7,9 @@ Public names:
   :class:`Planner` holds the caches for one view; :func:`is_trivial` tells one-rank groups;
   :func:`busbw_factor` gives nccl-tests' factors; :data:`COLLECTIVES` lists what is planned.
 - :class:`TopologyView` and its records (:class:`GPU`, :class:`NIC`, :class:`Node`,
-  :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it; ``replay/`` builds it,
-  ``TopologyView.simple(preset, nodes=N)`` builds standard servers.
+  :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it. ``ncclshim.view`` builds
+  it from the cluster model (:mod:`heterosim.cluster`): ``topology_view(cluster)``, or
+  ``preset_view(preset, nodes=N)`` for a preset or cluster file.
 - ``ncclshim.bench.sweep``: an nccl-tests-like sweep (``python -m ncclshim bench``).
 """
 

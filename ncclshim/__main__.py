@@ -1,9 +1,9 @@
 """``python -m ncclshim bench --cluster PRESET|FILE [--nodes N] --op OP --min-bytes 8 --max-bytes 8G [--json]``.
 
-Thin over :mod:`ncclshim.bench`. The cluster resolves through ``replay``'s presets and YAML
-files when ``replay`` is importable (an optional, lazy import: the one place ncclshim touches
-replay), else through ncclshim's built-in presets. NCCL_* variables of the environment apply,
-as they would to nccl-tests.
+Thin over :mod:`ncclshim.bench`. ``--cluster`` is a preset of the cluster model
+(:mod:`heterosim.cluster`, ``python -m replay clusters`` lists them) or a cluster YAML file; the
+view comes from :func:`ncclshim.view.preset_view`. NCCL_* variables of the environment apply, as
+they would to nccl-tests.
 """
 
 from __future__ import annotations
@@ -15,32 +15,12 @@ import sys
 
 from heterosim.errors import HeteroSimError
 
-__all__ = ["main", "resolve_cluster"]
-
-
-def resolve_cluster(name: str, nodes: int):
-    """A TopologyView for a replay preset / cluster file, else an ncclshim built-in preset."""
-    from ncclshim.presets import PRESETS
-    from ncclshim.topology import TopologyView
-
-    try:
-        from replay.cluster import load_cluster, read_spec  # optional: replay may be absent
-        from replay.cluster_presets import preset_names, preset_path
-    except ImportError:
-        load_cluster = None
-    if load_cluster is not None and (name in preset_names() or os.path.isfile(name)):
-        spec = read_spec(preset_path(name) if name in preset_names() else name)
-        # --nodes N: N nodes of every node group the spec leaves unsized.
-        per_round = sum(spec.node_type(g.node_type).gpus_per_node for g in spec.node_groups)
-        has_nodes = all(getattr(g, "nodes", None) for g in spec.node_groups)
-        return load_cluster(spec, num_gpus=None if has_nodes else nodes * per_round).topology_view()
-    if name in PRESETS:
-        return TopologyView.simple(name, nodes=nodes)
-    raise HeteroSimError(f"cluster {name!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a cluster file")
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     from ncclshim.bench import format_table, parse_size, rows_to_json, sweep
+    from ncclshim.view import preset_view
 
     ap = argparse.ArgumentParser(prog="python -m ncclshim", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -57,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.nodes < 1:
             raise HeteroSimError(f"--nodes must be >= 1, got {args.nodes}")
-        view = resolve_cluster(args.cluster, args.nodes)
+        view = preset_view(args.cluster, args.nodes)
         env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
         rows = sweep(view, args.op, parse_size(args.min_bytes), parse_size(args.max_bytes),
                      step_factor=args.step_factor, dtype=args.dtype, env=env)

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from heterosim.cluster.bandwidth import arch_index
 from heterosim.errors import TopologyError
 from ncclshim.constants import INTER_SPEEDS, INTRA_SPEEDS, MAX_CHANNELS
-from ncclshim.topology import TopologyView, arch_index
+from ncclshim.topology import TopologyView
 
 __all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment"]
 

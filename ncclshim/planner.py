@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Mapping, NamedTuple, Sequence
 
+from heterosim.cluster.bandwidth import nccl_nvlink_bw
 from heterosim.errors import UnsupportedCollectiveError
 from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze
-from ncclshim.topology import TopologyView, nccl_nvlink_bw
+from ncclshim.topology import TopologyView
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
 __all__ = ["COLLECTIVES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
@@ -288,8 +289,9 @@ def plan(collective: str, nbytes: int, ranks: Sequence[int], topology: TopologyV
         TopologyError: ranks that are not GPUs of the view, or repeat one.
 
     Example:
-        >>> from ncclshim import TopologyView, plan
-        >>> p = plan("all_reduce", 1 << 30, range(8), TopologyView.simple("dgx-a100"))
+        >>> from ncclshim import plan
+        >>> from ncclshim.view import preset_view
+        >>> p = plan("all_reduce", 1 << 30, range(8), preset_view("dgx-a100"))
         >>> p.algo, p.proto, round(p.busbw / 1e9)
         ('RING', 'SIMPLE', 238)
     """

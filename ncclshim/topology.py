@@ -1,15 +1,15 @@
 """The topology view ncclshim plans on: GPUs, their nodes' fabrics, NICs, directed links and routes.
 
-``replay/`` builds this view from a cluster spec; ``ncclshim/presets.py`` builds it for a few
-standard servers so ncclshim can be tested and benchmarked alone. The view is plain data plus one
-routing callable; ncclshim imports nothing from ``replay/``.
+:mod:`ncclshim.view` builds this view from a :class:`heterosim.cluster.Cluster` (a preset or a
+cluster file); the view is plain data plus one routing callable, so a test may also build one by
+hand. ncclshim reads the cluster model and imports nothing from ``replay/``.
 
 Vocabulary:
 
 - *GPU index*: the position of a GPU in ``TopologyView.gpus`` (global, 0..n-1). ``plan(ranks=...)``
   takes GPU indices: the caller maps its ranks to GPUs.
 - *link*: one direction of a physical connection between two *vertices* (named strings such as
-  ``"n0.gpu3"``, ``"n0.nvs"``, ``"n0.sw1"``, ``"n0.cpu0"``, ``"n0.nic3"``, ``"net"``). ``bw`` is what
+  ``"n0.gpu3"``, ``"n0.nvs"``, ``"n0.sw1"``, ``"n0.cpu0"``, ``"n0.nic3"``, ``"leaf3.0"``). ``bw`` is what
   the hardware moves in B/s (per direction, after link-level encoding); ``nccl_bw`` is what NCCL's
   topology detection believes the link carries (e.g. 20 GB/s per A100 NVLink lane, ``speed/8000``
   GB/s per NIC, ``width * laneSpeed / 80`` per PCIe link; ``research/nccl.md`` §3.1). Flows are
@@ -17,8 +17,8 @@ Vocabulary:
 - *path*: a tuple of link ids from one GPU to another, given by ``TopologyView.route``.
 - *rail*: NICs with the same rail index across nodes share a leaf switch (rail-optimized fabric).
 
-Helper functions give NCCL's own bandwidth numbers for builders (``nccl_nvlink_bw``,
-``nccl_pcie_bw``, ``nccl_nic_bw``).
+NCCL's own bandwidth numbers for builders (``nccl_nvlink_bw``, ``nccl_pcie_bw``, ``nccl_nic_bw``)
+live with the cluster model, in :mod:`heterosim.cluster.bandwidth`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ __all__ = [
     "Router",
     "TopologyView",
     "PATH_TYPES",
-    "nccl_nvlink_bw",
-    "nccl_pcie_bw",
-    "nccl_nic_bw",
-    "arch_index",
 ]
 
 FabricKind = Literal["nvswitch", "nvlink_mesh", "pcie"]
@@ -51,32 +47,6 @@ PATH_TYPES: tuple[str, ...] = (
     "LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS",
 )
 """NCCL's path types, best first (``include/graph.h``; ``research/nccl.md`` §3.2)."""
-
-def arch_index(sm: int) -> int:
-    """NCCL's compute-capability index: Volta(<80)=0, Ampere(80-89)=1, Hopper(90-99)=2, Blackwell=3."""
-    return 0 if sm < 80 else 1 if sm < 90 else 2 if sm < 100 else 3
-
-
-def nccl_nvlink_bw(sm: int, lanes: int) -> float:
-    """What NCCL assigns to ``lanes`` NVLink lanes of an SM``sm`` GPU, in B/s (``ncclTopoNVLinkBw``).
-
-    Per lane: SM60 18, SM70 20, SM80 20, SM86 12, SM90 20.6, SM100 40.1 GB/s.
-    """
-    per_lane = 40.1 if sm >= 100 else 20.6 if sm >= 90 else 12.0 if sm == 86 else 20.0 if sm >= 70 else 18.0
-    return lanes * per_lane * 1e9
-
-
-def nccl_pcie_bw(gen: int, width: int) -> float:
-    """NCCL's PCIe link bandwidth in B/s: ``width * laneSpeed / 80`` GB/s (Gen3 x16 = 12 GB/s)."""
-    lane = {1: 15, 2: 30, 3: 60, 4: 120, 5: 240, 6: 480}
-    if gen not in lane:
-        raise TopologyError(f"PCIe generation {gen} is unknown; use one of {sorted(lane)}")
-    return width * lane[gen] / 80 * 1e9
-
-
-def nccl_nic_bw(gbit_per_s: float) -> float:
-    """NCCL's NIC bandwidth in B/s: ``speed(Mb/s) / 8000`` GB/s, i.e. the line rate over 8."""
-    return gbit_per_s * 1000 / 8000 * 1e9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,8 +157,8 @@ class TopologyView:
     """Everything ncclshim needs to know about a cluster.
 
     Example:
-        >>> from ncclshim import TopologyView
-        >>> view = TopologyView.simple("dgx-a100", nodes=2)
+        >>> from ncclshim.view import preset_view
+        >>> view = preset_view("dgx-a100", nodes=2)
         >>> len(view.gpus), len(view.nics)
         (16, 16)
         >>> [view.links[i].src for i in view.route(0, 1, 0)]
@@ -243,13 +213,3 @@ class TopologyView:
     def path_latency(self, path: tuple[int, ...]) -> float:
         """Sum of the links' latencies along a path, s."""
         return sum(self.links[i].latency for i in path)
-
-    @classmethod
-    def simple(cls, preset: str, *, nodes: int = 1) -> TopologyView:
-        """A standard server preset repeated over ``nodes`` nodes on a rail-optimized fabric.
-
-        Presets: ``dgx-a100``, ``dgx-h100``, ``hgx-h20``, ``l40s-pcie`` (see ``ncclshim.presets``).
-        """
-        from ncclshim.presets import build_preset
-
-        return build_preset(preset, nodes=nodes)

@@ -6,7 +6,8 @@ Public names:
   JSON, Perfetto timelines and plots; ``Result.to_dataframe("classes" | "ranks" | "ops")``).
 - :func:`run_fast` (class-level engine) and :func:`run_reference` (per-rank reference engine) over
   a :class:`Workload`; :class:`FluidNetwork` shares links max-min fairly.
-- :func:`load_cluster`, :func:`list_presets` (cluster specs and presets).
+- :func:`load_cluster`, :func:`list_presets`: the cluster model's (:mod:`heterosim.cluster`),
+  re-exported for convenience.
 
 CLI: ``python -m replay simulate TRACE --cluster PRESET|FILE`` and ``python -m replay clusters``.
 """
@@ -24,7 +25,7 @@ __all__ = ["simulate", "Result", "Breakdown", "run_fast", "run_reference", "Work
 
 def __getattr__(name: str):
     if name in ("load_cluster", "list_presets"):
-        from replay import cluster
+        from heterosim import cluster
 
         return getattr(cluster, name)
     raise AttributeError(f"module 'replay' has no attribute {name!r}")

@@ -5,7 +5,7 @@
     python -m replay clusters [--json]
     python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--jobs N] [--json] [--markdown] [--plot F]
 
-Thin over :func:`replay.simulate.simulate` and :func:`replay.cluster.list_presets`. Errors print
+Thin over :func:`replay.simulate.simulate` and :func:`heterosim.cluster.list_presets`. Errors print
 one line (``error: ...``) and exit 2.
 """
 
@@ -83,7 +83,7 @@ def _validate(a: argparse.Namespace) -> int:
 
 
 def _ranks(text: str) -> list[int]:
-    from replay.placement import parse_ranges
+    from heterosim.cluster.placement import parse_ranges
 
     return list(parse_ranges(text, "--timeline-ranks"))
 
@@ -114,7 +114,7 @@ def _simulate(a: argparse.Namespace) -> int:
 
 
 def _clusters(a: argparse.Namespace) -> int:
-    from replay.cluster import list_presets
+    from heterosim.cluster import list_presets
 
     presets = list_presets()
     if a.json:

@@ -15,10 +15,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from heterosim.cluster import Cluster, load_cluster
 from heterosim.errors import ConfigError, ReplayError
 from heterosim.trace.ir import Trace, flop_totals
 from heterosim.trace.store import load_trace
 from heterosim.trace.vocab import DTYPE_BYTES, as_planned
+from ncclshim.view import topology_view
 
 from .backend import get_backend
 from .engine import FastRun, run_fast
@@ -88,7 +90,7 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
     for t in sorted(set(gpu_type)):
         pricer.gpu(t)  # UnknownGPUError lists the catalogue
     node = [cluster.node_of(g) for g in gpus]
-    view = cluster.topology_view()
+    view = topology_view(cluster)
     capacity = [float(l.bw) for l in view.links]
 
     def durations(role_id: int, block: str, gpu: str) -> np.ndarray:
@@ -254,7 +256,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
 
     Args:
         trace: a :class:`~heterosim.trace.ir.Trace` or a trace directory.
-        cluster: a ``replay.cluster.Cluster``, or what ``load_cluster`` takes (preset name, YAML
+        cluster: a :class:`heterosim.cluster.Cluster`, or what ``load_cluster`` takes (preset name, YAML
             path, dict); then it is built for the trace's world size.
         kernel_db: None (catalogue + roofline only), a DB path, a ``KernelDB`` or a ``Pricer``.
         backend: ``numpy`` or ``cupy`` (array namespace for the span arithmetic).
@@ -273,9 +275,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     xp = get_backend(backend)
-    if not hasattr(cluster, "topology_view"):
-        from .cluster import load_cluster
-
+    if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster, num_gpus=trace.world_size, placement=placement)
     pricer = _pricer(kernel_db)
     sources: dict = {}

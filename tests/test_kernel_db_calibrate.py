@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from kernel_db.calibrate import calibrate
-from kernel_db.catalogue import get_gpu
+from heterosim.cluster.gpus import get_gpu
 from kernel_db.db import KernelDB, KernelRow, dims_key
 from kernel_db.pricing import scale_factor
 from kernel_db.profile import sweep

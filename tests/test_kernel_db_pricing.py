@@ -4,7 +4,7 @@ import pytest
 
 from heterosim.trace.ir import Block, Op
 from heterosim.errors import UnknownGPUError, UnknownKernelError
-from kernel_db.catalogue import get_gpu
+from heterosim.cluster.gpus import get_gpu
 from kernel_db.db import KernelDB, KernelRow, dims_key
 from kernel_db.pricing import Pricer, fusion_groups, price, scale_factor
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from heterosim.errors import ConfigError
-from kernel_db.catalogue import get_gpu
+from heterosim.cluster.gpus import get_gpu
 from kernel_db.power import loop_seconds, square_gemm_benchmark
 from kernel_db.roofline import attention_efficiency, gemm_efficiency, load_efficiency, roofline_time
 

@@ -4,7 +4,7 @@ import pytest
 
 from heterosim.errors import ConfigError
 from ncclshim.bench import format_table, parse_size, rows_to_json, sweep
-from ncclshim.presets import build_preset
+from ncclshim.view import preset_view
 
 
 def test_parse_size_uses_powers_of_1024():
@@ -16,7 +16,7 @@ def test_parse_size_uses_powers_of_1024():
 
 def test_sweep_doubles_and_rounds_to_the_group():
     """Sizes double from min to max; all_gather sizes round down to ranks x element size."""
-    v = build_preset("dgx-a100")
+    v = preset_view("dgx-a100")
     rows = sweep(v, "all_gather", 8, 1024)
     assert [r.size_bytes for r in rows] == [16, 32, 64, 128, 256, 512, 1024]  # 8 B < 8 ranks x 2 B: skipped
     assert rows[0].count == 8 and rows[0].dtype == "bf16"
@@ -27,7 +27,7 @@ def test_sweep_doubles_and_rounds_to_the_group():
 
 def test_table_and_json_rows():
     """The table has nccl-tests' columns plus algo/proto; JSON rows carry units in their keys."""
-    rows = sweep(build_preset("dgx-h100"), "all_reduce", 1 << 20, 1 << 21)
+    rows = sweep(preset_view("dgx-h100"), "all_reduce", 1 << 20, 1 << 21)
     text = format_table(rows, title="t")
     assert text.splitlines()[1].split() == ["#", "size", "count", "type", "time", "algbw", "busbw", "algo", "proto",
                                             "nch"]
@@ -38,7 +38,7 @@ def test_table_and_json_rows():
 
 def test_sweep_errors():
     """Unknown ops and dtypes and inverted ranges are named."""
-    v = build_preset("dgx-a100")
+    v = preset_view("dgx-a100")
     with pytest.raises(ConfigError, match="--op 'allreduce' is not a collective ncclshim benchmarks"):
         sweep(v, "allreduce", 8, 16)
     with pytest.raises(ConfigError, match="--dtype 'fp12' is unknown"):

@@ -6,7 +6,7 @@ import pytest
 
 from ncclshim.flows import btree_parent, dtree_parents, p2p_schedule, template
 from ncclshim.graph import analyze
-from ncclshim.presets import build_preset
+from ncclshim.view import preset_view
 
 
 def _sent(specs):
@@ -42,7 +42,7 @@ def test_p2p_schedule_visits_every_peer_once():
 
 def test_ring_all_reduce_bytes_per_rank():
     """Each rank sends 2(n-1)/n of the buffer in a ring all-reduce: 1 for 2 ranks, 1.75 for 8."""
-    v = build_preset("dgx-a100", nodes=2)
+    v = preset_view("dgx-a100", nodes=2)
     for ranks in ((0, 1), tuple(range(8)), tuple(range(16))):
         g = analyze(ranks, v)
         n = len(ranks)
@@ -52,7 +52,7 @@ def test_ring_all_reduce_bytes_per_rank():
 
 def test_ring_gather_and_coherent_ring_bytes():
     """all_gather, reduce_scatter and the coherent ring send (n-1)/n per rank."""
-    v = build_preset("dgx-h100")
+    v = preset_view("dgx-h100")
     g = analyze(tuple(range(8)), v)
     for coll, algo in (("all_gather", "RING"), ("reduce_scatter", "RING"), ("all_reduce", "COHERENT_RING")):
         assert _sent(template(coll, algo, g, v)) == pytest.approx({r: 7 / 8 for r in range(8)})
@@ -60,7 +60,7 @@ def test_ring_gather_and_coherent_ring_bytes():
 
 def test_broadcast_and_reduce_chains():
     """Broadcast: a chain from the root (root never receives); reduce: a chain into the root."""
-    v = build_preset("dgx-a100")
+    v = preset_view("dgx-a100")
     g = analyze(tuple(range(8)), v)
     b = template("broadcast", "RING", g, v, root=3)
     assert len(b) == 7 and all(dst != 3 for _, dst, *_ in b) and b[0][0] == 3
@@ -72,7 +72,7 @@ def test_broadcast_and_reduce_chains():
 def test_tree_moves_half_per_tree_each_way():
     """A one-node tree is a chain, used by two trees, each carrying S/2 up and S/2 down an edge:
     7 edges x 2 directions x 2 trees x 1/2 = 14 buffer-lengths in all."""
-    v = build_preset("dgx-a100")
+    v = preset_view("dgx-a100")
     g = analyze(tuple(range(8)), v)
     specs = template("all_reduce", "TREE", g, v)
     assert sum(f for _, _, f, *_ in specs) == pytest.approx(14.0)
@@ -81,7 +81,7 @@ def test_tree_moves_half_per_tree_each_way():
 
 def test_two_node_tree_crosses_the_network_once_per_tree():
     """2 nodes: each tree has one inter-node edge; a node's NICs carry S up + S down in total."""
-    v = build_preset("dgx-a100", nodes=2)
+    v = preset_view("dgx-a100", nodes=2)
     g = analyze(tuple(range(16)), v)
     specs = template("all_reduce", "TREE", g, v)
     out_of_node0 = sum(f for src, dst, f, *_ in specs if src < 8 <= dst)
@@ -90,7 +90,7 @@ def test_two_node_tree_crosses_the_network_once_per_tree():
 
 def test_nvls_loads_every_uplink_and_downlink_with_the_buffer():
     """NVLS: the switch reduces and multicasts, so each GPU link carries S each way."""
-    v = build_preset("dgx-h100")
+    v = preset_view("dgx-h100")
     g = analyze(tuple(range(8)), v)
     load = defaultdict(float)
     for *_, frac, _, path, _ in template("all_reduce", "NVLS", g, v):
@@ -101,7 +101,7 @@ def test_nvls_loads_every_uplink_and_downlink_with_the_buffer():
 
 def test_pat_dimensions_sum_to_n_minus_one_over_n():
     """PAT over 4 nodes: dimension 0 sends 1/4, dimension 1 2/4, to r-1 and r-2 (all_gather)."""
-    v = build_preset("dgx-h100", nodes=4)
+    v = preset_view("dgx-h100", nodes=4)
     ranks = (0, 8, 16, 24)
     g = analyze(ranks, v)
     specs = template("all_gather", "PAT", g, v)
@@ -111,7 +111,7 @@ def test_pat_dimensions_sum_to_n_minus_one_over_n():
 
 def test_all_to_all_pairs():
     """all_to_all: n(n-1) flows of S/n, first round to rank+1."""
-    v = build_preset("dgx-h100", nodes=2)
+    v = preset_view("dgx-h100", nodes=2)
     g = analyze(tuple(range(16)), v)
     specs = template("all_to_all", "P2P", g, v)
     assert len(specs) == 16 * 15 and {f for _, _, f, *_ in specs} == {1 / 16}
@@ -120,7 +120,7 @@ def test_all_to_all_pairs():
 
 def test_pxn_disable_keeps_traffic_off_nvlink():
     """Without PXN, cross-node all_to_all flows never ride NVLink."""
-    v = build_preset("dgx-h100", nodes=2)
+    v = preset_view("dgx-h100", nodes=2)
     g = analyze(tuple(range(16)), v, pxn=False)
     specs = template("all_to_all", "P2P", g, v, pxn=False)
     cross = [p for s, d, _, _, p, _ in specs if (s < 8) != (d < 8)]

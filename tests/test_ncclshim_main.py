@@ -2,7 +2,7 @@
 
 import json
 
-from ncclshim.__main__ import main, resolve_cluster
+from ncclshim.__main__ import main
 
 
 def test_bench_json(capsys):
@@ -29,25 +29,29 @@ def test_bench_errors_exit_2(capsys):
     assert "--op 'gather' is not a collective" in capsys.readouterr().err
 
 
-def test_cluster_resolution_sizes_nodes():
-    """A preset resolves (through replay when importable) to nodes x 8 GPUs."""
-    assert len(resolve_cluster("dgx-h100", 2).gpus) == 16
+def test_cluster_sized_by_nodes(capsys):
+    """--nodes N gives N nodes of a preset (of each node group of a mixed one)."""
+    assert main(["bench", "--cluster", "dgx-h100", "--nodes", "2", "--min-bytes", "1M", "--max-bytes", "1M",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"] == 16
+    assert main(["bench", "--cluster", "mixed-a100-h100", "--min-bytes", "1M", "--max-bytes", "1M", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpus"] == 16 and out["cluster"] == "mixed-a100-h100"
 
 
-def test_cluster_resolution_without_replay(monkeypatch):
-    """Without replay importable, the built-in presets serve --cluster."""
-    import sys
+def test_bench_reads_a_cluster_file(tmp_path, capsys):
+    """--cluster takes a cluster YAML file as well as a preset name."""
+    from heterosim.cluster import preset_path
 
-    monkeypatch.setitem(sys.modules, "replay.cluster", None)
-    view = resolve_cluster("l40s-pcie", 3)
-    assert view.name == "l40s-pciex3" and len(view.gpus) == 24
+    path = tmp_path / "mine.yaml"
+    path.write_text(preset_path("l40s-pcie").read_text().replace("name: l40s-pcie", "name: mine"))
+    assert main(["bench", "--cluster", str(path), "--nodes", "3", "--min-bytes", "1M", "--max-bytes", "1M",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cluster"] == "mine" and out["gpus"] == 24
 
 
-def test_mixed_replay_preset_takes_nodes_per_group():
-    """--nodes N on a mixed replay preset means N nodes of each node group."""
-    import pytest
-
-    cluster = pytest.importorskip("replay.cluster")
-    del cluster
-    view = resolve_cluster("mixed-a100-h100", 1)
-    assert len(view.gpus) == 16 and {g.sm for g in view.gpus} == {80, 90}
+def test_nodes_must_be_positive(capsys):
+    """--nodes 0 is one error line and exit status 2."""
+    assert main(["bench", "--cluster", "dgx-a100", "--nodes", "0"]) == 2
+    assert "error: --nodes must be >= 1, got 0" in capsys.readouterr().err

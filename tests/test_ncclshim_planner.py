@@ -1,20 +1,21 @@
 """ncclshim.planner: plan(), its time semantics against a fluid replay, caches, errors, validation."""
 
-import dataclasses
 from collections import defaultdict
 
 import pytest
 
 from heterosim.errors import UnsupportedCollectiveError
 from ncclshim import Planner, busbw_factor, is_trivial, plan
-from ncclshim.presets import PRESETS, ServerSpec, build_cluster, build_preset
-from ncclshim.topology import NodeFabric
+from heterosim.cluster import load_cluster, preset_path, read_spec
+from ncclshim.view import preset_view, topology_view
 
-A100 = build_preset("dgx-a100")
-A100x2 = build_preset("dgx-a100", nodes=2)
-A100x4 = build_preset("dgx-a100", nodes=4)
-H100 = build_preset("dgx-h100")
-H100x2 = build_preset("dgx-h100", nodes=2)
+PRESETS = ("dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie")
+
+A100 = preset_view("dgx-a100")
+A100x2 = preset_view("dgx-a100", nodes=2)
+A100x4 = preset_view("dgx-a100", nodes=4)
+H100 = preset_view("dgx-h100")
+H100x2 = preset_view("dgx-h100", nodes=2)
 
 
 def fluid_replay(p, view):
@@ -161,7 +162,7 @@ def test_validation_against_public_nccl_tests_numbers():
 def test_heterogeneous_ring_names_its_bottleneck():
     """An A100 node + an H100 node: the ring runs at the A100's HDR NICs (as fast as two A100
     nodes, no faster) and says which link bounds it."""
-    v = build_cluster([PRESETS["dgx-a100"], PRESETS["dgx-h100"]])
+    v = topology_view(load_cluster("mixed-a100-h100", num_gpus=16))
     p = plan("all_reduce", 1 << 30, range(16), v, env={"NCCL_ALGO": "Ring"})
     link = v.links[p.bottleneck]
     assert link.kind == "net" and link.src.startswith("n0.nic")
@@ -170,8 +171,9 @@ def test_heterogeneous_ring_names_its_bottleneck():
 
 def test_coherent_fabric_uses_the_coherent_ring():
     """Seed 003: a coherent fabric all-reduces in n-1 steps: (n-1)/n * S per rank, faster than ring."""
-    fab = dataclasses.replace(PRESETS["dgx-a100"].fabric, coherent=True)
-    v = build_cluster([dataclasses.replace(PRESETS["dgx-a100"], fabric=fab)])
+    spec = read_spec(preset_path("dgx-a100")).to_dict()
+    spec["node_types"]["dgx-a100"]["coherent_memory"] = True
+    v = topology_view(load_cluster(spec, num_gpus=8))
     S = 1 << 30
     p = plan("all_reduce", S, range(8), v)
     assert p.algo == "COHERENT_RING"
@@ -182,7 +184,7 @@ def test_coherent_fabric_uses_the_coherent_ring():
 
 def test_pcie_server_plans():
     """A PCIe L40S server never uses LL128, and its all-reduce is bounded near 20 GB/s busbw."""
-    v = build_preset("l40s-pcie")
+    v = preset_view("l40s-pcie")
     for size in (1 << 10, 1 << 20, 1 << 30):
         assert plan("all_reduce", size, range(8), v).proto != "LL128"
     assert plan("all_reduce", 1 << 30, range(8), v).busbw / 1e9 == pytest.approx(20, rel=0.05)
@@ -192,7 +194,7 @@ def test_multi_node_all_to_all_is_bound_by_one_nic_per_gpu():
     """With PXN every rail's NIC carries all its node's traffic to that rail: time = latency +
     S * (remote fraction) / 48 GB/s (NCCL's Gen5 switch-to-NIC bandwidth). At 16 H100 nodes that
     is within 6% of the ~48 GB/s busbw NVIDIA quotes for multi-node all_to_all (nccl-tests#267)."""
-    v = build_preset("dgx-h100", nodes=16)
+    v = preset_view("dgx-h100", nodes=16)
     n, S = 128, 1 << 30
     p = plan("all_to_all", S, range(n), v)
     expected = S / (p.latency_s + S * (n - 8) / n / 48e9) * (n - 1) / n
@@ -203,16 +205,18 @@ def test_multi_node_all_to_all_is_bound_by_one_nic_per_gpu():
 
 def test_same_inputs_same_flows():
     """Two planners on equal views produce identical plans."""
-    a = Planner(build_preset("dgx-h100", nodes=2)).plan("all_reduce", 1 << 20, tuple(range(16)))
-    b = Planner(build_preset("dgx-h100", nodes=2)).plan("all_reduce", 1 << 20, tuple(range(16)))
+    a = Planner(preset_view("dgx-h100", nodes=2)).plan("all_reduce", 1 << 20, tuple(range(16)))
+    b = Planner(preset_view("dgx-h100", nodes=2)).plan("all_reduce", 1 << 20, tuple(range(16)))
     assert a == b
 
 
 def test_nvlink_mesh_pair():
     """Two GPUs joined by an NVLink bridge route directly over it."""
-    spec = ServerSpec(gpu_type="H100-PCIe", sm=90, gpus=2, nvlink_bw=300e9, pcie_switches=1, sockets=1, nics=1,
-                      fabric=NodeFabric(kind="nvlink_mesh", nvlink_lanes=12, pcie_gen=5))
-    v = build_cluster([spec])
+    spec = {"schema_version": 1, "name": "bridged-pair",
+            "node_types": {"pair": {"gpus_per_node": 2, "pcie": {"gen": 5}, "nics": {"count": 1, "bw_Gbps": 400},
+                                    "nvlink": {"kind": "mesh", "pairs": [[0, 1, 12]]}}},
+            "node_groups": [{"name": "h", "gpu": "H100-PCIe", "node_type": "pair"}]}
+    v = topology_view(load_cluster(spec, num_gpus=2))
     p = plan("all_reduce", 1 << 30, (0, 1), v)
     assert [v.links[i].kind for f in p.flows for i in f.path] == ["nvlink", "nvlink"]
 
@@ -224,7 +228,7 @@ def test_p2p_channels_and_protocol():
     assert plan("send", 1 << 20, (0, 7), A100).nchannels == 16
     assert plan("send", 1 << 20, (0, 15), H100x2).nchannels == 4
     assert plan("send", 1 << 20, (0, 15), A100x2).nchannels == 2
-    assert plan("send", 1 << 20, (0, 7), build_preset("l40s-pcie")).nchannels == 2
+    assert plan("send", 1 << 20, (0, 7), preset_view("l40s-pcie")).nchannels == 2
     assert plan("send", 32 * 16384, (0, 7), H100).proto == "LL"
     assert plan("send", 32 * 16384 + 2, (0, 7), H100).proto == "SIMPLE"
 
@@ -232,8 +236,10 @@ def test_p2p_channels_and_protocol():
 def test_invariants_over_presets_groups_and_sizes():
     """Every plan: positive time, efficiency in (0, 1], flows between group members over valid
     links, flows-alone time equal to time_s, busbw = algbw x nccl-tests factor."""
-    views = [build_preset(name, nodes=n) for name in PRESETS for n in (1, 3)]
-    views.append(build_cluster([PRESETS["dgx-a100"], PRESETS["dgx-h100"], PRESETS["dgx-h100"]]))
+    views = [preset_view(name, nodes=n) for name in PRESETS for n in (1, 3)]
+    mixed = read_spec(preset_path("mixed-a100-h100")).to_dict()
+    mixed["node_groups"][0]["nodes"], mixed["node_groups"][1]["nodes"] = 1, 2
+    views.append(topology_view(load_cluster(mixed)))
     for view in views:
         n_gpus = len(view.gpus)
         for ranks in (tuple(range(n_gpus)), tuple(range(0, n_gpus, 8)), (1, 2, 5, 6), (7, 0)):

@@ -4,14 +4,14 @@ import pytest
 
 from heterosim.errors import UnsupportedCollectiveError
 from ncclshim.graph import analyze
-from ncclshim.presets import build_preset
+from ncclshim.view import preset_view
 from ncclshim.tuning import cost, parse_env, select
 
 S = parse_env(None)
 
 
 def _g(preset, nodes=1):
-    v = build_preset(preset, nodes=nodes)
+    v = preset_view(preset, nodes=nodes)
     return analyze(tuple(range(len(v.gpus))), v)
 
 
@@ -133,7 +133,7 @@ def test_small_messages_use_fewer_channels():
 
 def test_pat_for_one_gpu_per_node():
     """PAT is offered for all_gather only when every node holds one rank of the group."""
-    v = build_preset("dgx-h100", nodes=4)
+    v = preset_view("dgx-h100", nodes=4)
     one_per_node = analyze((0, 8, 16, 24), v)
     assert cost("all_gather", "PAT", "SIMPLE", one_per_node, S)[0] > 0
     assert cost("all_gather", "PAT", "SIMPLE", _g("dgx-h100", 2), S) == (0.0, 0.0)

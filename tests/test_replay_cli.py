@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from heterosim.cluster import load_cluster
 from heterosim.trace.store import write_trace
 from heterosim.errors import ConfigError, UnknownGPUError
 from replay.__main__ import main
-from replay.cluster import load_cluster
 from replay.simulate import simulate
 from test_replay_engine import coll, comp, make_trace, wait
 
@@ -81,7 +81,7 @@ def test_world_size_mismatch_names_both_sizes(trace_dir):
 def test_gpu_missing_from_the_catalogue(trace_dir):
     """A cluster whose GPU type the catalogue lacks fails before simulating, naming it."""
     import yaml
-    from replay.cluster_presets import preset_path
+    from heterosim.cluster import preset_path
 
     spec = yaml.safe_load(preset_path("dgx-a100").read_text())
     for g in spec["node_groups"]:

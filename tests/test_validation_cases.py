@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from heterosim.cluster import load_cluster
 from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.validation.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
-from replay.cluster import load_cluster
 
 
 def _case(**kw) -> Case:

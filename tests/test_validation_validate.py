@@ -71,11 +71,12 @@ def test_collective_case_matches_preset_plan(report):
     result equals ncclshim on the dgx-a100 preset (same NVSwitch). Per-device and theoretical
     figures are not compared."""
     import ncclshim
-    from replay.cluster import load_cluster
+    from heterosim.cluster import load_cluster
+    from ncclshim.view import topology_view
 
     r = next(c for c in report.cases if c.id == "coll-8")
     (c,) = r.comparisons
-    view = load_cluster("dgx-a100", num_gpus=8).topology_view()
+    view = topology_view(load_cluster("dgx-a100", num_gpus=8))
     want = ncclshim.plan("all_reduce", 4 << 30, list(range(8)), view, dtype="fp32").busbw / 1e9
     assert c.predicted == pytest.approx(want, rel=1e-6)
     assert c.measured == 230.0 and "4096 MiB" in c.note

@@ -4,7 +4,7 @@ A case (schema of ``validation/public_cases.yaml``) states hardware, model, para
 batch and precision in words and numbers as the source published them. This module maps them to
 
 - a GPU of the ``kernel_db`` catalogue (:func:`gpu_from_text`: "NVIDIA H100 80GB HBM3 (SXM5)"),
-- a cluster spec for :func:`replay.cluster.load_cluster` (:func:`cluster_for`: a preset whose
+- a cluster spec for :func:`heterosim.cluster.load_cluster` (:func:`cluster_for`: a preset whose
   system name the text names, with the case's GPU and NICs, or a node built from the words:
   NVLink generation / NVSwitch / lanes, "8 x 400 Gb/s NDR"),
 - ``models/pretrain_gpt.py`` flags (:func:`megatron_flags`: layers, hidden, heads, kv heads, ffn,
@@ -122,7 +122,7 @@ def gpu_from_text(text: str) -> str:
     Raises:
         UnknownGPUError: no catalogue GPU, or several, fit the words (the message lists them).
     """
-    from kernel_db.catalogue import load_catalogue
+    from heterosim.cluster.gpus import load_catalogue
 
     cat = load_catalogue()
     for t in (text, re.sub(r"\(.*?\)", "", text).strip()):  # as written, then without remarks
@@ -207,9 +207,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     GPU, NVLink and NICs; otherwise a node is built from the words alone (PCIe switches one per
     GPU pair, two sockets, rail-optimized fabric with 32 nodes per leaf).
     """
-    from kernel_db.catalogue import get_gpu
-    from replay.cluster import read_spec
-    from replay.cluster_presets import preset_names, preset_path
+    from heterosim.cluster import get_gpu, preset_names, preset_path, read_spec
 
     notes: list[str] = []
     if "gpu" not in hardware:
@@ -529,7 +527,7 @@ def source_year(case: Case) -> int | None:
 
 def _attention(case: Case, gpu: str, year: int | None) -> tuple[list[str], list[str]]:
     """Flags and notes for the core-attention kernel the measured run used."""
-    from kernel_db.catalogue import get_gpu
+    from heterosim.cluster.gpus import get_gpu
 
     word = str(case.model.get("attention", "")).lower()
     cc = get_gpu(gpu).compute_capability

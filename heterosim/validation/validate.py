@@ -260,10 +260,9 @@ def _missing_feature(msg: str) -> str | None:
 
 
 def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
+    from heterosim.cluster import load_cluster
     from heterosim.trace.ir import flop_totals
     from heterosim.trace.store import load_trace
-
-    from replay.cluster import load_cluster
     from replay.simulate import simulate
 
     try:
@@ -331,8 +330,8 @@ _WORD_NUM = {"single": 1, "one": 1, "two": 2, "three": 3, "four": 4, "eight": 8}
 
 def _coll(case: Case, nccl_env: Any) -> CaseResult:
     import ncclshim
-
-    from replay.cluster import load_cluster
+    from heterosim.cluster import load_cluster
+    from ncclshim.view import topology_view
 
     col, hw = case.collective, case.hardware
     op = str(col.get("op", "all_reduce"))
@@ -379,7 +378,7 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
         spec, _, hw_notes = cluster_for(hw, ranks)
         notes += [n for n in hw_notes if n not in notes]
         cluster = load_cluster(spec, num_gpus=max(ranks, nodes * min(gpn, ranks)))
-        view = cluster.topology_view()
+        view = topology_view(cluster)
         p = ncclshim.plan(op, size, list(range(ranks)), view, env=env or None, dtype="fp32")
         pred = p.busbw / 1e9
         comps.append(Comparison(metric="busbw_GBps", measured=val, predicted=pred, error=pred / val - 1,

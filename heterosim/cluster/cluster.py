@@ -1,15 +1,16 @@
 """A cluster to replay on: node groups of GPUs, the links between them, and where each rank runs.
 
 :func:`load_cluster` reads a preset name, a YAML file or a dict (schema in
-:mod:`replay.cluster_spec`), sizes it to the job, resolves GPU types through the kernel_db
-catalogue, builds the network (:mod:`replay.cluster_network`) and applies a placement
-(:mod:`replay.placement`).
+:mod:`heterosim.cluster.spec`), sizes it to the job, resolves GPU types through the GPU registry
+(:mod:`heterosim.cluster.gpus`), builds the network (:mod:`heterosim.cluster.network`) and
+applies a placement (:mod:`heterosim.cluster.placement`). ncclshim's view of a cluster is
+built by :func:`ncclshim.view.topology_view`.
 
 Vocabulary: a *gpu* is a device of the cluster (numbered node by node, node groups in spec
 order); a *rank* is a process of the job; :meth:`Cluster.rank_to_gpu` is the placement.
 
 Example:
-    >>> from replay.cluster import load_cluster
+    >>> from heterosim.cluster import load_cluster
     >>> c = load_cluster("dgx-a100", num_gpus=16)
     >>> c.num_nodes, c.gpu_type(9), c.node_of(9)
     (2, 'A100-SXM4-80GB', 1)
@@ -26,55 +27,28 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from heterosim.cluster.gpus import get_gpu
+from heterosim.cluster.network import LinkTable, Network
+from heterosim.cluster.parse import parse_spec, read_spec
+from heterosim.cluster.placement import Placement, placement_for
+from heterosim.cluster.presets import preset_names, preset_path
+from heterosim.cluster.spec import ClusterSpec, NodeGroup
 from heterosim.errors import ConfigError, TopologyError, UnknownGPUError
-from replay.cluster_network import LinkTable, Network
-from replay.cluster_presets import PresetInfo, list_presets, preset_names, preset_path
-from replay.cluster_spec import ClusterSpec, NodeGroup, parse_spec
-from replay.placement import Placement, placement_for
 
 if TYPE_CHECKING:
     import networkx as nx
 
-    from ncclshim.topology import TopologyView
-
-__all__ = ["Cluster", "load_cluster", "read_spec", "write_spec", "resolve_gpu", "list_presets",
-           "PresetInfo"]
+__all__ = ["Cluster", "load_cluster", "resolve_gpu"]
 
 
 def resolve_gpu(name: str) -> tuple[str, int]:
     """Catalogue name and compute capability (x10) of GPU ``name`` (any alias).
 
     Raises:
-        UnknownGPUError: the name is not in ``kernel_db``'s catalogue (the message lists it).
+        UnknownGPUError: the name is not in the GPU registry (the message lists it).
     """
-    from kernel_db.catalogue import get_gpu
-
     g = get_gpu(name)
     return g.name, g.compute_capability
-
-
-def read_spec(path: str | os.PathLike) -> ClusterSpec:
-    """Parse a cluster YAML file; errors name the file."""
-    from heterosim.yamlfile import read_yaml
-
-    path = Path(path)
-    raw = read_yaml(path, "cluster file", error=TopologyError)
-    try:
-        return parse_spec(raw)
-    except TopologyError as e:
-        raise TopologyError(f"cluster file {path}: {e}") from None
-
-
-def write_spec(spec: ClusterSpec, path: str | os.PathLike) -> Path:
-    """Write ``spec`` as canonical YAML, atomically; the same spec always gives the same bytes and
-    ``read_spec(write_spec(s, p)) == s``."""
-    import yaml
-
-    from heterosim.atomic import atomic_write_text
-
-    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None, width=100)
-    atomic_write_text(path, text)
-    return Path(path)
 
 
 def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:
@@ -121,13 +95,15 @@ class Cluster:
 
     Attributes:
         name: the spec's name.
-        spec: the parsed :class:`~replay.cluster_spec.ClusterSpec`.
+        spec: the parsed :class:`~heterosim.cluster.spec.ClusterSpec`.
         num_gpus, num_nodes: sizes.
-        network: the :class:`~replay.cluster_network.Network` (vertices, links, routes).
+        network: the :class:`~heterosim.cluster.network.Network` (vertices, links, routes).
         gpu_types: distinct GPU catalogue names, in node-group order.
         gpu_type_ids: per GPU, index into ``gpu_types`` (int array, read-only).
         gpu_node: per GPU, its node (int array, read-only).
         rank_gpu: per rank, its GPU (int array, read-only).
+        derived: placement-independent objects that other layers build from this cluster once
+            (ncclshim's topology view), by key; :meth:`with_placement` copies share it.
     """
 
     def __init__(self, spec: ClusterSpec, nodes: list[int], placement: Placement) -> None:
@@ -170,7 +146,7 @@ class Cluster:
         for arr in (self.gpu_node, self.gpu_local, self.gpu_group, self.gpu_type_ids, self.rank_gpu,
                     self.node_gpu_base, self.node_group):
             arr.setflags(write=False)
-        self._view: TopologyView | None = None
+        self.derived: dict[str, Any] = {}
 
     # ---- GPUs and nodes -------------------------------------------------------------------
     def _check_gpu(self, gpu: int) -> int:
@@ -180,7 +156,7 @@ class Cluster:
         return int(gpu)
 
     def gpu_type(self, gpu: int) -> str:
-        """Catalogue name of ``gpu``'s type (``kernel_db.catalogue.get_gpu`` resolves it)."""
+        """Catalogue name of ``gpu``'s type (:func:`heterosim.cluster.gpus.get_gpu` resolves it)."""
         return self.gpu_types[self.gpu_type_ids[self._check_gpu(gpu)]]
 
     def sm(self, gpu: int) -> int:
@@ -222,8 +198,8 @@ class Cluster:
 
     def with_placement(self, placement: Placement | Mapping[str, Any] | str | os.PathLike | None,
                        *, layout: Mapping[str, Any] | None = None) -> "Cluster":
-        """The same cluster with another placement; the network and the (placement-independent)
-        topology view are shared, not rebuilt."""
+        """The same cluster with another placement; the network and :attr:`derived` (e.g. the
+        placement-independent topology view) are shared, not rebuilt."""
         p = placement_for(layout, self.num_gpus, placement)
         other = object.__new__(Cluster)
         for k, v in self.__dict__.items():
@@ -251,14 +227,6 @@ class Cluster:
         return self.network.route((int(self.gpu_node[a]), int(self.gpu_local[a])),
                                   (int(self.gpu_node[b]), int(self.gpu_local[b])), channel,
                                   src_nic=src_nic, dst_nic=dst_nic)
-
-    def topology_view(self) -> "TopologyView":
-        """ncclshim's :class:`~ncclshim.topology.TopologyView` of this cluster (built once)."""
-        if self._view is None:
-            from replay.topology_view import build_view
-
-            self._view = build_view(self)
-        return self._view
 
     # ---- text -----------------------------------------------------------------------------
     def describe(self) -> str:
@@ -302,14 +270,14 @@ def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
             dict in the same schema, or a parsed :class:`ClusterSpec`.
         num_gpus: GPUs the job needs (the trace's world size). Node groups without ``nodes`` are
             sized from it (``num_gpus / gpus_per_node`` nodes for a one-group preset).
-        placement: a :class:`Placement` (see :func:`replay.placement.placement_for`), a
+        placement: a :class:`Placement` (see :func:`heterosim.cluster.placement.placement_for`), a
             placement dict or file; None uses the spec's ``placement:`` section or rank r -> GPU r.
         layout: the trace layout (``Trace.layout``); its ``pp`` gives each rank's pipeline stage
             for a ``by_stage`` placement (without it, pp = the number of stages listed).
 
     Raises:
         TopologyError: unknown preset or file, a bad spec, or a GPU count that does not fit.
-        UnknownGPUError: a GPU type missing from the catalogue.
+        UnknownGPUError: a GPU type missing from the GPU registry.
         ConfigError: a bad placement.
     """
     if isinstance(spec, ClusterSpec):

@@ -1,4 +1,9 @@
-"""Build ncclshim's :class:`~ncclshim.topology.TopologyView` from a :class:`~replay.cluster.Cluster`.
+"""Build ncclshim's :class:`~ncclshim.topology.TopologyView` from a :class:`~heterosim.cluster.Cluster`.
+
+ncclshim reads the cluster model (:mod:`heterosim.cluster`); this is where. :func:`topology_view`
+gives a cluster's view (built once per cluster, shared by its placements); :func:`preset_view`
+is the one-liner for tests, benchmarks and ``python -m ncclshim bench``: a preset or cluster file
+sized to ``nodes`` nodes of each node group.
 
 The view carries every GPU (type, compute capability, PCIe switch, socket, local NICs), node
 (fabric kind, NVLS, NVLink lanes, PCIe generation, CPU vendor), NIC (rail = its index in the node)
@@ -17,16 +22,13 @@ flows that ncclshim plans index straight into ``cluster.links``. Routes come fro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
 
+from heterosim.cluster import LINK_KINDS, Cluster, load_cluster, preset_names, preset_path, read_spec
+from heterosim.errors import TopologyError
 from ncclshim.topology import GPU, NIC, Link, Node, NodeFabric, TopologyView
 
-from replay.cluster_network import LINK_KINDS
-
-if TYPE_CHECKING:
-    from replay.cluster import Cluster
-
-__all__ = ["ClusterRouter", "build_view"]
+__all__ = ["ClusterRouter", "build_view", "topology_view", "preset_view"]
 
 
 class ClusterRouter:
@@ -34,7 +36,7 @@ class ClusterRouter:
 
     __slots__ = ("_c", "_cache")
 
-    def __init__(self, cluster: "Cluster") -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self._c = cluster
         self._cache: dict[tuple[int, int, int, bool], tuple[int, ...]] = {}
 
@@ -68,9 +70,9 @@ class ClusterRouter:
         return c.route(src, dst, channel, src_nic=own[channel % len(own)], dst_nic=rail)
 
 
-def build_view(cluster: "Cluster") -> TopologyView:
-    """The :class:`~ncclshim.topology.TopologyView` of ``cluster`` (use ``cluster.topology_view()``,
-    which caches it)."""
+def build_view(cluster: Cluster) -> TopologyView:
+    """The :class:`~ncclshim.topology.TopologyView` of ``cluster``, built anew (use
+    :func:`topology_view`, which builds it once per cluster)."""
     net = cluster.network
     nodes: list[Node] = []
     gpus: list[GPU] = []
@@ -106,3 +108,40 @@ def build_view(cluster: "Cluster") -> TopologyView:
     return TopologyView(name=cluster.name, gpus=tuple(gpus), nodes=tuple(nodes), nics=tuple(nics),
                         links=links, router=ClusterRouter(cluster),
                         collnet=cluster.spec.fabric.sharp and cluster.num_nodes > 1)
+
+
+def topology_view(cluster: Cluster) -> TopologyView:
+    """The view of ``cluster``, built on first use and kept in ``cluster.derived``.
+
+    The view is GPU-indexed, so it does not depend on the placement: the copies that
+    :meth:`~heterosim.cluster.Cluster.with_placement` makes share it.
+    """
+    view = cluster.derived.get("ncclshim.view")
+    if view is None:
+        view = cluster.derived["ncclshim.view"] = build_view(cluster)
+    return view
+
+
+def preset_view(name: str | os.PathLike, nodes: int = 1) -> TopologyView:
+    """The view of preset or cluster file ``name`` with ``nodes`` nodes of every node group whose
+    spec leaves the node count open (a spec that fixes every count is taken as written).
+
+    Raises:
+        TopologyError: ``name`` is neither a preset nor a file (the message lists the presets),
+            or ``nodes`` < 1.
+    """
+    if nodes < 1:
+        raise TopologyError(f"a cluster needs at least one node; pass nodes >= 1, got {nodes}")
+    s = str(name)
+    if s in preset_names():
+        spec = read_spec(preset_path(s))
+    elif os.path.isfile(s):
+        spec = read_spec(s)
+    else:
+        raise TopologyError(f"cluster {s!r} is neither a preset ({', '.join(preset_names())}) "
+                            "nor a cluster file")
+    fixed = sum(spec.node_type(g.node_type).gpus_per_node * g.nodes
+                for g in spec.node_groups if g.nodes is not None)
+    per_round = sum(spec.node_type(g.node_type).gpus_per_node * g.share
+                    for g in spec.node_groups if g.nodes is None)
+    return topology_view(load_cluster(spec, num_gpus=fixed + nodes * per_round if per_round else None))

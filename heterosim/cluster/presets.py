@@ -1,7 +1,9 @@
-"""Built-in cluster presets: the YAML files in ``replay/presets/``, listed and resolved by name.
+"""Built-in cluster presets: the YAML files in ``heterosim/cluster/presets/``, listed by name.
 
-``python -m replay clusters`` prints :func:`list_presets`. A preset fixes the node shape but not
-the node count: :func:`replay.cluster.load_cluster` takes that from the trace's world size.
+Presets are data: each file is a cluster spec (schema in :mod:`heterosim.cluster.spec`); copy
+one to start a cluster file of your own. ``python -m replay clusters`` prints :func:`list_presets`. A
+preset fixes the node shape but not the node count: :func:`heterosim.cluster.load_cluster` takes
+that from the trace's world size.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from heterosim.cluster.parse import read_spec
 from heterosim.errors import TopologyError
 
 __all__ = ["PRESET_DIR", "PresetInfo", "list_presets", "preset_names", "preset_path"]
@@ -61,8 +64,6 @@ def preset_path(name: str) -> Path:
 
 @lru_cache(maxsize=None)
 def _info(name: str) -> PresetInfo:
-    from replay.cluster import read_spec
-
     spec = read_spec(preset_path(name))
     types = [spec.node_type(g.node_type) for g in spec.node_groups]
     return PresetInfo(

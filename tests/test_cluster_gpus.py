@@ -1,9 +1,9 @@
-"""Tests for kernel_db.catalogue: datasheet figures, SI units, name resolution, errors."""
+"""heterosim.cluster.gpus (the GPU-types registry): datasheet figures, SI units, name resolution, errors."""
 
 import pytest
 
 from heterosim.errors import ConfigError, UnknownGPUError
-from kernel_db.catalogue import DTYPES, canonical_key, get_gpu, load_catalogue
+from heterosim.cluster.gpus import DTYPES, canonical_key, get_gpu, load_catalogue
 
 REQUIRED = ["V100", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB", "A800", "H100",
             "H100-PCIe", "H800", "H20", "H200", "B200", "L40S", "MI300X"]
@@ -69,7 +69,7 @@ def test_bad_catalogue_rejected(tmp_path):
 
 def test_bad_yaml_is_one_clear_error(tmp_path):
     """A catalogue that is not YAML names the file (the project's common wording)."""
-    from kernel_db.catalogue import load_catalogue
+    from heterosim.cluster.gpus import load_catalogue
 
     p = tmp_path / "gpus.yaml"
     p.write_text("gpus: [\n")

@@ -8,8 +8,8 @@ import networkx as nx
 import pytest
 
 from heterosim.errors import TopologyError
-from replay.cluster import load_cluster
-from replay.cluster_network import LINK_KINDS, ecmp_index
+from heterosim.cluster import load_cluster
+from heterosim.cluster.network import LINK_KINDS, ecmp_index
 
 
 def hops(c, path):

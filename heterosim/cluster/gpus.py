@@ -1,13 +1,14 @@
-"""The GPU catalogue: datasheet peaks per dtype, memory, SMs, L2 and NVLink, loaded from YAML.
+"""The GPU-types registry (the GPU catalogue): datasheet peaks per dtype, memory, SMs, L2, NVLink.
 
-The data lives in ``kernel_db/data/gpus.yaml`` (units in its keys, a source per entry); this module
-turns it into :class:`GpuSpec` records in SI units and resolves names. Names are matched case- and
+A cluster's node groups name their GPU type here; ``kernel_db`` prices ops from these figures.
+The data lives in ``heterosim/cluster/data/gpus.yaml`` (units in its keys, a source per entry);
+this module turns it into :class:`GpuSpec` records in SI units and resolves names. Names are matched case- and
 punctuation-insensitively against each entry's name and aliases, so ``"H100"``, ``"h100-sxm"`` and
 ``"NVIDIA H100 80GB HBM3"`` (what ``torch.cuda.get_device_name`` says) all resolve.
 
 Example::
 
-    >>> from kernel_db.catalogue import get_gpu
+    >>> from heterosim.cluster.gpus import get_gpu
     >>> get_gpu("h100").peak_flops["bf16"]
     989400000000000.0
 """
@@ -190,7 +191,7 @@ def _spec_from_entry(e: dict, defaults: dict, where: str) -> GpuSpec:
 
 
 def load_catalogue(path: str | os.PathLike | None = None) -> Catalogue:
-    """Load a catalogue YAML (default: the one shipped in ``kernel_db/data/gpus.yaml``)."""
+    """Load a catalogue YAML (default: the one shipped in ``heterosim/cluster/data/gpus.yaml``)."""
     if path is None:
         return _default_catalogue()
     return _load(Path(path))

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, nccl_nvlink_bw, nccl_pcie_bw
+from heterosim.cluster.spec import Fabric, NodeType
 from heterosim.errors import TopologyError
-from ncclshim.topology import nccl_nvlink_bw, nccl_pcie_bw
-from replay.cluster_spec import NCCL_CPU_GBPS, Fabric, NodeType
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -1,0 +1,86 @@
+"""heterosim.cluster.parse: schema validation (key paths, versions, values) and the YAML files."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cluster_specs import PRESETS, tiny
+from heterosim.cluster.parse import parse_spec, read_spec, write_spec
+from heterosim.cluster.presets import preset_path
+from heterosim.errors import TopologyError
+
+
+def test_unknown_key_names_path():
+    """Unknown keys name their key path and the valid keys."""
+    spec = tiny()
+    spec["node_types"]["box"]["pcie"]["speed"] = 3
+    with pytest.raises(TopologyError, match=r"node_types.box.pcie: unknown key 'speed'; valid keys: "
+                                            r"\['bw_GBps', 'gen', 'latency_us', 'switches', 'width'\]"):
+        parse_spec(spec)
+    with pytest.raises(TopologyError, match=r"cluster spec: unknown key 'nodes'"):
+        parse_spec(tiny(nodes=3))
+
+
+def test_schema_version_checked():
+    """Only schema_version 1 loads; a missing one is a missing key."""
+    with pytest.raises(TopologyError, match="schema_version 2 is not supported; this HeteroSim reads "
+                                            "schema_version 1"):
+        parse_spec(tiny(schema_version=2))
+    spec = tiny()
+    del spec["schema_version"]
+    with pytest.raises(TopologyError, match="missing key 'schema_version'"):
+        parse_spec(spec)
+
+
+def test_value_errors():
+    """Bad values are caught with their key path: negative bandwidth, bad PCIe gen, bad fabric."""
+    spec = tiny()
+    spec["node_types"]["box"]["nics"] = {"count": 2, "bw_Gbps": -1}
+    with pytest.raises(TopologyError, match=r"node_types.box.nics.bw_Gbps: must be > 0, got -1"):
+        parse_spec(spec)
+    spec = tiny()
+    spec["node_types"]["box"]["pcie"]["gen"] = 7
+    with pytest.raises(TopologyError, match=r"unknown PCIe generation 7; valid: \[1, 2, 3, 4, 5, 6\]"):
+        parse_spec(spec)
+    with pytest.raises(TopologyError, match=r"fabric.kind: unknown 'torus'; valid: \['rail_optimized', "
+                                            r"'leaf_spine', 'explicit', 'none'\]"):
+        parse_spec(tiny(fabric={"kind": "torus"}))
+    spec = tiny()
+    spec["node_types"]["box"]["nics"] = {"count": 3, "bw_Gbps": 100}
+    with pytest.raises(TopologyError, match="3 NICs cannot split 2 GPUs evenly"):
+        parse_spec(spec)
+
+
+def test_pcie_switch_membership_checked():
+    """Every GPU and NIC hangs off exactly one listed PCIe switch."""
+    spec = tiny()
+    spec["node_types"]["box"]["pcie"]["switches"] = [{"socket": 0, "gpus": [0], "nics": [0, 1]}]
+    with pytest.raises(TopologyError, match="GPU 1 hangs off 0 PCIe switches; every GPU must be "
+                                            "listed under exactly one switch"):
+        parse_spec(spec)
+
+
+def test_read_spec_errors_name_the_file(tmp_path):
+    """read_spec reads a YAML file like the dict; its errors name the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny()))
+    assert read_spec(path) == parse_spec(tiny())
+    path.write_text("schema_version: 1\nname: [unclosed\n")
+    with pytest.raises(TopologyError, match=f"cluster file {path}: not valid YAML"):
+        read_spec(path)
+    bad = tiny()
+    bad["fabric"]["spine"] = 2
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(TopologyError, match=f"cluster file {path}: fabric: unknown key 'spine'"):
+        read_spec(path)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_write_spec_byte_identical(name, tmp_path):
+    """write_spec is deterministic and read_spec(write_spec(s)) == s."""
+    spec = read_spec(preset_path(name))
+    a, b = write_spec(spec, tmp_path / "a.yaml"), write_spec(spec, tmp_path / "b.yaml")
+    assert a.read_bytes() == b.read_bytes()
+    assert read_spec(a) == spec
+    assert write_spec(read_spec(a), tmp_path / "c.yaml").read_bytes() == a.read_bytes()
