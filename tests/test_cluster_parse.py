@@ -84,3 +84,36 @@ def test_write_spec_byte_identical(name, tmp_path):
     assert a.read_bytes() == b.read_bytes()
     assert read_spec(a) == spec
     assert write_spec(read_spec(a), tmp_path / "c.yaml").read_bytes() == a.read_bytes()
+
+
+def _a100(edit):
+    spec = yaml.safe_load(preset_path("dgx-a100").read_text())
+    edit(spec["node_types"]["dgx-a100"])
+    return spec
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t["nvlink"].update(lane_GBps=float("inf")),
+     "node_types.dgx-a100.nvlink.lane_GBps: must be a finite number, got inf"),
+    (lambda t: t["nics"].update(bw_Gbps=1e-300),
+     r"node_types.dgx-a100.nics.bw_Gbps: 1e-300 Gb/s is outside the physical range 0.008..8e\+06 Gb/s"),
+    (lambda t: t["nics"].update(bw_Gbps=float("inf")), "node_types.dgx-a100.nics.bw_Gbps: must be a finite number"),
+    (lambda t: t["nvlink"].update(latency_us=float("nan")), "node_types.dgx-a100.nvlink.latency_us: must be a finite"),
+    (lambda t: t["pcie"].update(latency_us=5e6), r"latency_us: 5000000.0 us is outside the physical range 0..1e\+06 us"),
+])
+def test_numbers_must_be_finite_and_physical(edit, message):
+    """Infinite, NaN and absurd bandwidths or latencies are one TopologyError naming key and unit."""
+    with pytest.raises(TopologyError, match=message):
+        parse_spec(_a100(edit))
+
+
+def test_a_cluster_past_a_million_gpus_is_refused_before_it_is_built():
+    import time
+
+    from heterosim.cluster import load_cluster
+
+    t0 = time.monotonic()
+    with pytest.raises(TopologyError, match=r"^cluster 'dgx-a100' would have 800,000,000 GPUs; HeteroSim builds "
+                                            r"clusters of at most 1,048,576 GPUs: use fewer nodes$"):
+        load_cluster("dgx-a100", num_gpus=800_000_000)
+    assert time.monotonic() - t0 < 5

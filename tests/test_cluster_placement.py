@@ -146,3 +146,13 @@ def test_load_cluster_checks_stages_against_layout():
     assert c.rank_to_gpu(0) == 16
     with pytest.raises(ConfigError, match="stage 2 has no node group; the job has pp=4 stages"):
         load_cluster("mixed-a100-h100", num_gpus=32, placement=spec, layout={"pp": 4})
+
+
+def test_malformed_placement_file_and_huge_range_are_one_error(tmp_path):
+    """A placement YAML that does not parse, and a range of 10**11 GPUs, each give one ConfigError."""
+    p = tmp_path / "place.yaml"
+    p.write_text("schema_version: 1\nplacement: {by_group: [a100: 0-7\n")
+    with pytest.raises(ConfigError, match=rf"^placement file {p}: not valid YAML"):
+        placement_for(None, 8, p)
+    with pytest.raises(ConfigError, match=r"^gpus: range '0-99999999999' must lie in 0\.\.1048575$"):
+        parse_ranges("0-99999999999", "gpus")

@@ -51,6 +51,10 @@ def resolve_gpu(name: str) -> tuple[str, int]:
     return g.name, g.compute_capability
 
 
+MAX_GPUS = 1 << 20
+"""The largest cluster HeteroSim builds (1,048,576 GPUs, the largest world a trace may claim)."""
+
+
 def _node_counts(spec: ClusterSpec, num_gpus: int | None) -> list[int]:
     """Nodes per group: fixed ``nodes``, the rest split from ``num_gpus`` by ``share``."""
     gpn = [spec.node_type(g.node_type).gpus_per_node for g in spec.node_groups]
@@ -308,5 +312,8 @@ def load_cluster(spec: str | os.PathLike | Mapping[str, Any] | ClusterSpec, *,
     nodes = _node_counts(parsed, num_gpus)
     total = sum(n * parsed.node_type(g.node_type).gpus_per_node
                 for g, n in zip(parsed.node_groups, nodes))
+    if total > MAX_GPUS:  # checked before any per-GPU table is built
+        raise TopologyError(f"cluster {parsed.name!r} would have {total:,} GPUs; HeteroSim builds clusters of "
+                            f"at most {MAX_GPUS:,} GPUs: use fewer nodes")
     chosen = placement if placement is not None else parsed.placement
     return Cluster(parsed, nodes, placement_for(layout, total, chosen))

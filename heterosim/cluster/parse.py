@@ -9,6 +9,8 @@ file (errors name it); :func:`write_spec` writes the canonical YAML of a spec, a
 
 from __future__ import annotations
 
+import math
+
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -52,15 +54,26 @@ def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ..
     return dict(d)
 
 
+# Physical range of a value by the unit its key names: a bandwidth from 1 MB/s to 1 PB/s, a
+# latency up to one second. Outside it a value is a typo (1e-300 GB/s would print a 300-digit
+# iteration time; .inf spins the max-min solver), not a cluster.
+_UNIT_RANGES = {"_GBps": (1e-3, 1e6, "GB/s"), "_Gbps": (8e-3, 8e6, "Gb/s"), "latency_us": (0.0, 1e6, "us")}
+
+
 def _num(v: Any, where: str, *, positive: bool = True, integer: bool = False) -> float:
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if isinstance(v, bool) or not ok:
         kind = "an integer" if integer else "a number"
         raise TopologyError(f"{where}: expected {kind}, got {v!r}")
+    if not math.isfinite(v):
+        raise TopologyError(f"{where}: must be a finite number, got {v!r}")
     if positive and not v > 0:
         raise TopologyError(f"{where}: must be > 0, got {v!r}")
     if not positive and v < 0:
         raise TopologyError(f"{where}: must be >= 0, got {v!r}")
+    for suffix, (lo, hi, unit) in _UNIT_RANGES.items():
+        if where.endswith(suffix) and not lo <= v <= hi:
+            raise TopologyError(f"{where}: {v!r} {unit} is outside the physical range {lo:g}..{hi:g} {unit}")
     return v
 
 

@@ -36,6 +36,10 @@ def stage_of(rank: int, world: int, pp: int) -> int:
     return rank // (world // pp)
 
 
+MAX_RANGE = 1 << 20
+"""The most GPUs or ranks one range may name (the largest world HeteroSim simulates)."""
+
+
 def parse_ranges(v: Any, where: str) -> tuple[int, ...]:
     """``3``, ``"0-3"``, ``"0-3,8"`` or a list of those -> sorted tuple of ints (inclusive)."""
     items = v if isinstance(v, (list, tuple)) else [v]
@@ -55,6 +59,8 @@ def parse_ranges(v: Any, where: str) -> tuple[int, ...]:
                 raise ConfigError(f"{where}: cannot read {part!r}; write ints or 'a-b' ranges") from None
             if b < a:
                 raise ConfigError(f"{where}: range {part!r} runs backwards")
+            if a < 0 or b - a >= MAX_RANGE:  # checked before the range is built
+                raise ConfigError(f"{where}: range {part!r} must lie in 0..{MAX_RANGE - 1}")
             out.extend(range(a, b + 1))
     return tuple(sorted(out))
 
@@ -132,12 +138,9 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def _load_file(path: Path) -> Mapping[str, Any]:
-    import yaml
+    from heterosim.yamlfile import read_yaml
 
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"placement file {path}: cannot read it ({e})") from e
+    raw = read_yaml(path, "placement file")
     if not isinstance(raw, Mapping) or "placement" not in raw:
         raise ConfigError(f"placement file {path}: expected 'schema_version: 1' and 'placement: {{...}}'")
     if raw.get("schema_version") != PLACEMENT_SCHEMA_VERSION:
