@@ -1,8 +1,8 @@
 """The recorder: a TorchDispatchMode that turns one rank's execution into blocks of trace ops.
 
 It sits on top of ``FakeTensorMode`` and sees, in program order, every aten op and every c10d /
-``_c10d_functional`` collective (see ``research/capture_proto.md`` for why this interception point
-works, and the pitfalls it handles: c10d ops carry no alias info, funcol waits are issued at once
+``_c10d_functional`` collective (``docs/capture.md``, "Interception", says why this interception
+point works and what it relies on; the pitfalls it handles: c10d ops carry no alias info, funcol waits are issued at once
 under fake tensors, DTensor ops must be unwrapped, some coalesced ops have no fake kernel).
 
 It is also the capture's :class:`models.annotate.Annotator`: scopes set phase / micro-batch /
@@ -10,7 +10,7 @@ chunk, :meth:`Recorder.block` records a repeatable block once and references it 
 :meth:`Recorder.iteration` keeps only the last training iteration.
 
 Dependencies are tracked per storage (last writer), module paths by forward hooks in forward and by
-autograd sequence numbers in backward (exact, see capture_proto.md §3).
+autograd sequence numbers in backward (exact; ``docs/capture.md``, "Interception", item 5).
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ class Recorder(TorchDispatchMode, Annotator):
 
     def _map_sequence(self, in_bwd: bool, module: str) -> None:
         # The autograd node of the running forward op (or custom Function) has the sequence number
-        # just issued; its backward ops look the module up by it (capture_proto.md §3).
+        # just issued; its backward ops look the module up by it (``docs/capture.md``, "Interception", item 5).
         if not in_bwd:
             seq = torch.autograd._get_sequence_nr() - 1
             if seq >= 0 and seq not in self.seq2mod:
