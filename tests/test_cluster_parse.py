@@ -117,3 +117,32 @@ def test_a_cluster_past_a_million_gpus_is_refused_before_it_is_built():
                                             r"clusters of at most 1,048,576 GPUs: use fewer nodes$"):
         load_cluster("dgx-a100", num_gpus=800_000_000)
     assert time.monotonic() - t0 < 5
+
+
+def test_fuzzed_cluster_file_gives_a_cluster_or_a_typed_error():
+    """Any value at any path of a preset: parsing and building a 16-GPU cluster raise only
+    HeteroSimError, in bounded time."""
+    pytest.importorskip("hypothesis")
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fuzzing import mutated
+    from heterosim.cluster import load_cluster
+    from heterosim.errors import HeteroSimError
+
+    docs = [yaml.safe_load(preset_path(n).read_text()) for n in ("dgx-a100", "mixed-a100-h100", "l40s-pcie")]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def check(data):
+        doc = mutated(data, data.draw(st.sampled_from(docs)))
+        t0 = time.monotonic()
+        try:
+            load_cluster(parse_spec(doc), num_gpus=16)
+        except HeteroSimError:
+            pass
+        assert time.monotonic() - t0 < 5
+
+    check()

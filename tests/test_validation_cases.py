@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from heterosim.cluster import load_cluster
@@ -161,8 +163,6 @@ def test_load_cases_checks_schema(tmp_path):
 
 def test_public_file_reads():
     """Every case of the public file maps to flags and a cluster without error."""
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "validation" / "public_cases.yaml"
     n = 0
     for c in load_cases(path):
@@ -267,3 +267,41 @@ def test_unstated_settings_come_from_the_published_script():
                               batch={"micro": 1, "global": 1792}))
     f = list(ci.flags)
     assert f[f.index("--micro-batch-size") + 1] == "1" and "--num-layers-per-virtual-pipeline-stage" not in f
+
+
+def test_fuzzed_case_fails_alone_with_a_typed_error(tmp_path_factory):
+    """Any value at any path of a published case: the reader, the flag builder and the collective
+    predictor raise only HeteroSimError (or the case carries its problem), in bounded time."""
+    pytest.importorskip("hypothesis")
+    import time
+
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fuzzing import mutated
+    from heterosim.errors import HeteroSimError
+    from heterosim.validation.validate import run_case
+
+    root = Path(__file__).resolve().parents[1] / "validation"
+    cases = [c for f in ("public_cases.yaml", "hopper_cases.yaml")
+             for c in yaml.safe_load((root / f).read_text())["cases"] if c["category"] in ("end_to_end", "collective")]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def check(data):
+        doc = {"schema_version": 1, "cases": [mutated(data, data.draw(st.sampled_from(cases)))]}
+        p = tmp_path_factory.mktemp("case") / "cases.yaml"
+        p.write_text(yaml.safe_dump(doc))
+        t0 = time.monotonic()
+        try:
+            for c in load_cases(p):
+                if c.category == "end_to_end" and not c.problem:
+                    megatron_flags(c)
+                elif c.category == "collective":
+                    run_case(c)  # a collective case is planned, not captured: cheap
+        except HeteroSimError:
+            pass
+        assert time.monotonic() - t0 < 5
+
+    check()

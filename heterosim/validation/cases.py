@@ -31,7 +31,7 @@ from heterosim.yamlfile import read_yaml
 
 from .published_runs import published_settings
 
-__all__ = ["Case", "CaseInputs", "load_cases", "gpu_from_text", "cluster_for", "megatron_flags",
+__all__ = ["Case", "CaseInputs", "load_cases", "positive_int", "gpu_from_text", "cluster_for", "megatron_flags",
            "flop_convention", "source_year", "ARCH_WORDS", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
@@ -100,6 +100,8 @@ def load_cases(path: str | Path) -> list[Case]:
     for i, c in enumerate(raw.get("cases") or []):
         if not isinstance(c, Mapping) or "id" not in c or "category" not in c:
             raise ConfigError(f"cases file {p}: case #{i} needs at least 'id' and 'category'")
+        if not isinstance(c["id"], (str, int)) or isinstance(c["id"], bool):
+            raise ConfigError(f"cases file {p}: case #{i} has id {c['id']!r:.60}; an id is a word like e2e-gpt3-175b")
         if c["id"] in seen:
             raise ConfigError(f"cases file {p}: case id {c['id']!r} appears twice; ids must be unique")
         seen.add(c["id"])
@@ -214,7 +216,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         raise ConfigError("hardware: no 'gpu' given; name the GPU, e.g. 'NVIDIA A100-SXM4-80GB'")
     gpu = gpu_from_text(str(hardware["gpu"]))
     spec = get_gpu(gpu)
-    gpn = int(hardware.get("gpus_per_node") or min(num_gpus, 8))
+    gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, 8), "hardware.gpus_per_node")
     if "gpus_per_node" not in hardware:
         notes.append(f"gpus_per_node not stated: {gpn}")
     system = _norm(str(hardware.get("system", "")))
@@ -278,6 +280,14 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
 
 
 # ------------------------------------------------------------------------------------- models
+def positive_int(v: Any, where: str) -> int:
+    """``v`` as an integer >= 1 (an int or a string of digits), else one ConfigError naming ``where``."""
+    n = _int_or_none(v)
+    if n is None or n < 1:
+        raise ConfigError(f"{where} is {v!r:.60}; give an integer >= 1")
+    return n
+
+
 def _int_or_none(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
@@ -379,8 +389,8 @@ def _parallel_sizes(case: Case) -> dict[str, int]:
     for dim in ("tp", "pp", "dp", "cp", "ep"):
         v = case.parallelism.get(dim, 1)
         size[dim] = _int_or_none(v)
-        if size[dim] is None:
-            raise ConfigError(f"case {case.id}: parallelism.{dim} is {v!r}; give an integer")
+        if size[dim] is None or size[dim] < 1:
+            raise ConfigError(f"case {case.id}: parallelism.{dim} is {v!r}; give an integer >= 1")
     return size
 
 

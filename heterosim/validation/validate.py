@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 from heterosim.errors import ConfigError, HeteroSimError
 
-from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags
+from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
 
 __all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "capture_cached",
            "code_version", "DEFAULT_CACHE_DIR", "SCHEMA_VERSION"]
@@ -335,7 +335,7 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
 
     col, hw = case.collective, case.hardware
     op = str(col.get("op", "all_reduce"))
-    gpn = int(hw.get("gpus_per_node") or 8)
+    gpn = positive_int(hw.get("gpus_per_node") or 8, "hardware.gpus_per_node")
     env = dict(nccl_env or {})
     notes: list[str] = []
     m = re.search(r"NCCL_ALGO=(\w+)", case.notes)
@@ -364,7 +364,7 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
             nodes = int(n.group()) if n else 1
             if not str(col.get("nodes", 1)).strip().isdigit():
                 notes.append(f"nodes {col.get('nodes')!r}: {nodes}")
-        ranks = int(gpus_m.group(1)) if gpus_m else int(col.get("ranks") or nodes * gpn)
+        ranks = int(gpus_m.group(1)) if gpus_m else positive_int(col.get("ranks") or nodes * gpn, "collective.ranks")
         size_m = re.search(r"at_(\d+)(MB|GB)", key)
         if size_m:
             size = int(size_m.group(1)) << (20 if size_m.group(2) == "MB" else 30)
