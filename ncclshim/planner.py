@@ -40,6 +40,9 @@ COLLECTIVES: tuple[str, ...] = COST_COLLECTIVES + ("all_to_all", "send", "recv")
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
                "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
 _P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD, bytes per channel
+_P2P_LAT_ROW = "RING"
+"""Row of NCCL's latency tables p2p operations are priced with: NCCL has no p2p cost model, so
+HeteroSim charges one ring step (base + hop latency); this ignores NCCL's per-peer handshakes."""
 
 
 class Flow(NamedTuple):
@@ -202,7 +205,7 @@ class Planner:
         proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
         hw = "NET" if net else "NVLINK" if nvl else "PCI"
         p = PROTOS.index(proto)
-        lat = (BASE_LAT_US["RING"][p] + HW_LAT_US[hw]["RING"][p]) * 1e-6
+        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + HW_LAT_US[hw][_P2P_LAT_ROW][p]) * 1e-6
         slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
         return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
