@@ -42,6 +42,9 @@ COLLECTIVES: tuple[str, ...] = COST_COLLECTIVES + ("all_to_all",) + P2P
 """What :func:`plan` plans: the trace's collectives (:data:`heterosim.trace.vocab.COLLECTIVES`) but
 ``barrier``, which runs as an all_reduce (:func:`heterosim.trace.vocab.as_planned`)."""
 _P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD, bytes per channel
+_P2P_LAT_ROW = "RING"
+"""Row of NCCL's latency tables p2p operations are priced with: NCCL has no p2p cost model, so
+HeteroSim charges one ring step (base + hop latency); this ignores NCCL's per-peer handshakes."""
 
 
 class Flow(NamedTuple):
@@ -204,7 +207,7 @@ class Planner:
         proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
         hw = "NET" if net else "NVLINK" if nvl else "PCI"
         p = PROTOS.index(proto)
-        lat = (BASE_LAT_US["RING"][p] + HW_LAT_US[hw]["RING"][p]) * 1e-6
+        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + HW_LAT_US[hw][_P2P_LAT_ROW][p]) * 1e-6
         slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
         return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
