@@ -1,6 +1,6 @@
 """NCCL v2.30.7 tuning constants (``src/graph/tuning.cc``, ``search.cc``, ``comm.h``).
 
-Values and indices as transcribed in ``research/nccl.md`` §0-§2. Latencies are in microseconds
+Values and indices as transcribed in ``docs/nccl.md`` §0-§2. Latencies are in microseconds
 and bandwidths in GB/s here because that is how NCCL writes them; the planner converts to SI.
 """
 
@@ -101,12 +101,12 @@ INTER_SPEEDS = {
 
 PROTO_EFFICIENCY = {"LL": 0.5, "LL128": 120 / 128, "SIMPLE": 1.0}
 """Payload fraction of what a protocol puts on the wire: LL 8 B data per 16 B line, LL128 120 of
-128 B, Simple all (``research/nccl.md`` §1.2). Flows carry wire bytes = payload / efficiency."""
+128 B, Simple all (``docs/nccl.md`` §1.2). Flows carry wire bytes = payload / efficiency."""
 
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "SIMPLE": 64}
 """Bytes per thread below which NCCL drops a channel (``comm.h``); RING+LL multiplies by nRanks."""
 
-# (collective, algorithm) -> protocols NCCL implements (research/nccl.md §1.1).
+# (collective, algorithm) -> protocols NCCL implements (docs/nccl.md §1.1).
 _ALL3 = ("LL", "LL128", "SIMPLE")
 SUPPORT: dict[tuple[str, str], tuple[str, ...]] = {
     ("all_reduce", "RING"): _ALL3,

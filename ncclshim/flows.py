@@ -8,7 +8,7 @@ Templates depend on the group and the algorithm, not on the size, so the planner
 Granularity (what the replay engine shares links between): NCCL pipelines every algorithm over
 8-slot FIFOs, so each algorithm is ONE phase whose flows run together; one flow per distinct ring
 or tree edge, aggregated over NCCL's runtime channels (duplicated channels follow the same paths,
-``research/nccl.md`` §7) and over all pipeline steps. Bytes per GPU follow §1.4/§7.
+``docs/nccl.md`` §7) and over all pipeline steps. Bytes per GPU follow §1.4/§7.
 
 Each collective algorithm's flows are its registry entry's (:mod:`ncclshim.algorithms`; shapes in
 the docstrings of ``algorithms/ring.py``, ``tree.py``, ``sharp.py``). This module adds the grouped

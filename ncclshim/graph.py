@@ -5,7 +5,7 @@ ring of every search channel (with the links each hop crosses), and the outcome 
 ``ncclTopoCompute`` for the RING (and BALANCED_TREE) and NVLS patterns: channel count, per-channel
 speeds ``bw_intra``/``bw_inter`` in GB/s, worst path types, and the bottleneck link.
 
-The channel search (``search.cc``; ``research/nccl.md`` §3.3) is emulated greedily: at a trial
+The channel search (``search.cc``; ``docs/nccl.md`` §3.3) is emulated greedily: at a trial
 speed ``s`` (NCCL's speed arrays), channels are added one at a time, each subtracting ``s`` from the
 NCCL-model bandwidth of every link its ring crosses, until a link would go negative, ``maxCh`` (32)
 is reached, or ``nCh * s >= totalBw``; the first speed yielding a channel wins, then pass 2 raises

@@ -90,7 +90,7 @@ class Plan:
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw/algbw factor (``doc/PERFORMANCE.md``; ``research/nccl.md`` §4)."""
+    """nccl-tests' busbw/algbw factor (``doc/PERFORMANCE.md``; ``docs/nccl.md`` §4)."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):

@@ -12,7 +12,7 @@ Vocabulary:
   ``"n0.gpu3"``, ``"n0.nvs"``, ``"n0.sw1"``, ``"n0.cpu0"``, ``"n0.nic3"``, ``"leaf3.0"``). ``bw`` is what
   the hardware moves in B/s (per direction, after link-level encoding); ``nccl_bw`` is what NCCL's
   topology detection believes the link carries (e.g. 20 GB/s per A100 NVLink lane, ``speed/8000``
-  GB/s per NIC, ``width * laneSpeed / 80`` per PCIe link; ``research/nccl.md`` §3.1). Flows are
+  GB/s per NIC, ``width * laneSpeed / 80`` per PCIe link; ``docs/nccl.md`` §3.1). Flows are
   timed with ``bw``; NCCL's channel search and cost model use ``nccl_bw``.
 - *path*: a tuple of link ids from one GPU to another, given by ``TopologyView.route``.
 - *rail*: NICs with the same rail index across nodes share a leaf switch (rail-optimized fabric).
@@ -46,7 +46,7 @@ CpuVendor = Literal["intel", "amd", "arm", "other"]
 PATH_TYPES: tuple[str, ...] = (
     "LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS",
 )
-"""NCCL's path types, best first (``include/graph.h``; ``research/nccl.md`` §3.2)."""
+"""NCCL's path types, best first (``include/graph.h``; ``docs/nccl.md`` §3.2)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

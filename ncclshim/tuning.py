@@ -1,7 +1,7 @@
 """NCCL's tuning model: bandwidth and latency per (algorithm, protocol), call time, and the choice.
 
 Follows ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime`` / ``topoGetAlgoInfo`` of NCCL v2.30.7
-(``research/nccl.md`` §2) over a :class:`~ncclshim.graph.GroupGraph`. NCCL's units are kept inside
+(``docs/nccl.md`` §2) over a :class:`~ncclshim.graph.GroupGraph`. NCCL's units are kept inside
 (GB/s, microseconds); :func:`select` returns seconds.
 
 What is common to every algorithm lives here: the environment (``NCCL_ALGO`` tokens come from the
@@ -18,6 +18,7 @@ from typing import Mapping
 from heterosim.errors import UnsupportedCollectiveError
 from ncclshim import algorithms
 from ncclshim.algorithms import Algorithm, Query
+from ncclshim.algorithms.entry import Settings
 from ncclshim.constants import COST_COLLECTIVES, PROTOS
 from ncclshim.graph import GroupGraph
 
@@ -25,21 +26,6 @@ __all__ = ["Choice", "Settings", "parse_env", "cost", "select"]
 
 _PROTO_NAMES = {"ll": frozenset({"LL"}), "ll128": frozenset({"LL128"}), "simple": frozenset({"SIMPLE"})}
 _PATH_RANK = {"NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6, "PXN": 7, "PHB": 8, "SYS": 9}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Settings:
-    """NCCL environment variables that the model honours, parsed."""
-
-    algos: frozenset[str]
-    protos: frozenset[str]
-    min_channels: int = 0
-    max_channels: int = 64
-    nvls: bool = True
-    pxn: bool = True
-    collnet: bool = True
-    """NCCL_COLLNET_ENABLE (default on here: a view only declares ``collnet`` when the plugin is
-    set up); CollNet still needs ``TopologyView.collnet``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +101,7 @@ def cost(coll: str, algo: str, proto: str, g: GroupGraph, s: Settings, *, collne
          nvswitch: bool = True, net_latency_us: float = 0.0) -> tuple[float, float]:
     """NCCL's (busBw-derived algBw in GB/s, latency in us) for one (collective, algo, proto).
 
-    Bandwidth 0 means unavailable. ``research/nccl.md`` §2.2 (bandwidth) and §2.3 (latency); the
+    Bandwidth 0 means unavailable. ``docs/nccl.md`` §2.2 (bandwidth) and §2.3 (latency); the
     per-algorithm parts are the registry entry's (:mod:`ncclshim.algorithms`).
 
     Raises:

@@ -12,7 +12,7 @@ flows that ncclshim plans index straight into ``cluster.links``. Routes come fro
 :class:`ClusterRouter`, which follows NCCL's transport choices on top of the cluster's routing:
 
 - same node: the cluster's intra-node route (NVLink/NVSwitch, else the PCIe tree);
-- across nodes (``ncclTopoGetNetDev`` with ``NCCL_P2P_PXN_LEVEL=2``; research/nccl.md §3.4): the
+- across nodes (``ncclTopoGetNetDev`` with ``NCCL_P2P_PXN_LEVEL=2``; docs/nccl.md §3.4): the
   destination receives on its NIC ``dst.nics[channel % len]``, whose rail is ``r``. The source
   sends through its own node's rail-``r`` NIC when that NIC is on its PCIe switch; otherwise, with
   ``pxn`` and an NVLink path to the GPU that owns that NIC, it relays over NVLink to that GPU

@@ -108,7 +108,7 @@ def test_pods_and_single_leaf():
 
 
 def test_pcie_tree_path_types():
-    """L40S server: PIX on one switch, PHB through the CPU, SYS across sockets (NCCL §3.2)."""
+    """L40S server: PIX on one switch, PHB through the CPU, SYS across sockets (docs/nccl.md §3.2)."""
     c = load_cluster("l40s-pcie", num_gpus=8)
     assert [c.network.path_type(c.route(0, g)) for g in (1, 2, 7)] == ["PIX", "PHB", "SYS"]
     assert hops(c, c.route(0, 7)) == ["n0.gpu0", "n0.sw0", "n0.cpu0", "n0.cpu1", "n0.sw3", "n0.gpu7"]

@@ -100,3 +100,43 @@ def test_new_db_file_mode_follows_umask(tmp_path):
     os.chmod(p, 0o640)
     merge_rows(p, [_row(2)])
     assert p.stat().st_mode & 0o777 == 0o640
+
+
+def test_fuzzed_db_file_gives_rows_or_a_kernel_db_error(tmp_path_factory):
+    """Any value in any field of a valid DB, or any bytes in a line: KernelDB.load returns or
+    raises KernelDBError, nothing else."""
+    pytest.importorskip("hypothesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from kernel_db.db import COLUMNS
+
+    root = tmp_path_factory.mktemp("db")
+    KernelDB([_row(i) for i in range(3)]).save(root / "good.csv")
+    good = (root / "good.csv").read_text().splitlines()
+    field = st.one_of(st.text(max_size=12), st.sampled_from(["nan", "inf", "-1", "0", "1e999", "{", "[1]", '""']))
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(line=st.integers(0, len(good) - 1), col=st.integers(0, len(COLUMNS) - 1), value=field,
+           raw=st.one_of(st.none(), st.text(max_size=40)))
+    def check(line, col, value, raw):
+        import csv
+        import io
+
+        lines = list(good)
+        if raw is not None:
+            lines[line] = raw
+        elif line >= 2:
+            rec = next(csv.reader([lines[line]]))
+            rec[col] = value
+            out = io.StringIO()
+            csv.writer(out, lineterminator="").writerow(rec)
+            lines[line] = out.getvalue()
+        p = root / "fuzz.csv"
+        p.write_text("\n".join(lines) + "\n")
+        try:
+            KernelDB.load(p)
+        except KernelDBError:
+            pass
+
+    check()

@@ -1,6 +1,6 @@
 """ncclshim.algorithms: the registry, every built-in entry on hand-checked cases, and a toy entry.
 
-Times are NCCL's model by hand (``research/nccl.md`` §2): ``time = lat + nBytes / (1000 * algBw)``
+Times are NCCL's model by hand (``docs/nccl.md`` §2): ``time = lat + nBytes / (1000 * algBw)``
 in us with algBw in GB/s. Graph facts used below (``tests/test_ncclshim_graph.py`` checks them):
 DGX A100: 12 channels at 20 GB/s per node (8 x 24 across 2 nodes); DGX H100: NVLS heads 8 at
 40 GB/s intra, 48 inter across 2 nodes; 4 H100 nodes with one GPU each: 2 channels at 24 GB/s.
@@ -12,12 +12,13 @@ from collections import defaultdict
 import pytest
 
 from heterosim.errors import UnsupportedCollectiveError
-from ncclshim import TopologyView, plan
+from ncclshim import plan
 from ncclshim import algorithms
 from ncclshim.algorithms import Algorithm
 from ncclshim.constants import ALGOS, BASE_LAT_US, HW_LAT_US
 from ncclshim.flows import template
 from ncclshim.graph import analyze
+from ncclshim.view import preset_view
 from ncclshim.tuning import cost, parse_env
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -54,7 +55,7 @@ def test_unknown_algorithm_is_one_error_listing_the_names():
     with pytest.raises(UnsupportedCollectiveError) as e:
         algorithms.get("RINGG")
     assert str(e.value) == msg
-    v = TopologyView.simple("dgx-a100")
+    v = preset_view("dgx-a100")
     g = analyze((0, 1), v)
     with pytest.raises(UnsupportedCollectiveError, match="unknown collective algorithm 'RINGG'"):
         cost("all_reduce", "RINGG", "SIMPLE", g, parse_env(None))
@@ -66,7 +67,7 @@ def test_unknown_algorithm_is_one_error_listing_the_names():
 
 def test_ring_two_ranks_all_reduce():
     """2 A100s: algBw = 12 ch x 20 GB/s x 2/2 = 240; lat = 8.4 + 2 x 3.4 us; each rank sends S."""
-    p = plan("all_reduce", GiB, (0, 1), TopologyView.simple("dgx-a100"))
+    p = plan("all_reduce", GiB, (0, 1), preset_view("dgx-a100"))
     assert (p.algo, p.proto, p.nchannels) == ("RING", "SIMPLE", 24)
     assert p.latency_s == pytest.approx(15.2e-6)
     assert p.time_s == pytest.approx((15.2 + GiB / (1000 * 240)) * 1e-6)
@@ -76,7 +77,7 @@ def test_ring_two_ranks_all_reduce():
 def test_tree_two_nodes_all_reduce():
     """16 A100s, 1 MiB: Tree LL128 busBw min(min(192 x 0.92, 8 x 23.6) x 120/128, 8 x 20) = 160, algBw 80,
     x0.6 correction at log2(1 MiB / 64) = 14; lat = 14 + 2 x (7 x 1.25 + 1 x 8.5) us."""
-    p = plan("all_reduce", MiB, range(16), TopologyView.simple("dgx-a100", nodes=2))
+    p = plan("all_reduce", MiB, range(16), preset_view("dgx-a100", 2))
     assert (p.algo, p.proto) == ("TREE", "LL128")
     assert p.latency_s == pytest.approx(48.5e-6)
     assert p.time_s == pytest.approx((48.5 + MiB / (1000 * 80 * 0.6)) * 1e-6)
@@ -85,7 +86,7 @@ def test_tree_two_nodes_all_reduce():
 def test_nvls_one_node_all_reduce():
     """8 H100s: 8 heads x min(40 x 0.85 x 7/8 x 2, 60) = 476 busBw, algBw 476 x 8/14 = 272; lat 25 us;
     every GPU sends S up through the switch."""
-    p = plan("all_reduce", GiB, range(8), TopologyView.simple("dgx-h100"))
+    p = plan("all_reduce", GiB, range(8), preset_view("dgx-h100"))
     assert (p.algo, p.proto, p.nchannels) == ("NVLS", "SIMPLE", 16)
     assert p.time_s == pytest.approx((25 + GiB / (1000 * 272)) * 1e-6)
     assert _sent(p) == pytest.approx({r: GiB for r in range(8)})
@@ -94,7 +95,7 @@ def test_nvls_one_node_all_reduce():
 def test_nvls_tree_two_nodes_all_reduce():
     """16 H100s: per channel min(59.5, 2 x 48, cap 57.7) -> busBw 8 x 57.7, algBw x16/30;
     lat = 25 + 2 x log2(2) x 20.9 us."""
-    p = plan("all_reduce", GiB, range(16), TopologyView.simple("dgx-h100", nodes=2))
+    p = plan("all_reduce", GiB, range(16), preset_view("dgx-h100", 2))
     assert (p.algo, p.proto) == ("NVLS_TREE", "SIMPLE")
     assert p.latency_s == pytest.approx(66.8e-6)
     assert p.time_s == pytest.approx((66.8 + GiB / (1000 * 8 * 57.7 * 16 / 30)) * 1e-6)
@@ -103,7 +104,7 @@ def test_nvls_tree_two_nodes_all_reduce():
 def test_pat_one_gpu_per_node_all_gather():
     """4 H100 nodes, one GPU each, 1 MiB: PAT busBw 2 x 24 x 0.75 = 36 = algBw; lat = 8 + log2(4) x 14 / 3.5
     + 4 x 2.8 = 27.2 us; beats the ring's LL (21.6 + S/27.2k) and Simple (50.4 + S/64k)."""
-    p = plan("all_gather", MiB, (0, 8, 16, 24), TopologyView.simple("dgx-h100", nodes=4))
+    p = plan("all_gather", MiB, (0, 8, 16, 24), preset_view("dgx-h100", 4))
     assert (p.algo, p.proto) == ("PAT", "SIMPLE")
     assert p.time_s == pytest.approx((27.2 + MiB / (1000 * 36)) * 1e-6)
     assert _sent(p) == pytest.approx({r: 0.75 * MiB for r in (0, 8, 16, 24)})
@@ -112,7 +113,7 @@ def test_pat_one_gpu_per_node_all_gather():
 def test_collnet_direct_and_chain_two_nodes_all_reduce():
     """16 H100s with SHARP: Direct busBw 8 x 48 / (1 - 0) x 0.85, algBw half; lat 2 x (3.7 + 7 x 0.4) + 31.
     Chain busBw 8 x 48, algBw half; lat 2 x 7 x 2.8 + 30 us."""
-    v = dataclasses.replace(TopologyView.simple("dgx-h100", nodes=2), collnet=True)
+    v = dataclasses.replace(preset_view("dgx-h100", 2), collnet=True)
     d = plan("all_reduce", GiB, range(16), v, env={"NCCL_ALGO": "CollNetDirect"})
     assert (d.algo, d.latency_s) == ("COLLNET_DIRECT", pytest.approx(44e-6))
     assert d.time_s == pytest.approx((44 + GiB / (1000 * 384 * 0.85 / 2)) * 1e-6)
@@ -125,7 +126,7 @@ def test_collnet_direct_and_chain_two_nodes_all_reduce():
 
 def test_coherent_ring_one_node_all_reduce():
     """Coherent A100 node: n-1 = 7 steps, algBw 240 x 8/7; lat 8.4 + 7 x 3.4 us; (n-1)/n of S per rank."""
-    p = plan("all_reduce", GiB, range(8), _coherent(TopologyView.simple("dgx-a100")))
+    p = plan("all_reduce", GiB, range(8), _coherent(preset_view("dgx-a100")))
     assert (p.algo, p.proto) == ("COHERENT_RING", "SIMPLE")
     assert p.time_s == pytest.approx((32.2 + GiB / (1000 * 240 * 8 / 7)) * 1e-6)
     assert _sent(p) == pytest.approx({r: 7 / 8 * GiB for r in range(8)})
@@ -161,7 +162,7 @@ def test_a_registered_algorithm_is_planned_with_no_other_edit(toy):
     """DIRECT all_gather on an A100 node: algBw 12 x 20 = 240, lat 11.8 us. At 1 MiB it beats the
     ring (LL 10.8 + S/100.2k); at 64 B the LL ring (10.8 us) still wins; NCCL_ALGO reaches it."""
     assert algorithms.names()[-1] == "DIRECT"
-    v = TopologyView.simple("dgx-a100")
+    v = preset_view("dgx-a100")
     p = plan("all_gather", MiB, range(8), v)
     assert (p.algo, p.proto) == ("DIRECT", "SIMPLE")
     assert p.time_s == pytest.approx((11.8 + MiB / (1000 * 240)) * 1e-6)

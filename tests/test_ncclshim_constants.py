@@ -1,4 +1,4 @@
-"""ncclshim.constants: the NCCL v2.30.7 tables as transcribed (research/nccl.md §0-§2)."""
+"""ncclshim.constants: the NCCL v2.30.7 tables as transcribed (docs/nccl.md §0-§2)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""ncclshim.graph: the emulated channel search and the rings NCCL builds (research/nccl.md §2.5, §3.3)."""
+"""ncclshim.graph: the emulated channel search and the rings NCCL builds (docs/nccl.md §2.5, §3.3)."""
 
 import pytest
 

@@ -9,7 +9,7 @@ Physical (per direction, after link-level encoding):
 - :data:`PCIE_LANE_GBPS`: one PCIe lane per generation (PCI-SIG base specifications);
 - :data:`NVLINK_LANE_GBPS`: one NVLink3/4 lane (A100/H100 datasheets).
 
-What NCCL believes (``src/graph/topo.h``, ``topo.cc``; research/nccl.md §3.1):
+What NCCL believes (``src/graph/topo.h``, ``topo.cc``; docs/nccl.md §3.1):
 
 - :func:`nccl_nvlink_bw` (``ncclTopoNVLinkBw``, priced per lane by compute capability),
   :func:`nccl_pcie_bw` (``width * laneSpeed / 80``), :func:`nccl_nic_bw` (``speed / 8000``),
@@ -38,7 +38,7 @@ PCIE_LANE_GBPS: dict[int, float] = {1: 2.5 * 0.8 / 8, 2: 5 * 0.8 / 8, 3: 8 * 128
 # NVLink3/4 lane: 50 Gb/s x 4 signal pairs = 25 GB/s per direction (A100/H100 datasheets:
 # 12 lanes = 600 GB/s and 18 lanes = 900 GB/s bidirectional).
 NVLINK_LANE_GBPS = 25.0
-# CPU socket interconnect as NCCL models it, GB/s (graph/topo.h; research/nccl.md §3.1: Intel
+# CPU socket interconnect as NCCL models it, GB/s (graph/topo.h; docs/nccl.md §3.1: Intel
 # SPR 22, AMD 16, ARM 6). NB: the cluster spec uses it as the physical default too; real
 # UPI/xGMI links are faster, but GPU traffic rarely crosses sockets and NCCL's figure is what
 # such P2P achieves.

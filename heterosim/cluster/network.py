@@ -10,7 +10,7 @@ Routing (:meth:`Network.route`):
 
 - inside a node: minimum-weight path, weight of a link ``round(1000 / bw_GBps)`` (at least 1), so
   NVLink wins over PCIe and fewer/faster hops win -- the order NCCL's ``ncclTopoSetPaths`` ranks
-  paths by (type, then bandwidth, then hops; research/nccl.md §3.2). NB: NCCL's choice to send
+  paths by (type, then bandwidth, then hops; docs/nccl.md §3.2). NB: NCCL's choice to send
   intra-node traffic over the NIC when that is faster (``ncclTopoCheckNet``) is not modelled;
 - between nodes: source GPU -> its NIC for this channel -> fabric -> the destination GPU's NIC
   for this channel -> destination GPU; the fabric part is the fewest-hop path;
@@ -66,7 +66,7 @@ class LinkTable:
     kind: np.ndarray
     """Index into :data:`LINK_KINDS` (int8)."""
     nccl_bw: np.ndarray
-    """What NCCL's topology detection believes the link carries, B/s (research/nccl.md §3.1)."""
+    """What NCCL's topology detection believes the link carries, B/s (docs/nccl.md §3.1)."""
 
     def __len__(self) -> int:
         return len(self.src)
@@ -296,7 +296,7 @@ class Network:
         return nics
 
     def path_type(self, path: Sequence[int]) -> str:
-        """NCCL path type of a route (one of :data:`PATH_TYPES`; research/nccl.md §3.2)."""
+        """NCCL path type of a route (one of :data:`PATH_TYPES`; docs/nccl.md §3.2)."""
         if not path:
             return "LOC"
         kinds = {LINK_KINDS[k] for k in self.links.kind[list(path)]}

@@ -77,8 +77,27 @@ def _num(v: Any, where: str, *, positive: bool = True, integer: bool = False) ->
     return v
 
 
-def _int(v: Any, where: str, *, positive: bool = True) -> int:
-    return int(_num(v, where, positive=positive, integer=True))
+MAX_COUNT = 1 << 20
+"""The largest count a cluster file may give (nodes, shares, leaves; the largest cluster built)."""
+MAX_RADIX = 1024
+"""The most ports a fabric switch may have (leaf nodes, spines): today's largest are 64-256."""
+MAX_PER_NODE = 1024
+"""The largest per-node count (GPUs, NICs, sockets, lanes, switches, PCIe width): beyond any server."""
+
+
+def _int(v: Any, where: str, *, positive: bool = True, hi: int = MAX_COUNT) -> int:
+    n = int(_num(v, where, positive=positive, integer=True))
+    if n > hi:  # checked before anything is built from it: a 2**70 loop never ends
+        raise TopologyError(f"{where}: {n} is more than {hi:,}; give a realistic count")
+    return n
+
+
+def _list(v: Any, where: str, what: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise TopologyError(f"{where}: expected a list of {what}, got {v!r:.60}")
+    return v
 
 
 def _indices(v: Any, where: str, limit: int, what: str) -> tuple[int, ...]:
@@ -113,7 +132,7 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
     if isinstance(raw, Mapping):
         # Shorthand {count, bw_Gbps}: NICs split the GPUs evenly (count | gpus or gpus | count).
         d = _keys(raw, where, ("count", "bw_Gbps"))
-        count, bw = _int(d["count"], f"{where}.count"), _num(d["bw_Gbps"], f"{where}.bw_Gbps")
+        count, bw = _int(d["count"], f"{where}.count", hi=MAX_PER_NODE), _num(d["bw_Gbps"], f"{where}.bw_Gbps")
         if gpn % count and count % gpn:
             raise TopologyError(
                 f"{where}: {count} NICs cannot split {gpn} GPUs evenly; list the NICs one by one "
@@ -152,20 +171,20 @@ def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
                                         "latency_us", "pairs"))["kind"]
     if kind == "nvswitch":
         d = _keys(raw, where, ("kind", "lanes"), ("lane_GBps", "nvswitches", "nvls", "latency_us"))
-        kw: dict[str, Any] = dict(intra="nvswitch", nvlink_lanes=_int(d["lanes"], f"{where}.lanes"),
-                                  nvswitches=_int(d.get("nvswitches", 1), f"{where}.nvswitches"))
+        kw: dict[str, Any] = dict(intra="nvswitch", nvlink_lanes=_int(d["lanes"], f"{where}.lanes", hi=MAX_PER_NODE),
+                                  nvswitches=_int(d.get("nvswitches", 1), f"{where}.nvswitches", hi=MAX_PER_NODE))
         kw["nvls"] = _bool(d.get("nvls", False), f"{where}.nvls")
     elif kind == "mesh":
         d = _keys(raw, where, ("kind", "pairs"), ("lane_GBps", "latency_us"))
         pairs = []
-        for i, pr in enumerate(d["pairs"] or ()):
+        for i, pr in enumerate(_list(d["pairs"], f"{where}.pairs", "GPU pairs")):
             w = f"{where}.pairs[{i}]"
             if not isinstance(pr, (list, tuple)) or len(pr) != 3:
                 raise TopologyError(f"{w}: expected [gpu_a, gpu_b, lanes], got {pr!r}")
             ga, gb = _indices(pr[:2], w, gpn, "GPU")
             if ga == gb:
                 raise TopologyError(f"{w}: a GPU cannot link to itself ({ga})")
-            pairs.append((ga, gb, _int(pr[2], f"{w}[2]")))
+            pairs.append((ga, gb, _int(pr[2], f"{w}[2]", hi=MAX_PER_NODE)))
         kw = dict(intra="nvlink_mesh", nvlink_pairs=tuple(pairs))
     else:
         raise TopologyError(f"{where}.kind: unknown {kind!r}; valid: ['mesh', 'nvswitch']")
@@ -178,14 +197,14 @@ def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
 def _parse_node_type(name: str, raw: Any) -> NodeType:
     where = f"node_types.{name}"
     d = _keys(raw, where, ("gpus_per_node", "pcie"), ("nvlink", "cpu", "nics", "coherent_memory"))
-    gpn = _int(d["gpus_per_node"], f"{where}.gpus_per_node")
+    gpn = _int(d["gpus_per_node"], f"{where}.gpus_per_node", hi=MAX_PER_NODE)
     nics = _parse_nics(d.get("nics"), f"{where}.nics", gpn)
 
     cw = f"{where}.cpu"
     c = _keys(d.get("cpu", {}), cw, (), ("sockets", "vendor", "bw_GBps", "latency_us"))
-    sockets = _int(c.get("sockets", 1), f"{cw}.sockets")
+    sockets = _int(c.get("sockets", 1), f"{cw}.sockets", hi=MAX_PER_NODE)
     vendor = c.get("vendor", "intel")
-    if vendor not in NCCL_CPU_GBPS:
+    if not isinstance(vendor, str) or vendor not in NCCL_CPU_GBPS:
         raise TopologyError(f"{cw}.vendor: unknown {vendor!r}; valid: {sorted(NCCL_CPU_GBPS)}")
     kw: dict[str, Any] = {"intra": "pcie", "cpu_vendor": vendor, "sockets": sockets,
                           "socket_bw": _num(c.get("bw_GBps", NCCL_CPU_GBPS[vendor]),
@@ -196,16 +215,16 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
     pw = f"{where}.pcie"
     p = _keys(d["pcie"], pw, ("gen",), ("width", "bw_GBps", "latency_us", "switches"))
     gen = p["gen"]
-    if gen not in PCIE_LANE_GBPS:
+    if isinstance(gen, bool) or not isinstance(gen, int) or gen not in PCIE_LANE_GBPS:
         raise TopologyError(f"{pw}.gen: unknown PCIe generation {gen!r}; valid: {sorted(PCIE_LANE_GBPS)}")
-    width = _int(p.get("width", 16), f"{pw}.width")
+    width = _int(p.get("width", 16), f"{pw}.width", hi=MAX_PER_NODE)
     kw.update(pcie_gen=gen, pcie_width=width,
               pcie_bw=_num(p.get("bw_GBps", PCIE_LANE_GBPS[gen] * width), f"{pw}.bw_GBps") * GB)
     if "latency_us" in p:
         kw["pcie_latency"] = _num(p["latency_us"], f"{pw}.latency_us", positive=False) * US
     if "switches" in p:
         switches = []
-        for j, s in enumerate(p["switches"] or ()):
+        for j, s in enumerate(_list(p["switches"], f"{pw}.switches", "PCIe switches")):
             sw = f"{pw}.switches[{j}]"
             sd = _keys(s, sw, ("socket", "gpus"), ("nics",))
             sock = _int(sd["socket"], f"{sw}.socket", positive=False)
@@ -278,8 +297,8 @@ def _parse_fabric(raw: Any) -> Fabric:
                                          "latency_us", "sharp"))
     spines = d.get("spines")
     return Fabric(
-        kind=kind, nodes_per_leaf=_int(d.get("nodes_per_leaf", 32), "fabric.nodes_per_leaf"),
-        spines=None if spines is None else _int(spines, "fabric.spines"),
+        kind=kind, nodes_per_leaf=_int(d.get("nodes_per_leaf", 32), "fabric.nodes_per_leaf", hi=MAX_RADIX),
+        spines=None if spines is None else _int(spines, "fabric.spines", hi=MAX_RADIX),
         oversubscription=_num(d.get("oversubscription", 1.0), "fabric.oversubscription"),
         latency=_num(d.get("latency_us", DEFAULT_LATENCY_US["net"]), "fabric.latency_us",
                      positive=False) * US,

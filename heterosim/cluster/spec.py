@@ -52,7 +52,7 @@ FABRIC_KINDS: tuple[str, ...] = ("rail_optimized", "leaf_spine", "explicit", "no
 
 # Per-hop link latencies used when the YAML gives none. NB: NCCL's cost model charges a latency per
 # algorithm step by path type (src/graph/tuning.cc hwLatencies, Ring/LL: NVLINK 0.6 us, PCI 1.0 us,
-# NET 2.7 us; research/nccl.md §2.1). We split each step over the cables it crosses: GPU->NVSwitch->
+# NET 2.7 us; docs/nccl.md §2.1). We split each step over the cables it crosses: GPU->NVSwitch->
 # GPU is two 0.3 us hops, GPU->PCIe switch->GPU two 0.5 us hops, and a same-rail network step
 # GPU->sw->NIC->leaf->NIC->sw->GPU six 0.5 us hops (3.0 us, near NCCL's 2.7). Switch-internal
 # forwarding, cable length and queueing are ignored.

@@ -1,6 +1,6 @@
 """What one collective algorithm is to ncclshim: an :class:`Algorithm` entry, and the pieces entries share.
 
-An entry holds everything that differs between algorithms (``research/nccl.md`` §1-§2, §7):
+An entry holds everything that differs between algorithms (``docs/nccl.md`` §1-§2, §7):
 
 - *availability*: the collectives and protocols it implements (NCCL's ``SUPPORT`` rows), the
   ``NCCL_ALGO`` tokens that name it, and a topology / environment rule;
@@ -17,14 +17,12 @@ small-message channel reduction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
 from ncclshim.constants import BASE_LAT_US, HW_LAT_US, PROTOS, THREAD_THRESHOLD, TREE_CORRECTION
 from ncclshim.graph import GroupGraph
 from ncclshim.topology import TopologyView
 
-if TYPE_CHECKING:  # Settings is the parsed environment of ncclshim.tuning, which imports the registry
-    from ncclshim.tuning import Settings
 
 __all__ = [
     "Algorithm", "Query", "FlowSpec", "FlowBuilder", "support_rows", "scale", "ll_row", "hw_class",
@@ -36,6 +34,21 @@ FlowSpec = tuple[int, int, float, int, tuple[int, ...], int]
 """(src GPU, dst GPU, fraction of nbytes, channel, path link ids, phase)."""
 FlowBuilder = Callable[[str, GroupGraph, TopologyView, bool, int], list[FlowSpec]]
 """``(collective, group, view, pxn, root GPU) -> flow specs`` (size-independent fractions)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """NCCL environment variables that the model honours, parsed (:func:`ncclshim.tuning.parse_env`)."""
+
+    algos: frozenset[str]
+    protos: frozenset[str]
+    min_channels: int = 0
+    max_channels: int = 64
+    nvls: bool = True
+    pxn: bool = True
+    collnet: bool = True
+    """NCCL_COLLNET_ENABLE (default on here: a view only declares ``collnet`` when the plugin is
+    set up); CollNet still needs ``TopologyView.collnet``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +97,7 @@ class Algorithm:
     bandwidth: Callable[[Query, str], float]
     """``(query, proto) -> algBw`` in GB/s: NCCL's busBw for the protocol, converted to algBw."""
     latency: Callable[[Query, str], float]
-    """``(query, proto) -> latency`` in us (``research/nccl.md`` §2.3)."""
+    """``(query, proto) -> latency`` in us (``docs/nccl.md`` §2.3)."""
     flows: FlowBuilder
     available: Callable[[Query], bool] = _always
     """Topology / environment rule, checked after ``protocols`` and ``NCCL_ALGO``."""

@@ -1,6 +1,6 @@
 """Ring algorithms: NCCL's RING and HeteroSim's COHERENT_RING extension.
 
-RING (``tuning.cc``, ``research/nccl.md`` §1.4, §2.2-§2.4): busBw is channels x per-channel speed
+RING (``tuning.cc``, ``docs/nccl.md`` §1.4, §2.2-§2.4): busBw is channels x per-channel speed
 (intra-node speed up to two nodes, inter-node beyond), capped for LL / LL128; algBw is busBw x
 n / nsteps. Latency: one step latency per ring step, network steps at the NET latency; broadcast
 and reduce pay one hop (one distinct ring) or one per rank. Multi-node Simple all-reduce latency

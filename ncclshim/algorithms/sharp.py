@@ -1,6 +1,6 @@
 """In-switch reduction (SHARP) algorithms: NVLS, NVLS_TREE (NVLink SHARP) and CollNet (network SHARP).
 
-NVLS (``tuning.cc``, ``research/nccl.md`` §2.2-§2.3): the NVSwitch reduces and multicasts.
+NVLS (``tuning.cc``, ``docs/nccl.md`` §2.2-§2.3): the NVSwitch reduces and multicasts.
 Per-channel speed = min(NVLS intra speed x efficiency x (nCh-1)/nCh x (2 for all_reduce, else
 (ppn-1)/ppn), inter speed); NVLS_TREE doubles the inter speed up to two nodes and is capped per
 channel. All-reduce converts bus->alg like a ring; all_gather / reduce_scatter do not. NVLS needs
@@ -53,7 +53,7 @@ _COLLNET_THREAD_THRESHOLD = 512
 
 def _nvls_usable(q: Query) -> bool:
     """NVLS is on (NCCL_NVLS_ENABLE) and the NVLS graph has 2 channels or more (the graph gives none
-    without an NVSwitch with SHARP on SM90+; ``research/nccl.md`` §1.1)."""
+    without an NVSwitch with SHARP on SM90+; ``docs/nccl.md`` §1.1)."""
     return q.s.nvls and q.g.nvls_channels >= 2
 
 
@@ -64,7 +64,7 @@ def _nvls_available(q: Query) -> bool:
 
 
 def _nvls_tree_available(q: Query) -> bool:
-    """Several nodes (NCCL disables NVLS_TREE on one node, ``research/nccl.md`` §1.1)."""
+    """Several nodes (NCCL disables NVLS_TREE on one node, ``docs/nccl.md`` §1.1)."""
     return _nvls_usable(q) and q.g.n_nodes > 1
 
 
@@ -173,12 +173,12 @@ NVLS_TREE = Algorithm(
 
 def _direct_available(q: Query) -> bool:
     """CollNet on, several nodes, NVSwitch nodes of at most 8 local ranks (``NCCL_MAX_DIRECT_ARITY`` + 1;
-    ``research/nccl.md`` §1.1)."""
+    ``docs/nccl.md`` §1.1)."""
     return q.collnet and q.g.n_nodes > 1 and q.nvswitch and q.g.ppn <= 8
 
 
 def _chain_available(q: Query) -> bool:
-    """CollNet on (plugin and ``collnetEnable``) and several nodes (``research/nccl.md`` §1.1)."""
+    """CollNet on (plugin and ``collnetEnable``) and several nodes (``docs/nccl.md`` §1.1)."""
     return q.collnet and q.g.n_nodes > 1
 
 

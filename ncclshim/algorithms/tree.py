@@ -1,6 +1,6 @@
 """Tree algorithms: NCCL's double binary TREE and PAT (parallel aggregated trees), and NCCL's trees.
 
-TREE (all_reduce only; ``tuning.cc``, ``research/nccl.md`` §2.2-§2.4): busBw is channels x speed
+TREE (all_reduce only; ``tuning.cc``, ``docs/nccl.md`` §2.2-§2.4): busBw is channels x speed
 x0.92 capped per channel; LL divides by 3.8, LL128 keeps 7/9 (one node) or 120/128; algBw is half
 of busBw (a reduce up and a broadcast down). Latency: 2 x (ppn-1 intra steps + log2(nodes) network
 steps). The call time scales the bandwidth by ``treeCorrectionFactor`` for sizes up to 256 MiB.
