@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from heterosim.errors import ConfigError, UnknownKernelError
-from heterosim.trace import ir, vocab
+from heterosim.trace import ir, store, vocab
 from heterosim.trace.vocab import (
     COLLECTIVES,
     DTYPE_BYTES,
@@ -93,7 +93,7 @@ def test_every_layer_reads_the_one_list():
     import ncclshim
     from ncclshim.constants import COST_COLLECTIVES
 
-    assert ir.COLLECTIVES is COLLECTIVES and ir.KERNEL_CLASSES is KERNEL_CLASSES
+    assert store.COLLECTIVES is COLLECTIVES and store.KERNEL_CLASSES is KERNEL_CLASSES
     assert COST_COLLECTIVES is NCCL_COLLECTIVES
     assert ncclshim.COLLECTIVES == tuple(c for c in COLLECTIVES if c != "barrier")
     recorded = {c for c, _, _ in comm._C10D.values()} | set(comm._FUNCTIONAL.values())
@@ -112,11 +112,11 @@ def test_trace_loader_names_the_valid_collectives(tmp_path):
                                    collective="all_reduce", group="0", comm_bytes=4, stream="comm:0")])
     t = ir.Trace(world_size=2, groups={"0": ir.GroupInfo((0, 1), "world", "world")},
                  roles=[ir.Role(0, 0, (0, 1), {"b": blk}, [ir.Segment("b", 0)])])
-    ir.write_trace(t, tmp_path / "t")
+    store.write_trace(t, tmp_path / "t")
     role = tmp_path / "t" / "roles" / "role_0000.json"
     role.write_text(role.read_text().replace('"all_reduce"', '"allreduce"'))
     with pytest.raises(Exception, match=r"collective 'allreduce'; valid: \('broadcast', 'reduce'"):
-        ir.load_trace(tmp_path / "t")
+        store.load_trace(tmp_path / "t")
 
 
 def test_vocabulary_imports_no_torch():
