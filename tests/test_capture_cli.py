@@ -175,3 +175,22 @@ def test_inspect_into_a_closed_pipe_is_quiet(tiny):
                        text=True, cwd=ROOT)
     os.close(w)
     assert (p.returncode, p.stderr) == (0, "")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    """SIGINT during a capture: 'interrupted; nothing was written', exit 130, no worker left, no output."""
+    import signal
+    import time
+
+    script = tmp_path / "loop.py"
+    script.write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
+    out = tmp_path / "x"
+    p = subprocess.Popen([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(out), str(script)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, TQDM_DISABLE="1"))
+    time.sleep(8)  # torch imported, the worker forked and looping
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130
+    assert err.strip().splitlines()[-1] == "error: interrupted; nothing was written"
+    assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["loop.py"]
