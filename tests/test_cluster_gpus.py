@@ -75,3 +75,15 @@ def test_bad_yaml_is_one_clear_error(tmp_path):
     p.write_text("gpus: [\n")
     with pytest.raises(ConfigError, match=f"GPU catalogue {p}: not valid YAML"):
         load_catalogue(p)
+
+
+def test_older_and_consumer_gpus_from_their_datasheets():
+    """T4, TITAN RTX, A10, RTX 3090/4090, L4 and MI250X (per GCD), checked by hand against the sources."""
+    t4 = get_gpu("Tesla T4")
+    assert (t4.peak_flops["fp16"], t4.peak_flops["bf16"], t4.hbm_bw, t4.hbm_bytes) == (65e12, 8.1e12, 320e9, 16 * 2**30)
+    assert get_gpu("RTX 3090").peak_flops["bf16"] == 71e12  # fp32 accumulate: half of 142
+    assert get_gpu("RTX 4090").peak_flops["fp8"] == 330.3e12 and get_gpu("RTX 4090").nvlink_bw == 0
+    assert get_gpu("TITAN RTX").peak_flops["fp16"] == 130.5e12
+    assert get_gpu("A10").peak_flops["tf32"] == 62.5e12 and get_gpu("L4").peak_flops["fp8"] == 242.5e12
+    mi = get_gpu("MI250X")
+    assert mi.peak_flops["bf16"] == 383e12 / 2 and mi.hbm_bytes == 128 * 2**30 / 2 and mi.hbm_bw == 3276.8e9 / 2

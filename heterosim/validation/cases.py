@@ -115,6 +115,13 @@ def load_cases(path: str | Path) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------- GPUs
+def _model_word(name: str) -> str:
+    """The word of a catalogue name that names the model: its first part with a digit ("A100" of
+    "A100-SXM4-80GB", "3090" of "RTX-3090"), else its first part ("TITAN" of "TITAN-RTX")."""
+    parts = name.split("-")
+    return next((p for p in parts if any(ch.isdigit() for ch in p)), parts[0])
+
+
 def gpu_from_text(text: str) -> str:
     """The catalogue name of the GPU free text describes, e.g. "NVIDIA A100 (SXM4; 40GB ...)".
 
@@ -133,7 +140,7 @@ def gpu_from_text(text: str) -> str:
         except UnknownGPUError:
             pass
     cands = [g for g in cat.gpus if re.search(
-        r"(?<![A-Za-z0-9])" + re.escape(g.name.split("-")[0]) + r"(?![0-9])", text, re.I)]
+        r"(?<![A-Za-z0-9])" + re.escape(_model_word(g.name)) + r"(?![0-9])", text, re.I)]
     low = re.sub(r"\bnot\s+\w+", " ", text.lower())  # "NOT SXM" names no form factor
     for word in ("sxm", "pcie"):
         if word in low:
