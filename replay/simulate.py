@@ -65,14 +65,16 @@ def trace_dtype(trace: Trace) -> str:
     return max(sorted(flops), key=lambda d: flops[d]) if flops else "bf16"
 
 
-def _pricer(kernel_db: Any):
+def _pricer(kernel_db: Any, catalogue: Any = None):
+    """A Pricer over ``kernel_db`` and ``catalogue`` (the cluster's GPU registry, its own
+    accelerators included); a given Pricer is used as it is."""
     from kernel_db import KernelDB, Pricer
 
     if isinstance(kernel_db, Pricer):
         return kernel_db
     if kernel_db is None or isinstance(kernel_db, KernelDB):
-        return Pricer(kernel_db)
-    return Pricer(KernelDB.load(kernel_db, must_exist=True))
+        return Pricer(kernel_db, catalogue)
+    return Pricer(KernelDB.load(kernel_db, must_exist=True), catalogue)
 
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
@@ -277,7 +279,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     xp = get_backend(backend)
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster, num_gpus=trace.world_size, placement=placement)
-    pricer = _pricer(kernel_db)
+    pricer = _pricer(kernel_db, cluster.catalogue)
     sources: dict = {}
     w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources,
                        overlap_slowdown=overlap_slowdown)
@@ -288,9 +290,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     else:
         raise ConfigError(f"unknown engine {engine!r}; valid engines are 'fast' and 'reference'")
     dtype = trace_dtype(trace)
-    from kernel_db import get_gpu
-
-    peaks = [get_gpu(g).peak(dtype) for g in w.gpu_type]
+    peaks = [cluster.catalogue.get(g).peak(dtype) for g in w.gpu_type]
     return summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
                      dtype=dtype, sources=sources,
                      options={"backend": backend, "link_sharing": link_sharing, "engine": engine,

@@ -146,3 +146,17 @@ def test_fuzzed_cluster_file_gives_a_cluster_or_a_typed_error():
         assert time.monotonic() - t0 < 5
 
     check()
+
+
+def test_an_accelerator_defined_in_the_file_round_trips_and_is_checked():
+    """A cluster file's gpus: section survives write/parse; a NaN peak names the entry and unit."""
+    from test_replay_cli import ACME
+
+    spec = tiny(gpus=[ACME])
+    spec["node_groups"][0]["gpu"] = "ACME-X1"
+    parsed = parse_spec(spec)
+    assert parse_spec(parsed.to_dict()) == parsed and parsed.gpus[0]["name"] == "ACME-X1"
+    bad = dict(ACME, peak_TFLOPs=dict(ACME["peak_TFLOPs"], bf16=float("nan")))
+    with pytest.raises(TopologyError, match=r"^gpus\[0\]: ACME-X1: peak_TFLOPs.bf16 must be a finite number > 0 "
+                                            r"TFLOP/s, got nan$"):
+        parse_spec(tiny(gpus=[bad]))

@@ -121,3 +121,50 @@ def test_overlap_slowdown_flag(trace_dir, capsys):
     assert main(["simulate", str(trace_dir), "--cluster", "dgx-a100", "--no-progress", "--overlap-slowdown", "1.5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: overlap_slowdown must be a fraction in [0, 1)") and err.count("\n") == 1
+
+
+ACME = {"name": "ACME-X1", "vendor": "acme", "arch": "acme1", "compute_capability": 0,
+        "peak_TFLOPs": {"fp32": 10.0, "tf32": 20.0, "bf16": 50.0, "fp16": 50.0, "fp8": 100.0},
+        "hbm_bw_GBps": 800, "memory_GiB": 32, "sm_count": 64, "l2_MiB": 16, "nvlink_bw_GBps": 0,
+        "pcie_bw_GBps": 32, "tdp_W": 300, "sources": "a test accelerator: figures chosen by hand"}
+
+
+def _mixed_ethernet(second_gpu: str, gpus: list | None = None) -> dict:
+    """Two 8-GPU PCIe nodes over 25 Gb/s Ethernet (one NIC per node): V100 and ``second_gpu``."""
+    box = {"gpus_per_node": 8, "pcie": {"gen": 3}, "nics": {"count": 1, "bw_Gbps": 25}}
+    spec = {"schema_version": 1, "name": "v100-plus", "node_types": {"box": box},
+            "node_groups": [{"name": "old", "gpu": "V100", "node_type": "box", "nodes": 1},
+                            {"name": "new", "gpu": second_gpu, "node_type": "box", "nodes": 1}],
+            "fabric": {"kind": "leaf_spine", "nodes_per_leaf": 2}}
+    if gpus:
+        spec["gpus"] = gpus
+    return spec
+
+
+@pytest.mark.parametrize("second, gpus", [("T4", None), ("ACME-X1", [ACME])])
+def test_pipeline_across_gpu_types_on_ethernet(second, gpus):
+    """A 16-stage 1F1B pipeline, stages 0-7 on V100, 8-15 on T4 or on an accelerator defined only
+    in the cluster file: each stage computes at its own GPU's price (hand check: m x (fwd + bwd))."""
+    from test_replay_reference import one_f_one_b
+
+    m = 4
+    spec = _mixed_ethernet(second, gpus)
+    r = simulate(one_f_one_b(16, m), spec, overlap_slowdown=0.0)
+    assert r.gpu_counts == {"V100-SXM2-32GB": 8, second: 8}
+    cluster = load_cluster(spec, num_gpus=16)
+    from kernel_db import Pricer
+    from heterosim.trace.ir import Op
+
+    pricer = Pricer(None, cluster.catalogue)
+    for rank, gpu in ((0, "V100-SXM2-32GB"), (15, second)):
+        f, b = (pricer.price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm", phase=ph,
+                                flops=fl, flops_full=fl, dtype="bf16"), gpu).seconds for ph, fl in (("fwd", 1e12), ("bwd", 2e12)))
+        c = next(c for c in r.classes if rank in c.ranks)
+        assert c.gpu_type == cluster.catalogue.get(gpu).name
+        assert c.breakdown.compute_s == pytest.approx(m * (f + b), rel=1e-9)
+
+
+def test_a_cluster_file_cannot_redefine_a_registered_gpu():
+    with pytest.raises(ConfigError, match=r"GPU name 'T4' is already in the GPU registry \(T4\); give the "
+                                          r"accelerator a name of its own"):
+        load_cluster(_mixed_ethernet("T4", [dict(ACME, name="T4")]), num_gpus=16)

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from heterosim.cluster.gpus import get_gpu
+from heterosim.cluster.gpus import Catalogue, extend_catalogue, get_gpu, load_catalogue
 from heterosim.cluster.network import LinkTable, Network
-from heterosim.cluster.parse import parse_spec, read_spec
+from heterosim.cluster.parse import cluster_gpus, parse_spec, read_spec
 from heterosim.cluster.placement import Placement, placement_for
 from heterosim.cluster.presets import preset_names, preset_path
 from heterosim.cluster.spec import ClusterSpec, NodeGroup
@@ -41,13 +41,14 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "load_cluster", "resolve_gpu"]
 
 
-def resolve_gpu(name: str) -> tuple[str, int]:
-    """Catalogue name and compute capability (x10) of GPU ``name`` (any alias).
+def resolve_gpu(name: str, catalogue: Catalogue | None = None) -> tuple[str, int]:
+    """Catalogue name and compute capability (x10) of GPU ``name`` (any alias) in ``catalogue``
+    (default: the GPU registry).
 
     Raises:
-        UnknownGPUError: the name is not in the GPU registry (the message lists it).
+        UnknownGPUError: the name is not in the catalogue (the message lists it).
     """
-    g = get_gpu(name)
+    g = catalogue.get(name) if catalogue is not None else get_gpu(name)
     return g.name, g.compute_capability
 
 
@@ -113,12 +114,15 @@ class Cluster:
     def __init__(self, spec: ClusterSpec, nodes: list[int], placement: Placement) -> None:
         self.spec = spec
         self.name = spec.name
+        self.catalogue: Catalogue = extend_catalogue(load_catalogue(), cluster_gpus(spec.gpus),
+                                                     f"cluster {spec.name!r}")
+        """The GPU registry plus the accelerators the cluster file defines: what prices this cluster."""
         groups = spec.node_groups
         gpu_names: list[str] = []
         sms: list[int] = []
         for i, g in enumerate(groups):
             try:
-                nm, sm = resolve_gpu(g.gpu)
+                nm, sm = resolve_gpu(g.gpu, self.catalogue)
             except UnknownGPUError as e:
                 raise UnknownGPUError(f"node_groups[{i}] ({g.name}).gpu: {e}") from None
             gpu_names.append(nm)
@@ -160,7 +164,7 @@ class Cluster:
         return int(gpu)
 
     def gpu_type(self, gpu: int) -> str:
-        """Catalogue name of ``gpu``'s type (:func:`heterosim.cluster.gpus.get_gpu` resolves it)."""
+        """Catalogue name of ``gpu``'s type (:attr:`catalogue` resolves it)."""
         return self.gpu_types[self.gpu_type_ids[self._check_gpu(gpu)]]
 
     def sm(self, gpu: int) -> int:

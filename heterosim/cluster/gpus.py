@@ -15,17 +15,19 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.yamlfile import read_yaml
 
-__all__ = ["DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key"]
+__all__ = ["DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key", "spec_from_entry",
+           "extend_catalogue"]
 
 SCHEMA_VERSION = 1
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -120,6 +122,8 @@ class Catalogue:
     gpus: tuple[GpuSpec, ...]
     path: str = ""
     _index: Mapping[str, GpuSpec] | None = None
+    defaults: Mapping[str, Any] | None = None
+    """The file's ``defaults:`` (e.g. ``launch_overhead_us``), for entries defined elsewhere."""
 
     def names(self) -> list[str]:
         """Canonical names, in file order."""
@@ -139,6 +143,24 @@ class Catalogue:
         return spec
 
 
+def extend_catalogue(base: Catalogue, extra: tuple[GpuSpec, ...], where: str) -> Catalogue:
+    """``base`` plus the GPUs ``extra`` defines (a cluster file's own accelerators).
+
+    Raises:
+        ConfigError: an extra GPU reuses a name or alias of ``base`` or of another extra one.
+    """
+    if not extra:
+        return base
+    known = _build_index(base.gpus)
+    for g in extra:
+        for n in (g.name, *g.aliases):
+            if canonical_key(n) in known:
+                raise ConfigError(f"{where}: GPU name {n!r} is already in the GPU registry "
+                                  f"({known[canonical_key(n)].name}); give the accelerator a name of its own")
+    gpus = base.gpus + tuple(extra)
+    return Catalogue(gpus, f"{base.path} + {where}", _build_index(gpus), base.defaults)
+
+
 def _build_index(gpus: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
     index: dict[str, GpuSpec] = {}
     for g in gpus:
@@ -151,23 +173,44 @@ def _build_index(gpus: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
     return index
 
 
-def _spec_from_entry(e: dict, defaults: dict, where: str) -> GpuSpec:
+def _positive(v: Any, where: str, unit: str) -> float:
+    """``v`` as a finite number > 0, else one ConfigError naming ``where`` and its unit."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+        raise ConfigError(f"{where} must be a finite number > 0 {unit}, got {v!r:.60}")
+    return float(v)
+
+
+def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
+    """A :class:`GpuSpec` from one entry of the catalogue schema (``gpus.yaml``, or a cluster
+    file's ``gpus:`` section); every figure is checked, with its unit, before use."""
+    if not isinstance(e, Mapping):
+        raise ConfigError(f"{where}: a GPU entry must be a mapping of the gpus.yaml keys, got {e!r:.60}")
     unknown = set(e) - _ENTRY_KEYS
     missing = _REQUIRED - set(e)
     if unknown or missing:
         raise ConfigError(
-            f"{where}: GPU entry {e.get('name', '?')!r} has unknown keys {sorted(unknown)} / "
+            f"{where}: GPU entry {e.get('name', '?')!r} has unknown keys {sorted(map(str, unknown))} / "
             f"missing keys {sorted(missing)}; valid keys are {sorted(_ENTRY_KEYS)}"
         )
+    name = e["name"]
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: a GPU entry's name must be a non-empty string, got {name!r:.60}")
     peaks = e["peak_TFLOPs"]
-    if set(peaks) != set(DTYPES):
-        raise ConfigError(f"{where}: {e['name']}: peak_TFLOPs must give exactly {DTYPES}, got {sorted(peaks)}")
+    if not isinstance(peaks, Mapping) or set(peaks) != set(DTYPES):
+        raise ConfigError(f"{where}: {name}: peak_TFLOPs must give exactly {DTYPES}, got {peaks!r:.80}")
     for k, v in peaks.items():
-        if not float(v) > 0:
-            raise ConfigError(f"{where}: {e['name']}: peak_TFLOPs.{k} must be > 0, got {v!r}")
-    for k in ("hbm_bw_GBps", "memory_GiB", "sm_count", "l2_MiB"):
-        if not float(e[k]) > 0:
-            raise ConfigError(f"{where}: {e['name']}: {k} must be > 0, got {e[k]!r}")
+        _positive(v, f"{where}: {name}: peak_TFLOPs.{k}", "TFLOP/s")
+    for k, unit in (("hbm_bw_GBps", "GB/s"), ("memory_GiB", "GiB"), ("sm_count", "SMs"), ("l2_MiB", "MiB")):
+        _positive(e[k], f"{where}: {name}: {k}", unit)
+    for k, unit in (("nvlink_bw_GBps", "GB/s"), ("pcie_bw_GBps", "GB/s"), ("tdp_W", "W")):
+        v = e[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{where}: {name}: {k} must be a finite number >= 0 {unit}, got {v!r:.60}")
+    if isinstance(e["compute_capability"], bool) or not isinstance(e["compute_capability"], int):
+        raise ConfigError(f"{where}: {name}: compute_capability must be an integer (80 for sm_80; 0 off NVIDIA)")
+    aliases = e.get("aliases", [])
+    if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) for a in aliases):
+        raise ConfigError(f"{where}: {name}: aliases must be a list of names")
     launch_us = float(e.get("launch_overhead_us", defaults.get("launch_overhead_us", 0.0)))
     return GpuSpec(
         name=str(e["name"]),
@@ -205,8 +248,8 @@ def _default_catalogue() -> Catalogue:
 def _load(path: Path) -> Catalogue:
     doc = read_yaml(path, "GPU catalogue", schema_version=SCHEMA_VERSION)
     defaults = doc.get("defaults", {}) or {}
-    gpus = tuple(_spec_from_entry(e, defaults, str(path)) for e in doc.get("gpus", []))
-    return Catalogue(gpus, str(path), _build_index(gpus))
+    gpus = tuple(spec_from_entry(e, defaults, str(path)) for e in doc.get("gpus", []))
+    return Catalogue(gpus, str(path), _build_index(gpus), dict(defaults))
 
 
 def get_gpu(name: "str | GpuSpec") -> GpuSpec:

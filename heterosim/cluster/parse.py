@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, NVLINK_LANE_GBPS, PCIE_LANE_GBPS
+from heterosim.cluster.gpus import GpuSpec, load_catalogue, spec_from_entry
 from heterosim.cluster.spec import (
     DEFAULT_LATENCY_US,
     FABRIC_KINDS,
@@ -312,7 +313,7 @@ def parse_spec(raw: Mapping[str, Any]) -> ClusterSpec:
         TopologyError: naming the first bad key path, what is wrong and what is valid.
     """
     d = _keys(raw, "cluster spec", ("schema_version", "name", "node_types", "node_groups"),
-              ("description", "fabric", "placement"))
+              ("description", "fabric", "placement", "gpus"))
     if d["schema_version"] != SCHEMA_VERSION:
         raise TopologyError(
             f"cluster spec schema_version {d['schema_version']!r} is not supported; this HeteroSim "
@@ -331,9 +332,27 @@ def parse_spec(raw: Mapping[str, Any]) -> ClusterSpec:
     placement = d.get("placement")
     if placement is not None and not isinstance(placement, Mapping):
         raise TopologyError(f"placement: expected a mapping, got {placement!r}")
+    gpus = _list(d.get("gpus"), "gpus", "accelerator entries (the gpus.yaml schema)")
+    cluster_gpus(gpus)  # validated here: a bad entry is an error of this file
     return ClusterSpec(name=_name(d["name"], "name"), description=str(d.get("description", "")),
                        node_types=tuple(types.values()), node_groups=groups,
-                       fabric=_parse_fabric(d.get("fabric")), placement=placement)
+                       fabric=_parse_fabric(d.get("fabric")), placement=placement, gpus=tuple(gpus))
+
+
+def cluster_gpus(entries: Any) -> tuple[GpuSpec, ...]:
+    """The accelerators of a cluster file's ``gpus:`` section, validated (TopologyError naming
+    the entry); what an entry leaves out of the optional keys comes from the shipped catalogue's
+    ``defaults:`` (its launch overhead)."""
+    from heterosim.errors import ConfigError
+
+    defaults = load_catalogue().defaults or {}
+    out = []
+    for i, e in enumerate(entries):
+        try:
+            out.append(spec_from_entry(e, defaults, f"gpus[{i}]"))
+        except ConfigError as err:
+            raise TopologyError(str(err)) from None
+    return tuple(out)
 
 
 def read_spec(path: str | os.PathLike) -> ClusterSpec:

@@ -210,6 +210,9 @@ class ClusterSpec:
     fabric: Fabric
     placement: Mapping[str, Any] | None = None
     """Optional placement section, kept as written (see :mod:`heterosim.cluster.placement`)."""
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    """Accelerators this file defines (entries of the ``gpus.yaml`` schema), kept as written;
+    validated by the parser, added to the GPU registry for this cluster only."""
 
     def node_type(self, name: str) -> NodeType:
         """The node type called ``name``."""
@@ -230,6 +233,8 @@ class ClusterSpec:
         out["fabric"] = _fabric_dict(self.fabric)
         if self.placement is not None:
             out["placement"] = dict(self.placement)
+        if self.gpus:
+            out["gpus"] = [dict(g) for g in self.gpus]
         return out
 
 
