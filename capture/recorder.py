@@ -5,7 +5,7 @@ It sits on top of ``FakeTensorMode`` and sees, in program order, every aten op a
 point works and what it relies on; the pitfalls it handles: c10d ops carry no alias info, funcol waits are issued at once
 under fake tensors, DTensor ops must be unwrapped, some coalesced ops have no fake kernel).
 
-It is also the capture's :class:`models.annotate.Annotator`: scopes set phase / micro-batch /
+It is also the capture's :class:`heterosim.annotate.Annotator`: scopes set phase / micro-batch /
 chunk, :meth:`Recorder.block` records a repeatable block once and references it afterwards, and
 :meth:`Recorder.iteration` keeps only the last training iteration.
 
@@ -30,7 +30,7 @@ from capture import comm as comm_info
 from capture.fakeworld import FakeWorld
 from heterosim.trace.ir import Block, Segment
 from capture.opinfo import describe
-from models.annotate import Annotator
+from heterosim.annotate import Annotator
 
 __all__ = ["Recorder"]
 

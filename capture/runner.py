@@ -2,7 +2,7 @@
 
 This is the body of one capture worker process (``python -m capture.worker``): it sets torchrun's
 environment, patches torch.distributed into the fake world, installs the torch.cuda shims and the
-recorder (also as the ``models.annotate`` annotator), enters FakeTensorMode and runs the script as
+recorder (also as the ``heterosim.annotate`` annotator), enters FakeTensorMode and runs the script as
 ``__main__``. A process can run this once: torch.distributed's global state is per process.
 """
 
@@ -22,7 +22,7 @@ from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchr
 from heterosim.trace.ir import COLUMNS, Block, Segment
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
-from models.annotate import set_annotator
+from heterosim.annotate import set_annotator
 
 __all__ = ["RankCapture", "run_rank"]
 

@@ -66,7 +66,7 @@ class RunConfig:
     preset: str | None
 
     def layout(self) -> dict[str, Any]:
-        """The parallel layout for :meth:`models.annotate.Annotator.declare`."""
+        """The parallel layout for :meth:`heterosim.annotate.Annotator.declare`."""
         p, t = self.parallel, self.train
         return {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
                 "sequence_parallel": p.sequence_parallel and p.tp > 1,
@@ -76,7 +76,7 @@ class RunConfig:
                 "stage_layers": list(self.stage_layers)}
 
     def model_info(self) -> dict[str, Any]:
-        """The model description for :meth:`models.annotate.Annotator.declare`."""
+        """The model description for :meth:`heterosim.annotate.Annotator.declare`."""
         m = self.model
         return {"num_layers": m.num_layers, "hidden_size": m.hidden_size,
                 "num_attention_heads": m.num_attention_heads, "num_query_groups": m.num_kv_heads,

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 
 __all__ = ["Bucket", "DataParallel", "ModelGradSync", "default_bucket_size"]
 

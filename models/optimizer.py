@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 from models.config import ParallelConfig
 from models.distributed import ModelGradSync, _group_rank, _group_size
 

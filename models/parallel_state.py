@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch.distributed as dist
 
 from heterosim.errors import ConfigError
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 from models.config import ParallelConfig
 
 __all__ = ["ParallelState", "initialize", "rank_coords", "split_stage_layers"]

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from heterosim.errors import ConfigError
 from models import parallel_state
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 from models.args import RunConfig, parse_args
 from models.distributed import DataParallel, ModelGradSync
 from models.gpt import GPTModel

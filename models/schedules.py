@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from heterosim.errors import ConfigError
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 
 __all__ = [
     "ForwardStep",

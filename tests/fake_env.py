@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from models import annotate
+from heterosim import annotate
 
 
 class TagAnnotator(annotate.Annotator):

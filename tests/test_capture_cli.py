@@ -194,3 +194,13 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     assert p.returncode == 130
     assert err.strip().splitlines()[-1] == "error: interrupted; nothing was written"
     assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["loop.py"]
+
+
+def test_the_users_own_models_package_wins(tmp_path):
+    """A script beside its own ``models`` package (with ``build``) captures: capture put none of
+    HeteroSim's top-level packages into the script's namespace first."""
+    script = ROOT / "tests" / "scripts" / "own_models" / "train.py"
+    p = run("--world-size", "2", "-o", str(tmp_path / "t"), str(script))
+    assert p.returncode == 0, p.stderr
+    s = json.loads(run("--inspect", str(tmp_path / "t"), "--json").stdout)
+    assert s["comm_bytes_by_dim"] == {"world": 2 * 4 * (64 * 64 + 64) * 2}  # 2 ranks x 4 fp32 grads

@@ -2,7 +2,7 @@
 
 Layers, ground first: ``heterosim`` (errors, atomic writes, YAML reading, the fork pool), the trace
 (``heterosim.trace``) and the cluster model (``heterosim.cluster``); the workload (``models``,
-``capture``); the plan (``kernel_db``, ``ncclshim``: read traces and the cluster model, never
+``capture``: capture imports nothing of ``models``, so a user's own ``models`` package wins); the plan (``kernel_db``, ``ncclshim``: read traces and the cluster model, never
 ``replay``); the engine (``replay``); validation on top (``heterosim.validation``, the only code
 that drives capture and replay together). Every import counts, lazy and ``TYPE_CHECKING`` ones
 included: an arrow is an arrow.
@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "heterosim.trace": BASE,
     "heterosim.cluster": BASE,
     "models": GROUND,
-    "capture": GROUND | {"models"},
+    "capture": GROUND,
     "kernel_db": GROUND,
     "ncclshim": GROUND,
     "replay": GROUND | {"kernel_db", "ncclshim"},

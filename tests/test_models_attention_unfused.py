@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fake_env import TagAnnotator
 from heterosim.errors import ConfigError
-from models import annotate
+from heterosim import annotate
 from models.args import parse_args
 from models.config import ModelConfig
 from models.layers.attention import SelfAttention, core_attention

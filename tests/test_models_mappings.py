@@ -100,7 +100,7 @@ try:  # the harness classes need torch; the tests below import it anyway
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from models.annotate import Annotator, set_annotator
+    from heterosim.annotate import Annotator, set_annotator
 
     class PhaseAnnotator(Annotator):
         """Keeps the innermost phase / gemm dtype so :class:`OpLog` can tag ops with it."""

@@ -17,7 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from heterosim.errors import ConfigError
 from fake_env import TagAnnotator, fake_world
-from models import annotate, schedules
+from heterosim import annotate
+from models import schedules
 from models.schedules import PipelineComm, forward_backward, interleaved_order, one_f_one_b_order
 
 H, S, B, V = 16, 8, 2, 32

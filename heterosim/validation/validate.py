@@ -205,11 +205,13 @@ class Report:
 
 # --------------------------------------------------------------------------------- capturing
 def code_version() -> str:
-    """Hash of the sources a capture depends on (``capture/``, ``models/`` and the trace IR)."""
+    """Hash of the sources a capture depends on (``capture/``, ``models/``, the trace IR and the
+    annotation API)."""
     root = _SCRIPT.parent.parent
     h = hashlib.sha256()
-    for pkg in ("capture", "models", "heterosim/trace"):
-        for p in sorted((root / pkg).rglob("*.py")):
+    for pkg in ("capture", "models", "heterosim/trace", "heterosim/annotate.py"):
+        paths = [root / pkg] if pkg.endswith(".py") else sorted((root / pkg).rglob("*.py"))
+        for p in paths:
             h.update(str(p.relative_to(root)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]

@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from heterosim.errors import ConfigError
 
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 from models.layers.mappings import (
     all_gather_dim0,
     group_size,

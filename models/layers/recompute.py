@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 
 __all__ = ["recompute"]
 

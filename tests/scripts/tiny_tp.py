@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from models.annotate import get_annotator
+from heterosim.annotate import get_annotator
 
 if "--fail" in sys.argv:
     raise RuntimeError("tiny_tp was asked to fail")

@@ -1,9 +1,11 @@
 """Annotations a training script can give the capture layer; no-ops when nothing is capturing.
 
-``models`` imports nothing from ``capture``: capture installs its own :class:`Annotator` with
-:func:`set_annotator` before it runs a script, and the schedules in ``models`` call
-:func:`get_annotator` to mark micro-batches, phases, repeatable blocks and process groups.
-Outside a capture the default annotator does nothing but call the function it is given.
+The ground layer holds it so that neither side imports the other: capture installs its own
+:class:`Annotator` with :func:`set_annotator` before it runs a script, and a script (the
+schedules in ``models``, or a user's own loop) calls :func:`get_annotator` to mark
+micro-batches, phases, repeatable blocks and process groups. Capture itself imports nothing of
+``models``, so a user's own top-level ``models`` package is the one the script finds. Outside a
+capture the default annotator does nothing but call the function it is given.
 
 Example::
 
