@@ -132,7 +132,8 @@ class MemoryTracker:
                             grads.add(_key(g))
             elif issubclass(kind, torch.optim.Optimizer):
                 for group in obj.param_groups:
-                    optim.update(_key(p) for p in group["params"])
+                    optim.update(_key(p) for p in group["params"])  # fp32 master weights
+                    grads.update(_key(p.grad) for p in group["params"] if isinstance(p.grad, torch.Tensor))
                 for state in obj.state.values():
                     optim.update(_key(v) for v in state.values() if isinstance(v, torch.Tensor))
         for key, entry in self.live.items():

@@ -548,8 +548,8 @@ class Recorder(TorchDispatchMode, Annotator):
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
         """Close the open segment; return the blocks the last iteration's program uses, renumbered."""
-        self._close_segment()
         self.mem.take()  # after the last op: the script's teardown, not the iteration
+        self._close_segment()
         used: dict[str, str] = {}
         program = []
         blocks: dict[str, Block] = {}
