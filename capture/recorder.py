@@ -68,6 +68,10 @@ class _RecWork(dist.Work):
         if not self.waited:
             self.waited = True
             self.rec._record_wait(self.comm_id)
+            # Completed: NCCL lets go of the buffers, and so do we (the recorder keeps its works
+            # for the whole iteration; holding results would keep every all-gather buffer alive).
+            self._fut = Future()
+            self._fut.set_result(None)
         return True
 
     def is_completed(self) -> bool:
