@@ -28,7 +28,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.fakeworld import FakeWorld
+from capture.memory import MemoryTracker
 from heterosim.trace.ir import Block, Segment
+from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
 from capture.opinfo import describe
 from heterosim.annotate import Annotator
 
@@ -46,6 +48,7 @@ _ALLOC = {
 }
 _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
+_NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
 
 def _skey(t: torch.Tensor) -> int:
@@ -65,6 +68,10 @@ class _RecWork(dist.Work):
         if not self.waited:
             self.waited = True
             self.rec._record_wait(self.comm_id)
+            # Completed: NCCL lets go of the buffers, and so do we (the recorder keeps its works
+            # for the whole iteration; holding results would keep every all-gather buffer alive).
+            self._fut = Future()
+            self._fut.set_result(None)
         return True
 
     def is_completed(self) -> bool:
@@ -84,7 +91,7 @@ class _RecWork(dist.Work):
 class _CachedBlock:
     bid: str
     n: int
-    out_meta: Any  # pytree of (shape, dtype, requires_grad, producer local index) / non-tensors
+    out_meta: Any  # pytree of (shape, dtype, requires_grad, producer local index, counted) / non-tensors
     reusable: bool
 
 
@@ -118,6 +125,14 @@ class Recorder(TorchDispatchMode, Annotator):
         self._mod_stack: list[Any] = []
         self._hooks: list[Any] = []
         self._keep: dict[int, Any] = {}
+        # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
+        # the block being recorded (``block_mem``) or between segments (``gaps``).
+        self.mem = MemoryTracker(on_free=self._storage_died)
+        self.block_mem: dict[str, list] = {}
+        self.seg_mem: list[list[int]] = []
+        self.gaps: list[list[int]] = []
+        self.baseline: list[int] = self.mem.totals()
+        self.memory: RoleMemory | None = None
 
     # ---- iteration / segment state -----------------------------------------------------------
     def _reset_iteration(self) -> None:
@@ -137,10 +152,22 @@ class Recorder(TorchDispatchMode, Annotator):
         if self.in_block is None and self.rows:
             bid = f"i{len(self.blocks)}"
             self.blocks[bid] = Block.from_rows(self.rows)
+            self._file_events(self.seg_mem, len(self.rows))
+            self.block_mem[bid] = self.seg_mem
             self.program.append(Segment(bid, self.seg_key[0], self.seg_key[1]))
         if self.in_block is None:
             self.rows = []
+            self.seg_mem = []
             self.seg_key = None
+
+    def _file_events(self, into: list, pos: int) -> None:
+        for cat, b in self.mem.take():
+            into.append([pos, cat, b])
+
+    def _storage_died(self, key: int) -> None:
+        # A storage's address may be reused by a new one: forget what the dead one held.
+        self.writers.pop(key, None)
+        self.pending_funcol.pop(key, None)
 
     def _append(self, row: dict) -> int:
         if self.in_block is None:
@@ -149,6 +176,7 @@ class Recorder(TorchDispatchMode, Annotator):
                 self._close_segment()
                 self.seg_key = key
                 self.seg_start = self.next_id
+        self._file_events(self.seg_mem, len(self.rows))
         oid = self.next_id
         lo = self.seg_start if self.in_block is not None else 0
         row["deps"] = sorted({oid - d for d in row.get("deps", ()) if lo <= d < oid})
@@ -178,6 +206,10 @@ class Recorder(TorchDispatchMode, Annotator):
         self._close_segment()
         self.program = []
         self._reset_iteration()
+        self.mem.take()  # already in the live set the baseline is taken from
+        self.mem.classify()
+        self.baseline = self.mem.totals()
+        self.gaps = []
 
     @contextlib.contextmanager
     def scope(
@@ -206,6 +238,7 @@ class Recorder(TorchDispatchMode, Annotator):
         full_key = (key, self.tags.chunk)
         hit = self.cache.get(full_key)
         self._close_segment()
+        self._file_events(self.gaps, len(self.program))
         if hit is not None and hit.reusable:
             base = self.next_id
             self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
@@ -213,11 +246,14 @@ class Recorder(TorchDispatchMode, Annotator):
             return self._mimic(hit.out_meta, base)
         bid = f"b{len(self.blocks)}"
         self.in_block, self.seg_start, self.rows = bid, self.next_id, []
+        self.seg_mem, self.mem.block_allocs = [], set()
         works_before = set(self.works)
         try:
             out = fn(*args)
         finally:
             rows, self.in_block = self.rows, None
+            self._file_events(self.seg_mem, len(rows))
+            self.block_mem[bid], self.seg_mem = self.seg_mem, []
             self.rows = []
         start = self.seg_start
         open_works = [w for k, w in self.works.items() if k not in works_before and not w.waited]
@@ -227,23 +263,26 @@ class Recorder(TorchDispatchMode, Annotator):
         self.program.append(Segment(bid, self.tags.mb, self.tags.chunk))
         meta = tree_map(lambda t: self._meta(t, start) if isinstance(t, torch.Tensor) else t, out)
         self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
+        self.mem.block_allocs = None
         return out
 
     def _meta(self, t: torch.Tensor, start: int) -> tuple:
         w = self.writers.get(_skey(t), [])
         local = w[-1] - start if w and w[-1] >= start else None
-        return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local)
+        return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local, self.mem.counted_in_block(t))
 
     def _mimic(self, meta: Any, base: int) -> Any:
         def make(m: Any) -> Any:
             if not (isinstance(m, tuple) and m and m[0] == "__tensor__"):
                 return m
-            _, shape, dtype, rg, local = m
+            _, shape, dtype, rg, local, counted = m
             self.suppress += 1
             try:
                 t = torch.empty(shape, dtype=dtype)
             finally:
                 self.suppress -= 1
+            if counted:  # the block's events allocated it: count its free wherever it happens
+                self.mem.adopt(t, ACTIVATIONS)
             if rg:
                 t.requires_grad_(True)
             if local is not None:
@@ -342,12 +381,15 @@ class Recorder(TorchDispatchMode, Annotator):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if self.suppress:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            self.mem.note(out, OTHER, counted=False)
+            return out
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         out = func(*args, **kwargs)
+        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
             return self._record_comm(func, args, kwargs, out)
         return self._record_compute(func, args, kwargs, out)
@@ -366,7 +408,7 @@ class Recorder(TorchDispatchMode, Annotator):
 
     def _set_writer(self, t: torch.Tensor, oid: int, partial: bool = False) -> None:
         k = _skey(t)
-        self._keep.setdefault(k, t.untyped_storage())
+        self.mem.note(t, OTHER, counted=False)  # known to the tracker, so its death clears writers
         if partial and k in self.writers:
             self.writers[k] = [*self.writers[k][-3:], oid]
         else:
@@ -510,6 +552,7 @@ class Recorder(TorchDispatchMode, Annotator):
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
         """Close the open segment; return the blocks the last iteration's program uses, renumbered."""
+        self.mem.take()  # after the last op: the script's teardown, not the iteration
         self._close_segment()
         used: dict[str, str] = {}
         program = []
@@ -519,6 +562,8 @@ class Recorder(TorchDispatchMode, Annotator):
                 used[seg.block] = f"{seg.block[0]}{len(used)}"
                 blocks[used[seg.block]] = self.blocks[seg.block]
             program.append(Segment(used[seg.block], seg.mb, seg.chunk))
+        self.memory = RoleMemory(tuple(self.baseline),
+                                 {used[b]: self.block_mem.get(b, []) for b in used}, list(self.gaps))
         return blocks, program
 
 

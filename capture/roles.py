@@ -135,7 +135,7 @@ def merge_captures(
                 f"role {i} (ranks {list(ranks[:8])}...) has no captured rank; add one of them to --ranks"
             )
         c = by_rank[rep]
-        out_roles.append(Role(i, rep, tuple(ranks), dict(c.blocks), list(c.program)))
+        out_roles.append(Role(i, rep, tuple(ranks), dict(c.blocks), list(c.program), c.memory))
     ref = caps[0]
     layout = dict(ref.layout)
     return Trace(

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchrun_env
 from heterosim.trace.ir import COLUMNS, Block, Segment
+from heterosim.trace.memory import RoleMemory
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
 from heterosim.annotate import set_annotator
@@ -40,9 +41,11 @@ class RankCapture:
     model: dict[str, Any]
     iterations: int
     torch_version: str
+    memory: RoleMemory | None = None
 
     def to_json(self) -> dict:
         return {
+            "memory": None if self.memory is None else self.memory.to_json(),
             "rank": self.rank,
             "world_size": self.world_size,
             "blocks": {b: {c: blk.columns[c] for c in COLUMNS} for b, blk in self.blocks.items()},
@@ -66,7 +69,14 @@ class RankCapture:
             model=d["model"],
             iterations=d["iterations"],
             torch_version=d["torch_version"],
+            memory=_memory(d.get("memory"), d["blocks"], len(d["program"])),
         )
+
+
+def _memory(d: dict | None, blocks: dict, nsegments: int) -> RoleMemory | None:
+    if d is None:
+        return None
+    return RoleMemory.from_json(d, "rank capture", {b: cols["kind"] for b, cols in blocks.items()}, nsegments)
 
 
 def _jsonable(d: dict) -> dict:
@@ -121,4 +131,5 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         model=_jsonable(recorder.model),
         iterations=recorder.iterations_seen,
         torch_version=torch.__version__,
+        memory=recorder.memory,
     )

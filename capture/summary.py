@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from heterosim.trace.ir import Trace, flop_totals
+from heterosim.trace.memory import memory_peak
 
 __all__ = ["summarize", "format_summary"]
 
@@ -56,6 +57,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
             by_kind[key] += v * k
         for key, v in t["comm_bytes_by_dim"].items():
             by_dim[key] += v * k
+        if role.memory is not None:  # optional: older traces have none
+            t["memory"] = memory_peak(role.memory, role.program).to_dict()
         roles.append({"id": role.id, "captured_rank": role.captured_rank, "num_ranks": k,
                       "ranks": _ranges(role.ranks), **t})
     flops = flop_totals(trace)
@@ -111,4 +114,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  {k:<15} {_fmt_bytes(v):>12}")
     for k, v in s["comm_bytes_by_dim"].items():
         lines.append(f"  dim {k:<11} {_fmt_bytes(v):>12}")
+    mem = [r for r in s["roles"] if "memory" in r]
+    if mem:
+        lines.append("peak device memory per rank (allocator-rounded; no CUDA context or NCCL buffers):")
+        for r in mem:
+            m = r["memory"]
+            parts = ", ".join(f"{c} {_fmt_bytes(v)}" for c, v in m["at_peak"].items() if v)
+            lines.append(f"  role {r['id']:>3}  allocated {_fmt_bytes(m['allocated']):>10}  "
+                         f"reserved {_fmt_bytes(m['reserved']):>10}  ({parts})")
     return "\n".join(lines)

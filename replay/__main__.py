@@ -1,7 +1,7 @@
 """``python -m replay``: simulate a captured trace on a cluster, or list cluster presets.
 
     python -m replay simulate TRACE --cluster PRESET|FILE [--kernel-db DB] [--backend numpy|cupy]
-                              [--placement FILE] [--no-link-sharing] [--json] [--timeline F] [--plot F]
+                              [--placement FILE] [--no-link-sharing] [--fail-on-oom] [--json] [--timeline F] [--plot F]
     python -m replay clusters [--json]
     python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--jobs N] [--json] [--markdown] [--plot F]
 
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                    "all ranks up to 64, else one per class)")
     s.add_argument("--plot", metavar="FILE", help="write a PNG with the breakdown and a timeline picture")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.add_argument("--fail-on-oom", action="store_true",
+                   help="exit with status 3 when a rank needs more memory than its GPU has (default: warn, exit 0)")
     c = sub.add_parser("clusters", help="list the cluster presets")
     c.add_argument("--json", action="store_true", help="one JSON object")
     v = sub.add_parser("validate", help="predict published runs and collective benchmarks; print the error")
@@ -110,6 +112,9 @@ def _simulate(a: argparse.Namespace) -> int:
     if a.plot:
         res.write_plot(a.plot)
     print(res.to_json() if a.json else res.summary(), end="" if a.json else "\n")
+    if res.out_of_memory and a.fail_on_oom:
+        print(f"error: {res.oom_message()}", file=sys.stderr)
+        return 3
     return 0
 
 

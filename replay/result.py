@@ -154,8 +154,24 @@ class Result:
     options: Mapping[str, Any] = field(default_factory=dict)
     stats: Mapping[str, Any] = field(default_factory=dict)
     """Engine statistics: classes, restarts, network solves, wall time."""
+    memory: tuple = ()
+    """Per (role, GPU type): :class:`replay.memory.ClassMemory` (peak, what it is made of, what
+    the GPU holds); empty when the trace has no memory recorded."""
     _run: Any = field(default=None, repr=False, compare=False)
     _workload: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def out_of_memory(self) -> tuple:
+        """The :attr:`memory` entries whose ranks need more than their GPU has."""
+        return tuple(m for m in self.memory if m.out_of_memory)
+
+    def oom_message(self) -> str | None:
+        """``out of memory on ranks ...: needs X GiB of Y`` (one clause per GPU shortfall), or None."""
+        if not self.out_of_memory:
+            return None
+        return "out of memory on " + "; ".join(
+            f"ranks {_ranges(m.ranks)} ({m.gpu_type}): needs {m.needed / 2**30:.1f} GiB of {m.capacity / 2**30:.1f}"
+            for m in self.out_of_memory)
 
     def rank_breakdown(self, rank: int) -> Breakdown:
         """Breakdown of one rank."""
@@ -198,6 +214,8 @@ class Result:
             "price_sources_s": dict(sorted(self.price_sources_s.items())),
             "options": dict(sorted(self.options.items())),
             "stats": dict(sorted(self.stats.items())),
+            **({"memory": {"out_of_memory": self.oom_message(),
+                           "classes": [m.to_dict(_ranges) for m in self.memory]}} if self.memory else {}),
         }
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
@@ -231,12 +249,15 @@ class Result:
         b = self.breakdown
         comm = ", ".join(f"{d} {v * 1e3:.2f}" for d, v in b.exposed_comm_s.items()) or "none"
         tok = f"{self.tokens_per_s:,.0f} tokens/s, " if self.tokens_per_s else ""
+        mem = "".join("\n" + m.line(_ranges) for m in self.memory)
+        oom = self.oom_message()
+        mem += f"\n  WARNING: {oom}" if oom else ""
         return (
             f"{self.cluster}: {self.world_size} ranks, iteration {self.iteration_time_s * 1e3:.3f} ms\n"
             f"  {tok}{self.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {self.mfu * 100:.1f}% ({self.dtype})\n"
             f"  mean per rank (ms): compute {b.compute_s * 1e3:.2f}, exposed comm [{comm}] "
             f"(intra {b.exposed_intra_node_s * 1e3:.2f}, inter {b.exposed_inter_node_s * 1e3:.2f}), "
-            f"bubble {b.bubble_s * 1e3:.2f}, idle {b.idle_s * 1e3:.2f}"
+            f"bubble {b.bubble_s * 1e3:.2f}, idle {b.idle_s * 1e3:.2f}" + mem
         )
 
 

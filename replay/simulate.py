@@ -9,6 +9,7 @@ reference engine) runs the iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from ncclshim.view import topology_view
 from .backend import get_backend
 from .engine import FastRun, run_fast
 from .expand import CommInstance, RankTimes, Workload
+from .memory import memory_report
 from .flows import FlowSpec, PhaseSpec, TransferSpec
 from .result import Breakdown, ClassSummary, PathStep, Result, rank_breakdown
 
@@ -291,11 +293,12 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         raise ConfigError(f"unknown engine {engine!r}; valid engines are 'fast' and 'reference'")
     dtype = trace_dtype(trace)
     peaks = [cluster.catalogue.get(g).peak(dtype) for g in w.gpu_type]
-    return summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
-                     dtype=dtype, sources=sources,
-                     options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
-                              "symmetry": symmetry, "overlap_slowdown": overlap_slowdown,
-                              "nccl_env": dict(nccl_env or {})})
+    res = summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
+                    dtype=dtype, sources=sources,
+                    options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
+                             "symmetry": symmetry, "overlap_slowdown": overlap_slowdown,
+                             "nccl_env": dict(nccl_env or {})})
+    return dataclasses.replace(res, memory=memory_report(trace, w.gpu_type, cluster.catalogue.get))
 
 
 def _reference_as_run(w: Workload) -> FastRun:

@@ -193,6 +193,9 @@ class Role:
     ranks: tuple[int, ...]
     blocks: dict[str, Block]
     program: list[Segment]
+    memory: Any = None
+    """Optional :class:`heterosim.trace.memory.RoleMemory` of the captured rank (None in traces
+    captured before memory was recorded)."""
 
     @property
     def num_ops(self) -> int:

@@ -29,6 +29,7 @@ from heterosim.trace.ir import (
     Trace,
     flop_totals,
 )
+from heterosim.trace.memory import RoleMemory
 from heterosim.trace.vocab import COLLECTIVES, KERNEL_CLASSES
 
 __all__ = ["load_trace", "write_trace", "is_trace_dir", "check_trace_output", "MAX_WORLD_SIZE"]
@@ -153,6 +154,8 @@ def write_trace(trace: Trace, path: str | os.PathLike, *, force: bool = False) -
                 },
                 "program": [[s.block, s.mb, s.chunk] for s in r.program],
             }
+            if r.memory is not None:
+                body["memory"] = r.memory.to_json()
             (tmp / "roles" / f"role_{r.id:04d}.json").write_text(_dumps(body) + "\n")
         (tmp / "trace.json").write_text(json.dumps(header, sort_keys=True, indent=1) + "\n")
     return path
@@ -242,7 +245,11 @@ def _load_role(path: Path, rh: Any, hfile: str, groups: Mapping[str, GroupInfo],
     ranks = _typed(rh, "ranks", list, hfile)
     if not ranks or not all(type(r) is int and 0 <= r < world for r in ranks):
         raise TraceSchemaError(f"{hfile}: a role's ranks must be ranks of the world (0..{world - 1})")
-    role = Role(_typed(rh, "id", int, hfile), _typed(rh, "captured_rank", int, hfile), tuple(ranks), blocks, program)
+    memory = None
+    if "memory" in body:  # optional: traces captured before memory was recorded have none
+        memory = RoleMemory.from_json(body["memory"], str(rfile), blocks, len(program))
+    role = Role(_typed(rh, "id", int, hfile), _typed(rh, "captured_rank", int, hfile), tuple(ranks), blocks, program,
+                memory)
     _check_references(role, groups, str(rfile))
     return role
 
