@@ -22,6 +22,7 @@ from heterosim.trace.vocab import P2P
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
                      busy_change, span_step)
 from .flows import FluidNetwork, solo_time
+from .holds import end_span
 
 __all__ = ["FastRun"]
 
@@ -426,9 +427,10 @@ class _Sim:
 
     def batch_done(self, key: tuple, ends: list[float]) -> None:
         """All replicas of a class-level transfer ended (at ``ends``): they must agree."""
-        lo, hi = min(ends), max(ends)
+        lo, hi = end_span(ends)
         if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
             if self.exact:
+                ends = list(ends)
                 order = sorted(set(ends))
                 groups: list[list[int]] = [[] for _ in order]
                 reps = self.inst[key][2].replica_ranks
