@@ -474,22 +474,31 @@ class FluidNetwork:
         self._seq += 1
 
     def _component(self, links: set[int]) -> list[int]:
-        """Flow ids connected (through shared links) to ``links``, in id order."""
+        """Flow ids connected (through shared links) to ``links``, in id order.
+
+        Breadth first, a frontier of links at a time, with C-level set updates (the component is
+        the same set whatever the visiting order)."""
         link_flows, flows = self._link_flows, self._flows
-        seen = {l for l in links if l in link_flows}
-        stack = list(seen)
+        seen = links & link_flows.keys()
+        frontier = seen
         fids: set[int] = set()
         total = len(flows)
-        while stack:
-            for fid in link_flows[stack.pop()]:
-                if fid not in fids:
-                    fids.add(fid)
-                    for l2 in flows[fid].links:
-                        if l2 not in seen:
-                            seen.add(l2)
-                            stack.append(l2)
+        while frontier:
+            new: set[int] = set()
+            for l in frontier:
+                new.update(link_flows[l])
+            new -= fids
+            if not new:
+                break
+            fids |= new
             if len(fids) == total:
                 break  # every flow in flight is in it
+            nxt: set[int] = set()
+            for fid in new:
+                nxt.update(flows[fid].links)
+            nxt -= seen
+            seen |= nxt
+            frontier = nxt
         return sorted(fids)
 
     def _recompute(self, touched: set[int], now: float) -> None:
@@ -503,11 +512,14 @@ class FluidNetwork:
                 f.remaining -= f.rate * (now - f.t_last)
             f.t_last = now
         rates = maxmin_rates([f.links for f in flows], [f.cap for f in flows], self.capacity)
-        for fid, f, r in zip(fids, flows, rates):
-            f.rate = float(r)
-            f.version += 1
+        heap, seq, push = self._heap, self._seq, heapq.heappush
+        for fid, f, r in zip(fids, flows, rates.tolist()):  # what _push does, inlined (same seqs)
+            f.rate = r
+            v = f.version = f.version + 1
             rem = f.remaining if f.remaining > 0 else 0.0
-            self._push(now + rem / f.rate, 0, fid, f.version)
+            push(heap, (now + rem / r, seq, 0, fid, v))
+            seq += 1
+        self._seq = seq
 
 
 def _snapshot(net: FluidNetwork) -> dict[int, tuple]:
