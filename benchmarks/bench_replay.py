@@ -6,12 +6,19 @@
     .venv/bin/python benchmarks/bench_replay.py --case gpt-1t-3072-deep   # PP64 x 512 micro-batches
     .venv/bin/python benchmarks/bench_replay.py --trace TRACE --cluster dgx-a100   # a captured trace
     .venv/bin/python benchmarks/bench_replay.py --quick --overlap-slowdown 0.16     # with compute slowdown
+    .venv/bin/python benchmarks/bench_replay.py --case megascale-175b-12288 --case mtnlg-530b-11200 --timeout 120
+
+Each case runs in its own process (its own peak RSS), killed after --timeout seconds (default 300);
+--in-process runs them here, without a limit.
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
 wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs); the deep
 pipeline (GPT 1T shape of the SC'21 table, TP8 PP64 DP6 on 3,072 GPUs, global batch 3072: 512
-micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. On a
+micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. Issue 14
+(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, 1F1B here),
+MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on 2,048
+DGX H100 GPUs <= 30 s and <= 2 GB each. On a
 shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
