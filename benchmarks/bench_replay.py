@@ -6,12 +6,19 @@
     .venv/bin/python benchmarks/bench_replay.py --case gpt-1t-3072-deep   # PP64 x 512 micro-batches
     .venv/bin/python benchmarks/bench_replay.py --trace TRACE --cluster dgx-a100   # a captured trace
     .venv/bin/python benchmarks/bench_replay.py --quick --overlap-slowdown 0.16     # with compute slowdown
+    .venv/bin/python benchmarks/bench_replay.py --case megascale-175b-12288 --case mtnlg-530b-11200 --timeout 120
+
+Each case runs in its own process (its own peak RSS), killed after --timeout seconds (default 300);
+--in-process runs them here, without a limit.
 
 Targets (2 CPU cores, numpy backend, link sharing on): GPT-3 175B TP8 PP8 DP16 on 1024 GPUs, global
 batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384 GPUs <= 60 s;
 wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs); the deep
 pipeline (GPT 1T shape of the SC'21 table, TP8 PP64 DP6 on 3,072 GPUs, global batch 3072: 512
-micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. On a
+micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. Issue 14
+(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, 1F1B here),
+MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on 2,048
+DGX H100 GPUs <= 30 s and <= 2 GB each. On a
 shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
@@ -25,8 +32,11 @@ Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for acc
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import resource
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -67,6 +77,18 @@ CASES = {
                              "dgx-h100", swiglu=True, sp=True),
     "llama-405b-16384": Shape("llama-405b-16384", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 128, 2048,
                               "dgx-h100", swiglu=True, sp=True),
+    # Today's cluster scale (issue 14). MegaScale's GPT-3 175B on 12,288 GPUs runs interleaved
+    # VPP6; this synthesizer has no interleaved schedule, so it is 1F1B with 12 layers per stage
+    # (same GPUs, stages and 32 micro-batches per pipeline; fewer, longer p2p exchanges).
+    "megascale-175b-12288": Shape("megascale-175b-12288", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 192, 6144,
+                                  "dgx-a100"),
+    # MT-NLG 530B on 11,200 GPUs (TP8 PP35 DP40, 280 micro-batches per pipeline, 3 layers per stage).
+    "mtnlg-530b-11200": Shape("mtnlg-530b-11200", 105, 20480, 128, 128, 81920, 51200, 2048, 8, 35, 40, 11200,
+                              "dgx-a100"),
+    # NVIDIA's DGX H100 GPT-3 175B recipe on 2,048 GPUs: TP4 PP8 DP64, 64 micro-batches (1F1B here,
+    # the recipe interleaves VPP12).
+    "hopper-175b-2048": Shape("hopper-175b-2048", 96, 12288, 96, 96, 49152, 51200, 2048, 4, 8, 64, 4096,
+                              "dgx-h100"),
 }
 QUICK = ("gpt3-175b-64", "gpt3-175b-256", "gpt3-175b-1024")
 
@@ -257,19 +279,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="dgx-a100", help="preset for --trace (default dgx-a100)")
     ap.add_argument("--overlap-slowdown", type=float, default=0.0, metavar="F",
                     help="simulate with compute slowdown F under concurrent communication (default 0: off)")
+    ap.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="per-case wall-clock limit in seconds (each case runs in its own process; default 300)")
+    ap.add_argument("--in-process", action="store_true", help="run the cases in this process, no timeout")
+    ap.add_argument("--json-one", help=argparse.SUPPRESS)  # child mode: run one case, print its JSON
     a = ap.parse_args(argv)
     if a.trace:
         return _bench_trace(a.trace, a.cluster, not a.no_link_sharing, a.overlap_slowdown)
+    if a.json_one:
+        r = run_case(CASES[a.json_one], link_sharing=not a.no_link_sharing, overlap_slowdown=a.overlap_slowdown)
+        print(json.dumps(r), flush=True)
+        return 0
     names = a.case or (QUICK if a.quick else list(CASES))
     print(f"{'case':<20} {'GPUs':>6} {'synth s':>8} {'cluster s':>9} {'replay s':>9} {'CPU s':>7} {'s/1k GPU':>9} "
           f"{'iter s':>8} {'MFU':>6} {'classes':>7} {'symmetry':>8} {'solves':>7} {'maxRSS GB':>9}")
     for n in names:
-        r = run_case(CASES[n], link_sharing=not a.no_link_sharing, overlap_slowdown=a.overlap_slowdown)
+        if a.in_process:
+            r = run_case(CASES[n], link_sharing=not a.no_link_sharing, overlap_slowdown=a.overlap_slowdown)
+        else:
+            r = _run_child(n, a)
+        if r is None:
+            print(f"{n:<20} {CASES[n].world:>6} {'timed out after':>28} {a.timeout:.0f} s", flush=True)
+            continue
         print(f"{r['case']:<20} {r['gpus']:>6} {r['synth_s']:>8.2f} {r['cluster_s']:>9.2f} {r['simulate_s']:>9.2f} "
               f"{r['cpu_s']:>7.2f} {r['simulate_s'] / r['gpus'] * 1000:>9.3f} {r['iteration_s']:>8.3f} "
               f"{r['mfu'] * 100:>5.1f}% {r['classes']:>7} {r['symmetry']:>8} {r['solves']:>7} {r['maxrss_GB']:>9.2f}",
               flush=True)
     return 0
+
+
+def _run_child(name: str, a: argparse.Namespace) -> dict | None:
+    """Run one case in a fresh process (its own peak RSS), killed after ``a.timeout`` s; None then."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--json-one", name, "--overlap-slowdown", str(a.overlap_slowdown)]
+    if a.no_link_sharing:
+        cmd.append("--no-link-sharing")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env, check=True).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(out.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from heterosim.trace.vocab import P2P
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
                      busy_change, span_step)
 from .flows import FluidNetwork, solo_time
+from .holds import end_span
 
 __all__ = ["FastRun"]
 
@@ -426,9 +427,11 @@ class _Sim:
 
     def batch_done(self, key: tuple, ends: list[float]) -> None:
         """All replicas of a class-level transfer ended (at ``ends``): they must agree."""
-        lo, hi = min(ends), max(ends)
-        if hi - lo > _SYM_TOL * max(abs(hi), 1e-30):
+        lo, hi = end_span(ends)
+        ahi = abs(hi)
+        if hi - lo > _SYM_TOL * (1e-30 if 1e-30 > ahi else ahi):  # max(|hi|, 1e-30)
             if self.exact:
+                ends = list(ends)
                 order = sorted(set(ends))
                 groups: list[list[int]] = [[] for _ in order]
                 reps = self.inst[key][2].replica_ranks
@@ -500,15 +503,18 @@ class _Sim:
             self.advance(ci)
         heap, net, timers, reach = self.heap, self.net, self.timers, self.reach
         steps = 0
+        # Only net.step and arrive (net.start) change the network: its next event time is read
+        # again after those alone (next_time is a function of the network's state).
+        t_net = net.next_time()
         while True:
             t_heap = heap[0][0] if heap else math.inf
-            t_net = net.next_time()
             t_tim = timers[0][0] if timers else math.inf
             t_cmp = reach[0][0] if reach else math.inf
             if t_heap == math.inf and t_net == math.inf and t_tim == math.inf and t_cmp == math.inf:
                 break
             if t_net <= t_heap and t_net <= t_tim and t_net <= t_cmp:
                 t, done = net.step()
+                t_net = net.next_time()
                 for k, ends in done:
                     self.batch_done(k, ends)
             elif t_tim <= t_heap and t_tim <= t_cmp:
@@ -520,6 +526,7 @@ class _Sim:
             else:
                 t, _, ci, p = heapq.heappop(heap)
                 self.arrive(t, ci, p)
+                t_net = net.next_time()
                 steps += 1
                 if progress is not None and steps % 4096 == 0:
                     progress(4096)

@@ -493,7 +493,8 @@ def busy_change(st: Any, t: float, delta: int, busy_rate: float) -> float | None
     st.busy += delta
     if (was > 0) == (st.busy > 0) or st.work is None or st.work <= 0 or st.t_reach <= t:
         return None
-    st.work = max(st.work - (t - st.tc) * (busy_rate if was else 1.0), 0.0)
+    w = st.work - (t - st.tc) * (busy_rate if was else 1.0)
+    st.work = 0.0 if 0.0 > w else w  # max(w, 0.0), without the call
     st.compute += t - st.tc
     st.tc = t
     st.ver += 1

@@ -25,13 +25,12 @@ import numpy as np
 
 from heterosim.errors import ReplayError
 
+from .holds import Holds, SoloEnds
 from .maxmin import _REL_TOL, maxmin_rates
 from .transfers import FlowSpec, PhaseSpec, TransferSpec, _Batch, _Flow, _Group, _ShapeInfo, _Transfer
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
-_UNION_ON, _UNION_OFF = 12, 6
-"""Bulk solo batches in flight above which the union of their links is kept (below which dropped)."""
 _SNAPSHOT_MAX_FLOWS = 4096
 """Groups up to this many flows keep their solo run's state after every step (memory bound)."""
 
@@ -70,15 +69,11 @@ class FluidNetwork:
         self._next_tid = 0
         self._next_bid = 0
         self._owned: dict[int, int] = {}  # link -> solo batch holding it (per-link ownership)
-        self._bulk: dict[int, _ShapeInfo] = {}
-        """Batches running wholly solo, owning their shape's links without per-link entries (their
-        link sets are pairwise disjoint: one starts only on links free of the others); one is
-        demoted to per-link ownership when a new batch collides with it."""
-        self._bulk_links: set[int] | None = None
-        """Union of the bulk batches' link sets, kept while more than ``_UNION_ON`` are in flight: a
-        new batch then checks it with one C-level set test; with fewer, shape against shape
-        (cached per pair), which is cheaper when shapes span many links (hysteresis: dropped below
-        ``_UNION_OFF``). Both tests are exact."""
+        self._holds = Holds()
+        """Batches running wholly solo, holding their shape's links without per-link entries (their
+        link sets are pairwise disjoint: one starts only on links free of the others), tested
+        through a clash index over shapes (:mod:`replay.holds`); one is demoted to per-link
+        ownership when a new batch collides with it."""
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
@@ -122,7 +117,8 @@ class FluidNetwork:
         """
         if now < self.now * (1 - _REL_TOL) - 1e-300:
             raise ReplayError(f"network asked to start a transfer at {now} s, before its time {self.now} s")
-        self.now = max(self.now, now)
+        if now > self.now:  # self.now = max(self.now, now)
+            self.now = now
         bid = self._next_bid
         self._next_bid += 1
         batch = _Batch(key, len(specs))
@@ -136,37 +132,21 @@ class FluidNetwork:
         info = self._shape_info.get(id(shape)) if shape is not None else None
         if info is None:
             info = self._shape(specs, shape)
-        reserved, owned, bulk = self._reserved, self._owned, self._bulk
+        reserved, owned, holds = self._reserved, self._owned, self._holds
         clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
-                 and (not owned or owned.keys().isdisjoint(info.link_set)))
-        held = self._bulk_links
-        if not clear or not bulk:
-            pass
-        elif held is not None:
-            clear = held.isdisjoint(info.link_set)
-        else:
-            clash = info.clash
-            for oi in bulk.values():
-                c = clash.get(oi)
-                if c is None:
-                    c = clash[oi] = not info.link_set.isdisjoint(oi.link_set)
-                if c:
-                    clear = False
-                    break
+                 and (not owned or owned.keys().isdisjoint(info.link_set))
+                 and (not holds.held or holds.free(info)))
         if clear and info.simple:
-            # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape.
+            # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape,
+            # its ends reported lazily (replay.holds).
             batch.t0, batch.specs, batch.solo, batch.groups = now, specs, info.group_ids, info.groups
-            batch.ends = [now + d for d in info.rel_ends]
             batch.info = info
-            bulk[bid] = info
-            if held is not None:
-                held |= info.link_set
-            elif len(bulk) > _UNION_ON:
-                self._bulk_links = set().union(*(oi.link_set for oi in bulk.values()))
+            holds.hold(bid, info)
             self._push(now + info.longest, 2, bid, batch.version)
             return []
-        for ob in [ob for ob, oi in bulk.items() if not info.link_set.isdisjoint(oi.link_set)]:
-            self._demote(ob)  # collides with this batch: per-link ownership from here on
+        if holds.held:
+            for ob in holds.colliding(info):
+                self._demote(ob)  # collides with this batch: per-link ownership from here on
         fluid: list[int] = []
         batch.t0, batch.specs, batch.groups = now, specs, info.groups
         for gi, g in enumerate(info.groups):
@@ -201,20 +181,11 @@ class FluidNetwork:
     def _demote(self, bid: int) -> None:
         """Batch ``bid`` (bulk solo) holds its links one by one from now on."""
         b = self._batches[bid]
-        info = self._bulk.pop(bid)
-        self._unhold(info)
+        info = self._holds.release(bid)
         b.info = None
+        b.ends = [b.t0 + d for d in info.rel_ends]  # the values SoloEnds would give, written out
         self._owned.update(dict.fromkeys(info.all_links, bid))
         b.solo_links = info.all_links
-
-    def _unhold(self, info: _ShapeInfo) -> None:
-        """A bulk batch of shape ``info`` left ``_bulk``: update (or drop) the link union."""
-        held = self._bulk_links
-        if held is not None:
-            if len(self._bulk) < _UNION_OFF:
-                self._bulk_links = None
-            else:
-                held -= info.link_set
 
     def _start_fluid(self, bid: int, specs: Sequence[TransferSpec], fluid: list[int],
                      now: float, links: Sequence[tuple[int, ...]] | None = None) -> list[tuple[Hashable, list[float]]]:
@@ -241,7 +212,8 @@ class FluidNetwork:
             return t0, []
         limit = t0 + abs(t0) * _REL_TOL
         heap = self._heap
-        self.now = max(self.now, t0)
+        if t0 > self.now:  # self.now = max(self.now, t0)
+            self.now = t0
         touched: set[int] = set()
         finished_tids: list[int] = []
         phase_starts: list[int] = []
@@ -276,13 +248,16 @@ class FluidNetwork:
                         for l in g.links:
                             del self._owned[l]
                         b.left -= sum(1 for j, e in zip(g.members, g.rel_ends) if e > 0)
+                elif b.info is not None:  # bulk: its shape's links, its ends lazily
+                    self._holds.release(ident)
+                    b.solo, b.left = [], 0
+                    self.solo_batches += 1
+                    del self._batches[ident]
+                    done.append((b.key, SoloEnds(b.t0, b.info)))
+                    b.info = None
+                    continue
                 else:
-                    if b.info is not None:
-                        del self._bulk[ident]
-                        self._unhold(b.info)
-                        b.info = None
-                    else:
-                        deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
+                    deque(map(self._owned.__delitem__, b.solo_links), maxlen=0)
                     b.left -= len(b.ends)
                 b.solo_links = ()
                 b.solo = []
@@ -389,6 +364,7 @@ class FluidNetwork:
                 glinks = tuple(sorted({l for j in members for l in links[j]}))
                 groups.append(self._group(tuple(specs[j] for j in members), tuple(members), glinks))
             v = _ShapeInfo(links, groups, len(specs), shape)
+            self._holds.register(v)
             self._shape_info[k] = v
         return v
 
@@ -500,22 +476,31 @@ class FluidNetwork:
         self._seq += 1
 
     def _component(self, links: set[int]) -> list[int]:
-        """Flow ids connected (through shared links) to ``links``, in id order."""
+        """Flow ids connected (through shared links) to ``links``, in id order.
+
+        Breadth first, a frontier of links at a time, with C-level set updates (the component is
+        the same set whatever the visiting order)."""
         link_flows, flows = self._link_flows, self._flows
-        seen = {l for l in links if l in link_flows}
-        stack = list(seen)
+        seen = links & link_flows.keys()
+        frontier = seen
         fids: set[int] = set()
         total = len(flows)
-        while stack:
-            for fid in link_flows[stack.pop()]:
-                if fid not in fids:
-                    fids.add(fid)
-                    for l2 in flows[fid].links:
-                        if l2 not in seen:
-                            seen.add(l2)
-                            stack.append(l2)
+        while frontier:
+            new: set[int] = set()
+            for l in frontier:
+                new.update(link_flows[l])
+            new -= fids
+            if not new:
+                break
+            fids |= new
             if len(fids) == total:
                 break  # every flow in flight is in it
+            nxt: set[int] = set()
+            for fid in new:
+                nxt.update(flows[fid].links)
+            nxt -= seen
+            seen |= nxt
+            frontier = nxt
         return sorted(fids)
 
     def _recompute(self, touched: set[int], now: float) -> None:
@@ -529,11 +514,14 @@ class FluidNetwork:
                 f.remaining -= f.rate * (now - f.t_last)
             f.t_last = now
         rates = maxmin_rates([f.links for f in flows], [f.cap for f in flows], self.capacity)
-        for fid, f, r in zip(fids, flows, rates):
-            f.rate = float(r)
-            f.version += 1
+        heap, seq, push = self._heap, self._seq, heapq.heappush
+        for fid, f, r in zip(fids, flows, rates.tolist()):  # what _push does, inlined (same seqs)
+            f.rate = r
+            v = f.version = f.version + 1
             rem = f.remaining if f.remaining > 0 else 0.0
-            self._push(now + rem / f.rate, 0, fid, f.version)
+            push(heap, (now + rem / r, seq, 0, fid, v))
+            seq += 1
+        self._seq = seq
 
 
 def _snapshot(net: FluidNetwork) -> dict[int, tuple]:

@@ -89,7 +89,7 @@ class _Batch:
         self.specs: Sequence[TransferSpec] = ()
         self.version = 0
         self.info: _ShapeInfo | None = None
-        """Set while the whole batch runs solo without per-link ownership (see ``FluidNetwork._bulk``)."""
+        """Set while the whole batch runs solo without per-link ownership (see :mod:`replay.holds`)."""
 
 
 class _Group:
@@ -107,7 +107,7 @@ class _Group:
 
 class _ShapeInfo:
     __slots__ = ("links", "groups", "rel_ends", "keep", "all_links", "link_set", "simple", "longest",
-                 "group_ids", "clash")
+                 "shortest", "group_ids", "clashers", "holder")
 
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
@@ -122,6 +122,9 @@ class _ShapeInfo:
         self.simple = all(e > 0 for e in self.rel_ends)
         """Every replica takes time: the all-solo bulk path applies when its links are free."""
         self.longest = max(self.rel_ends, default=0.0)
+        self.shortest = min(self.rel_ends, default=0.0)
         self.group_ids = list(range(len(groups)))  # shared by bulk batches (never mutated in place)
-        self.clash: dict[_ShapeInfo, bool] = {}
-        """Other shape -> whether their link sets intersect (filled as shapes meet in flight)."""
+        self.clashers: list[_ShapeInfo] | None = None
+        """Shapes sharing a link with this one, itself included (:class:`replay.holds.Holds`)."""
+        self.holder = -1
+        """Id of the bulk solo batch of this shape in flight, -1 if none."""

@@ -226,19 +226,6 @@ def test_fast_path_equals_plain_fluid_on_random_batches(seed):
         np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-9)
 
 
-@pytest.mark.parametrize("on_off", [(0, 0), (1, 1), (2, 1)])
-def test_bulk_link_union_and_pairwise_checks_agree(monkeypatch, on_off):
-    """Bulk solo batches are checked against the union of their links (many in flight) or shape
-    by shape (few): both tests are exact, so switching between them (always the union, or
-    toggling at every start and end) leaves every end time unchanged, bit for bit."""
-    import replay.flows as flows
-
-    plain = [random_batches(seed)[True] for seed in range(8)]
-    monkeypatch.setattr(flows, "_UNION_ON", on_off[0])
-    monkeypatch.setattr(flows, "_UNION_OFF", on_off[1])
-    assert [random_batches(seed)[True] for seed in range(8)] == plain
-
-
 def test_group_state_snapshots_equal_a_fresh_replay():
     """The cached per-step states of a group's solo run give, for any dt in any order, exactly
     (bit for bit) the state a fresh replay of the group up to dt reaches."""
