@@ -8,6 +8,7 @@ recorder (also as the ``heterosim.annotate`` annotator), enters FakeTensorMode a
 
 from __future__ import annotations
 
+import collections
 import os
 import runpy
 import sys
@@ -91,6 +92,36 @@ def _jsonable(d: dict) -> dict:
     return out
 
 
+class _StderrTail:
+    """sys.stderr for the script: written through, and its last lines kept, so that a script
+    that exits with an error (argparse's usage message) says why in the ScriptError too, where a
+    library caller (a notebook) reads it."""
+
+    LINES = 8
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._lines: collections.deque[str] = collections.deque(maxlen=self.LINES)
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        self._stream.write(text)
+        lines = (self._part + text).split("\n")
+        self._part = lines.pop()[-500:]
+        self._lines.extend(line[-500:] for line in lines if line.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding ... of the real stream
+        return getattr(self._stream, name)
+
+    def said(self) -> str:
+        lines = [*self._lines, *([self._part] if self._part.strip() else [])]
+        return "; its last error output:\n" + "\n".join(f"  {x}" for x in lines) if lines else ""
+
+
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure."""
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
@@ -99,9 +130,10 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     undo_cuda = install_cuda_shims()
     recorder = Recorder(world)
     previous = set_annotator(recorder)
-    old_argv, old_path = sys.argv, list(sys.path)
+    old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.stderr = tail = _StderrTail(old_stderr)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), recorder:
             try:
@@ -110,14 +142,14 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
                 if e.code not in (None, 0):
                     raise ScriptError(
                         f"{script} exited with status {e.code} as rank {rank}"
-                        + (f": {e.code}" if isinstance(e.code, str) else "")
+                        + (f": {e.code}" if isinstance(e.code, str) else "") + tail.said()
                     ) from None
             except Exception as e:
                 tb = traceback.format_exc()
                 raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}") from e
         blocks, program = recorder.finish()
     finally:
-        sys.argv, sys.path[:] = old_argv, old_path
+        sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
         undo_cuda()
         world.uninstall()

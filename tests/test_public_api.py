@@ -27,3 +27,18 @@ def test_importing_the_packages_loads_no_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
+
+
+def test_a_script_error_says_why_in_the_exception(tmp_path):
+    """A script that exits through argparse: the ScriptError a notebook sees carries its message."""
+    import pytest
+
+    from capture import capture
+    from heterosim.errors import ScriptError
+
+    script = tmp_path / "bad_args.py"
+    script.write_text("import argparse\nargparse.ArgumentParser(prog='bad').parse_args(['--nope'])\n")
+    with pytest.raises(ScriptError, match=r"exited with status 2 as rank 0; its last error output:\n(.|\n)*"
+                                          r"  bad: error: unrecognized arguments: --nope"):
+        capture(str(script), [], tmp_path / "t", world_size=2)
+    assert not (tmp_path / "t").exists()
