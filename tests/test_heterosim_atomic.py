@@ -105,3 +105,24 @@ def test_directory_output_never_replaces_symlink_or_device(tmp_path):
         with atomic_dir(link, _ours, what="trace", force=True):
             pass
     assert os.readlink(link) == "/dev/null"
+
+
+def test_a_full_disk_is_one_error_and_leaves_nothing(tmp_path):
+    """A file-size limit (``ulimit -f``, as a full disk would) stops the write: one OutputPathError,
+    no temporary file left, the old file kept."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "from heterosim.atomic import atomic_write_bytes\n"
+            "from heterosim.errors import OutputPathError\n"
+            "try:\n"
+            "    atomic_write_bytes(sys.argv[1], b'x' * 100000)\n"
+            "except OutputPathError as e:\n"
+            "    print(e)\n")
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    p = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True)
+    assert p.stdout.strip() == f"cannot write {target}: file size limit exceeded; choose a writable output path"
+    assert target.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["out.json"]
