@@ -18,13 +18,13 @@ __all__ = ["main"]
 DEFAULT_DB = os.environ.get("HETEROSIM_KERNEL_DB", "kernels.csv")
 
 
-def _db(args: argparse.Namespace, *, for_reading: bool = True) -> Any:
-    """The kernel DB of ``--db``: one named explicitly (or by HETEROSIM_KERNEL_DB) must exist when
-    read; the unnamed default may be absent (an empty DB: roofline pricing)."""
+def _db(args: argparse.Namespace) -> Any:
+    """The kernel DB to read from ``--db``: one named explicitly (or by HETEROSIM_KERNEL_DB) must
+    exist; the unnamed default may be absent (an empty DB: roofline pricing)."""
     from .db import KernelDB
 
     named = args.db is not None or "HETEROSIM_KERNEL_DB" in os.environ
-    return KernelDB.load(args.db or DEFAULT_DB, must_exist=for_reading and named)
+    return KernelDB.load(args.db or DEFAULT_DB, must_exist=named)
 
 
 def _parser() -> argparse.ArgumentParser:
