@@ -266,8 +266,9 @@ def describe(
     numel = max([t.numel() for t in ins + outs] or [0])
     if kc == "gemm":
         dims = _gemm_dims(packet, ins)
-        if gemm_dtype:
-            dtype = gemm_dtype
+        # The multiplicands' dtype, not the accumulator's: addmm(fp32 main_grad, bf16, bf16,
+        # out_dtype=fp32) is a bf16 GEMM (Megatron's fused weight-gradient accumulation).
+        dtype = gemm_dtype or dtype_name((ins[1] if packet in _BETA_GEMM else ins[0]).dtype)
     elif kc == "attention":
         dims, _ = _attention_dims(packet, args, kwargs)
     else:
@@ -275,6 +276,10 @@ def describe(
     full = 0.0
     if packet in _UPPER_TRIANG_READS and func.namespace == "heterosim":
         bytes_read, bytes_written, full = _upper_triang_softmax_cost(packet, ins[0])
+    elif kc == "gemm":
+        # 2mnk per batch, torch's formula for mm / addmm / bmm / baddbmm, taken from the dims so
+        # that overloads its registry does not parse (addmm.dtype_out's out_dtype) count too.
+        full = 2.0 * dims["m"] * dims["n"] * dims["k"] * dims["batch"]
     elif func._overloadpacket in flop_registry:
         full = float(flop_registry[func._overloadpacket](*args, **kwargs, out_val=out))
     elif kc not in ("gemm", "attention"):

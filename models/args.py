@@ -48,6 +48,9 @@ class OptimConfig:
     """``--ddp-bucket-size`` in elements (None: Megatron's default)."""
     align_grad_reduce: bool
     """False with ``--no-align-grad-reduce``: every stage reduces from grad hooks."""
+    grad_reduce_in_fp32: bool = False
+    """Gradients accumulated and reduced in fp32 (``--accumulate-allreduce-grads-in-fp32``; Megatron
+    forces it with ``--bf16`` unless ``--grad-reduce-in-bf16``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +108,7 @@ _DEFAULTS: dict[str, Any] = {
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "no_align_grad_reduce": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
+    "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
@@ -155,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
-              "--scatter-gather-tensors-in-pipeline"):
+              "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
+              "--grad-reduce-in-bf16"):
         add(f)
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
@@ -236,6 +241,11 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
     if a["bf16"] and a["fp16"]:
         raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+    if a["grad_reduce_in_bf16"] and not a["bf16"]:
+        raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
+    if a["grad_reduce_in_bf16"] and a["accumulate_allreduce_grads_in_fp32"]:
+        raise ConfigError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 are "
+                          "exclusive; pick one")
     if a["overlap_param_gather"] and not (a["use_distributed_optimizer"] and a["overlap_grad_reduce"]):
         # Megatron's arguments.py asserts both.
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
@@ -304,6 +314,10 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         lr=a["lr"], weight_decay=a["weight_decay"], clip_grad=a["clip_grad"],
         adam_beta1=a["adam_beta1"], adam_beta2=a["adam_beta2"], adam_eps=a["adam_eps"],
         loss_scale=(a["loss_scale"] or 65536.0) if a["fp16"] else None,
-        bucket_size=a["ddp_bucket_size"], align_grad_reduce=not a["no_align_grad_reduce"])
+        bucket_size=a["ddp_bucket_size"], align_grad_reduce=not a["no_align_grad_reduce"],
+        # megatron/training/arguments.py: "bfloat16 requires gradient accumulation and all-reduce
+        # to be done in fp32" (unless --grad-reduce-in-bf16); fp16 keeps fp16 grads by default.
+        grad_reduce_in_fp32=a["accumulate_allreduce_grads_in_fp32"]
+        or (a["bf16"] and not a["grad_reduce_in_bf16"]))
     return RunConfig(model=mcfg, parallel=pcfg, train=tcfg, optim=optim, num_microbatches=m,
                      stage_layers=counts, seed=a["seed"], preset=ns.preset)

@@ -1,9 +1,16 @@
 """Data-parallel gradient sync as Megatron-core's ``DistributedDataParallel`` does it.
 
 Each model chunk's parameters get contiguous gradient buffers (one per dtype, dense and expert
-apart), cut into buckets in reverse parameter order; ``param.grad`` is a view into the buffer,
-so autograd accumulates every micro-batch in place. A bucket is reduced over the data-parallel
-(x context-parallel) group:
+apart), cut into buckets in reverse parameter order; ``param.main_grad`` is a view into the
+buffer that sums every micro-batch's gradient. The buffer's dtype is the parameters' own, or fp32
+with ``grad_dtype=torch.float32`` (Megatron's ``--accumulate-allreduce-grads-in-fp32``, forced on
+with ``--bf16`` unless ``--grad-reduce-in-bf16``: "bfloat16 requires gradient accumulation and
+all-reduce to be done in fp32", megatron/training/arguments.py). In the parameters' dtype
+``param.grad`` is the same view, so autograd accumulates in place; in fp32, autograd's bf16
+gradient is added into ``main_grad`` by a hook and dropped (Megatron's ``_make_backward_post_hook``),
+except where the weight-gradient GEMM already accumulated into it (``grad_added_to_main_grad``,
+gradient-accumulation fusion, :mod:`models.layers.linear`). A bucket is reduced over the
+data-parallel (x context-parallel) group, in the buffer's dtype:
 
 * all-reduce of the whole bucket, or, with the distributed optimizer, reduce-scatter into this
   rank's 1/dp shard (and after the optimizer step an all-gather of the updated parameters, which
@@ -99,6 +106,8 @@ class DataParallel:
             and for model chunks > 0).
         separate_params: parameters that must start their own bucket (Megatron puts the shared
             embedding in its own bucket with the distributed optimizer).
+        grad_dtype: dtype of the gradient buffers and of their collectives; None: each
+            parameter's own dtype (Megatron-core ``DistributedDataParallelConfig.grad_reduce_in_fp32``).
     """
 
     def __init__(
@@ -113,8 +122,10 @@ class DataParallel:
         bucket_size: int | None = None,
         disable_bucketing: bool = False,
         separate_params: Iterable[nn.Parameter] = (),
+        grad_dtype: torch.dtype | None = None,
     ) -> None:
         self.module = module
+        self.grad_dtype = grad_dtype
         self.overlap_grad_reduce = overlap_grad_reduce
         self.use_distributed_optimizer = use_distributed_optimizer
         self.overlap_param_gather = overlap_param_gather and use_distributed_optimizer
@@ -138,7 +149,7 @@ class DataParallel:
         for (dtype, dense), plist in groups.items():
             group = dp_group if dense else expert_dp_group
             self._build_buffer(list(reversed(plist)), dtype, group, bucket_size, separate)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_accumulated) for p in params]
         if self.overlap_param_gather:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
@@ -168,7 +179,7 @@ class DataParallel:
         if cur:
             spans.append((cur, start, math.ceil(offset / pad_to) * pad_to))
         total = spans[-1][2] if spans else 0
-        grad_buf = torch.zeros(total, dtype=dtype)
+        grad_buf = torch.zeros(total, dtype=self.grad_dtype or dtype)
         param_buf = torch.empty(total, dtype=dtype) if self.use_distributed_optimizer else None
         self.buffers.append(grad_buf)
         for plist, lo, hi in spans:
@@ -181,7 +192,9 @@ class DataParallel:
                     view = param_buf[off:off + n].view_as(p)
                     view.copy_(p.detach())
                     p.data = view  # parameters live in the buffer the all-gather writes
-                p.grad = grad_buf[off:off + n].view_as(p)
+                p.main_grad = grad_buf[off:off + n].view_as(p)
+                if p.main_grad.dtype == p.dtype:
+                    p.grad = p.main_grad  # autograd accumulates into the buffer itself
                 self.param_to_bucket[p] = bucket
                 off += n
             self.buckets.append(bucket)
@@ -194,6 +207,16 @@ class DataParallel:
         for b in self.buckets:
             b.ready.clear()
             b.grad_work, b.grad_issued = None, False
+
+    def _grad_accumulated(self, p: torch.Tensor) -> None:
+        if p.grad is not None and p.main_grad.dtype != p.dtype:
+            # Megatron DDP's backward post-hook: main_grad += grad (fp32 += bf16), drop grad.
+            if getattr(p, "grad_added_to_main_grad", False):
+                p.grad_added_to_main_grad = False  # the fused wgrad GEMM already accumulated
+            else:
+                p.main_grad.add_(p.grad)
+            p.grad = None
+        self._grad_ready(p)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         if not (self.overlap_grad_reduce and self.grad_sync_enabled):
@@ -344,8 +367,8 @@ class ModelGradSync:
         for c in self.chunks:
             c.finish_grad_sync()
         if self.sequence_parallel and _group_size(self.tp_group) > 1:
-            grads = [p.grad for c in self.chunks for p in c.module.parameters()
-                     if getattr(p, "sequence_parallel", False) and p.grad is not None]
+            grads = [p.main_grad for c in self.chunks for p in c.module.parameters()
+                     if getattr(p, "sequence_parallel", False) and hasattr(p, "main_grad")]
             if grads:
                 # Megatron flattens them into one buffer, all-reduces once, copies back.
                 flat = torch._utils._flatten_dense_tensors(grads)
@@ -354,7 +377,7 @@ class ModelGradSync:
                     g.copy_(synced)
         if self.embedding_group is not None and _group_size(self.embedding_group) > 1:
             for p in self.embedding_params:
-                dist.all_reduce(p.grad, group=self.embedding_group)
+                dist.all_reduce(p.main_grad, group=self.embedding_group)
 
     def start_param_sync(self) -> None:
         for c in self.chunks:

@@ -2,7 +2,8 @@
 
 One step (Megatron ``MixedPrecisionOptimizer.step`` / ``DistributedOptimizer``):
 
-1. copy the bf16/fp16 gradients into fp32 main gradients of the fp32 master parameters (whole
+1. give the fp32 master parameters the main gradients as fp32 (a copy from bf16/fp16 buffers, the
+   buffer itself when gradients are accumulated in fp32) (whole
    parameters, or with the distributed optimizer only this rank's 1/dp shard of every bucket,
    kept flat with per-element norm and weight-decay masks so every dp rank runs the same ops);
 2. fp16 only: unscale, check for inf/nan and all-reduce the flag (MAX);
@@ -127,7 +128,7 @@ class MixedPrecisionAdam:
                 continue
             for p in bucket.params:
                 master = p.detach().clone().float()
-                self.slices.append((p.detach(), p.grad, master, counted(p)))
+                self.slices.append((p.detach(), p.main_grad, master, counted(p)))
                 # Megatron: no weight decay for biases and 1-D (norm) parameters.
                 (no_decay if p.dim() == 1 else decay).append(master)
         groups = [{"params": decay, "weight_decay": weight_decay},

@@ -100,7 +100,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                         # Megatron buckets only chunk 0 of the first stage (DistributedDataParallel:
                         # "DP communication on these stages is not on the critical path").
                         disable_bucketing=c > 0 or ps.pp_rank > 0,
-                        separate_params=shared if pcfg.use_distributed_optimizer else ())
+                        separate_params=shared if pcfg.use_distributed_optimizer else (),
+                        grad_dtype=torch.float32 if cfg.optim.grad_reduce_in_fp32 else None)
            for c, m in enumerate(chunks)]
     gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
                        embedding_group=ps.embedding_group, embedding_params=shared,

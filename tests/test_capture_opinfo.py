@@ -30,6 +30,21 @@ def test_gemm_cost():
     assert fp8.dtype == "fp8"
 
 
+def test_fp32_accumulating_gemm_is_priced_in_its_operands_dtype():
+    """addmm(fp32 c, bf16 a, bf16 b, out_dtype=fp32, out=c), Megatron's weight-gradient
+    accumulation into main_grad, is a bf16 GEMM that reads and writes the fp32 accumulator."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        c = torch.zeros(8, 4)
+        a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16)
+        out = torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+        got = describe(aten.addmm.dtype_out, (c, a, b), {"out_dtype": torch.float32, "out": c},
+                       out, [c], "bwd")
+    assert got.kernel_class == "gemm" and got.dtype == "bf16"
+    assert got.dims == {"m": 8, "k": 16, "n": 4, "batch": 1} and got.flops == 2 * 8 * 16 * 4
+    assert got.bytes_read == 8 * 4 * 4 + (8 * 16 + 16 * 4) * 2 and got.bytes_written == 8 * 4 * 4
+
+
 def test_attention_cost_causal():
     """CPU flash SDPA: full FLOPs 4*b*h*s^2*d; executed scaled by the causal tile fraction."""
     q = torch.randn(1, 2, 256, 32)

@@ -127,6 +127,9 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "layers per stage (4, 4) are not all the same multiple of --num-layers-per-virtual-pipeline-stage 3"),
     (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
+    (["--preset", "tiny", "--fp16", "--grad-reduce-in-bf16"], 1, "--grad-reduce-in-bf16 needs --bf16"),
+    (["--preset", "tiny", "--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], 1,
+     "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 are exclusive; pick one"),
     (["--preset", "tiny", "--overlap-param-gather", "--use-distributed-optimizer"], 1,
      "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
     (["--hidden-size", "8"], 1,
@@ -141,6 +144,17 @@ def test_config_errors_name_the_values(argv, world, message):
     with pytest.raises(ConfigError) as err:
         parse_args(argv, world)
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("flags, fp32", [
+    (["--bf16"], True),  # Megatron forces fp32 accumulation and all-reduce with bf16
+    (["--bf16", "--grad-reduce-in-bf16"], False),
+    (["--fp16"], False),
+    (["--fp16", "--accumulate-allreduce-grads-in-fp32"], True),
+    ([], False),  # fp32 parameters: the buffer is fp32 anyway
+])
+def test_gradient_reduction_precision(flags, fp32):
+    assert parse_args(["--preset", "tiny", *flags], 1).optim.grad_reduce_in_fp32 is fp32
 
 
 def test_get_preset_returns_a_copy():

@@ -106,6 +106,36 @@ def test_grads_accumulate_in_buffer_over_microbatches():
         torch.testing.assert_close(p.grad, q.grad)
 
 
+def test_fp32_main_grads_sum_bf16_microbatches():
+    """grad_dtype=fp32 (Megatron with --bf16): main_grad, an fp32 view of the buffer, sums every
+    micro-batch's gradient and param.grad is dropped; through the hook's add for an nn.Linear and
+    through the fused weight-gradient GEMM for a ColumnParallelLinear (real numbers)."""
+    from models.layers.linear import ColumnParallelLinear
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(H, H, dtype=torch.bfloat16), ColumnParallelLinear(
+            H, H, tp_group=None, sequence_parallel=False, bias=False, dtype=torch.bfloat16, init_std=0.02))
+
+    model, ref = build(), build()
+    gs = ModelGradSync([DataParallel(model, dp_group=None, grad_dtype=torch.float32)])
+    xs = [torch.randn(4, H, dtype=torch.bfloat16) for _ in range(3)]
+    it = iter(xs)
+    gs.zero_grad()
+    forward_backward(lambda c, mb, x: model(next(it)).float().square().mean(), num_microbatches=3,
+                     grad_sync=gs)
+    want = [torch.zeros(p.shape) for p in ref.parameters()]
+    for x in xs:  # each micro-batch's bf16 gradient, summed in fp32
+        ref.zero_grad(set_to_none=True)
+        (ref(x).float().square().mean() / 3).backward()
+        for w, p in zip(want, ref.parameters()):
+            w += p.grad.float()
+    for p, w in zip(model.parameters(), want):
+        assert p.grad is None and p.main_grad._base is gs.chunks[0].buffers[0]
+        assert p.main_grad.dtype == torch.float32
+        torch.testing.assert_close(p.main_grad, w)
+
+
 def test_dp_allreduce_bytes_equal_params_times_two():
     """Without the distributed optimizer the DP sync all-reduces params x 2 bytes (bf16 grads),
     once, after the backward pass, in phase grad_sync."""

@@ -100,9 +100,10 @@ def _local_params(cfg, rank, world, only_sequence_parallel=False):
 
 def test_pipeline_dp_sync_and_p2p_counts():
     """tp2 pp2 dp2, 4 micro-batches, stage 1 rank 5: 4 activation receives and 4 gradient sends
-    of [s/tp, b, h] bf16 (sequence parallel); one DP all-reduce of every local param x 2 bytes;
-    the tied embedding all-reduce over first+last stage; one all-reduce of the sequence-parallel
-    (norm, row-parallel bias) grads over TP; the grad-norm all-reduce over tp x pp."""
+    of [s/tp, b, h] bf16 (sequence parallel); one DP all-reduce of every local param x 4 bytes
+    (--bf16 reduces fp32 main grads, as Megatron forces); the tied embedding all-reduce over
+    first+last stage; one all-reduce of the sequence-parallel (norm, row-parallel bias) grads over
+    TP; the grad-norm all-reduce over tp x pp."""
     argv = TINY + ["--global-batch-size", "16", "--tensor-model-parallel-size", "2",
                    "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
     ann, log, cfg = run_fake(argv, rank=5, world=8)
@@ -112,27 +113,40 @@ def test_pipeline_dp_sync_and_p2p_counts():
     assert p2p == Counter({("recv_", 1, act): 4, ("send", 1, act): 4})
     local = _local_params(cfg, 5, 8)
     dp_sync = [o for o in log.ops if o[0] == "allreduce_" and o[1] == (5, 7)]
-    assert [(n, ph) for _, _, n, ph, _ in dp_sync] == [(local * 2, "grad_sync")]
+    assert [(n, ph) for _, _, n, ph, _ in dp_sync] == [(local * 4, "grad_sync")]
     # (The all-reduce of the zeroed output copy at construction has no phase.)
     emb = [o for o in log.ops if o[0] == "allreduce_" and o[1] == (1, 5) and o[3]]
-    assert [(n, ph) for _, _, n, ph, _ in emb] == [(cfg.model.vocab_size // 2 * 64 * 2, "grad_sync")]
+    assert [(n, ph) for _, _, n, ph, _ in emb] == [(cfg.model.vocab_size // 2 * 64 * 4, "grad_sync")]
     sp = [o for o in log.ops if o[1] == (4, 5) and o[3] == "grad_sync"]
-    assert [(o[0], o[2]) for o in sp] == [("allreduce_", _local_params(cfg, 5, 8, True) * 2)]
+    assert [(o[0], o[2]) for o in sp] == [("allreduce_", _local_params(cfg, 5, 8, True) * 4)]
     norm = [o for o in log.ops if o[3] == "optimizer"]
     assert [(o[0], o[1], o[2]) for o in norm] == [("allreduce_", (0, 1, 4, 5), 4)]
 
 
 def test_distributed_optimizer_reduce_scatter_plus_all_gather():
-    """With --use-distributed-optimizer the DP traffic is one reduce-scatter of the (padded)
-    gradient buffer and one all-gather of the same bytes in the optimizer phase."""
+    """With --use-distributed-optimizer the DP traffic is one reduce-scatter of the (padded) fp32
+    gradient buffer (--bf16 accumulates and reduces in fp32) and one all-gather of the bf16
+    parameters, half those bytes, in the optimizer phase."""
     argv = TINY + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
     ann, log, cfg = run_fake(argv, rank=1, world=8)
     local = _local_params(cfg, 1, 8)
     padded = -(-local // 128) * 128  # lcm(dp 4, 128) = 128
     dp_ops = [(o[0], o[2], o[3]) for o in log.ops if o[1] == (1, 3, 5, 7)]
-    assert dp_ops == [("_reduce_scatter_base_", padded * 2, "grad_sync"),
+    assert dp_ops == [("_reduce_scatter_base_", padded * 4, "grad_sync"),
                       ("_allgather_base_", padded * 2, "optimizer")]
     assert [o[1] for o in log.ops if o[3] == "optimizer" and o[0] == "allreduce_"] == [tuple(range(8))]
+
+
+def test_grad_reduce_in_bf16_halves_the_gradient_bytes():
+    """--grad-reduce-in-bf16 keeps bf16 gradient buffers: the reduce-scatter moves 2 bytes per
+    element, as many as the parameter all-gather."""
+    argv = TINY + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+                   "--grad-reduce-in-bf16"]
+    ann, log, cfg = run_fake(argv, rank=1, world=8)
+    assert not cfg.optim.grad_reduce_in_fp32
+    padded = -(-_local_params(cfg, 1, 8) // 128) * 128
+    dp_ops = [(o[0], o[2]) for o in log.ops if o[1] == (1, 3, 5, 7)]
+    assert dp_ops == [("_reduce_scatter_base_", padded * 2), ("_allgather_base_", padded * 2)]
 
 
 def test_block_keys_interleaved_eight_microbatches():

@@ -10,10 +10,13 @@ runs after both GEMMs and the compute stream waits for it. With sequence
 parallelism the forward all-gathers the sequence-split input and the backward re-gathers it
 (async, overlapped with the data-gradient GEMM) instead of keeping the gathered copy.
 
-Approximation: Megatron fuses the weight-gradient GEMM with fp32 accumulation into
-``param.main_grad`` (``--gradient-accumulation-fusion``); here the weight gradient is returned to
-autograd, which accumulates it into ``param.grad`` in the parameter dtype (same GEMM, one extra
-elementwise add from the second micro-batch on).
+Gradient-accumulation fusion (Megatron's default ``--gradient-accumulation-fusion``): when the
+weight has fp32 main gradients (:mod:`models.distributed`), the weight-gradient GEMM accumulates
+straight into ``weight.main_grad`` (``main_grad += dY^T X`` with fp32 output, APEX's
+``wgrad_gemm_accum_fp32``) and autograd gets an unfilled placeholder, as Megatron returns, so the
+DDP hook still fires and skips its add. When the main gradients are in the parameter dtype the
+weight gradient is returned to autograd, which accumulates it into the buffer (same GEMM, one
+elementwise add from the second micro-batch on, where Megatron's bf16 fused kernel has none).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 
 from heterosim.errors import ConfigError
 
@@ -117,8 +121,8 @@ class LinearWithAsyncComm(torch.autograd.Function):
         elif ctx.allreduce_dgrad == "async":
             grad_in = grad_in.contiguous()
             handle = torch.distributed.all_reduce(grad_in, group=group, async_op=True)
-        with gemm_scope(ctx.fp8):
-            grad_w = grad_out2.t().matmul(total2)  # wgrad overlaps the collective above
+        with gemm_scope(ctx.fp8):  # wgrad overlaps the collective above
+            grad_w = _wgrad(weight, grad_out2.t(), total2)
         grad_b = grad_out2.sum(dim=0) if ctx.use_bias else None
         if ctx.allreduce_dgrad == "sync":
             grad_in = grad_in.contiguous()
@@ -126,6 +130,20 @@ class LinearWithAsyncComm(torch.autograd.Function):
         if handle is not None:
             handle.wait()
         return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None
+
+
+def _wgrad(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b``, the weight gradient; accumulated into fp32 ``weight.main_grad`` where there is one."""
+    main = getattr(weight, "main_grad", None)
+    if main is None or main.dtype == weight.dtype:
+        return a.matmul(b)
+    if main.device.type == "cpu" and not is_fake(main):
+        main.add_(a.matmul(b))  # real CPU tensors (tests): torch has no CPU addmm with out_dtype
+    else:
+        torch.addmm(main, a, b, out_dtype=main.dtype, out=main)
+    weight.grad_added_to_main_grad = True
+    # Megatron hands autograd an empty tensor so that the DDP post-hook runs (and skips its add).
+    return torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
 class ColumnParallelLinear(nn.Module):
