@@ -1,11 +1,14 @@
 """Pictures of a simulated iteration (matplotlib, imported lazily, Agg backend: no display needed).
 
-One PNG with two panels:
+One PNG with two or three panels:
 
 1. where the time goes: a stacked bar per class of ranks (or per GPU type when there are many
    classes): compute, exposed communication per parallel dimension, pipeline bubble, idle;
 2. the timeline of one rank per class: compute spans, blocking waits, and the communication
-   in flight (thin bar underneath).
+   in flight (thin bar underneath);
+3. (traces with memory recorded) memory per role and GPU type at its peak: parameters,
+   gradients, optimizer state, activations, other, the allocator's reserve, CUDA context and
+   NCCL buffers, against the GPU's capacity (a black tick; red bars are out of memory).
 """
 
 from __future__ import annotations
@@ -33,6 +36,30 @@ def _short(ranks: tuple[int, ...]) -> str:
     return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}..({len(ranks)})"
 
 
+_MEM_COLORS = {"parameters": "#4c72b0", "gradients": "#55a868", "optimizer": "#8172b3",
+               "activations": "#dd8452", "other": "#8c8c8c", "allocator reserve": "#ccb974",
+               "CUDA context": "#937860", "NCCL buffers": "#da8bc3"}
+
+
+def _memory_panel(ax: Any, mem: list) -> None:
+    gib = float(1 << 30)
+    for i, m in enumerate(mem):
+        parts = list(m.peak.at_peak.items()) + [
+            ("allocator reserve", m.peak.reserved - m.peak.allocated), ("CUDA context", m.cuda_context),
+            ("NCCL buffers", m.nccl_buffers)]
+        left = 0.0
+        for name, v in parts:
+            ax.barh(i, v / gib, left=left, color=_MEM_COLORS.get(name, "#999999"), edgecolor="red" if
+                    m.out_of_memory else "none", label=name if i == 0 else None)
+            left += v / gib
+        ax.plot([m.capacity / gib] * 2, [i - 0.45, i + 0.45], color="black", linewidth=2,
+                label="GPU memory" if i == 0 else None)
+    ax.set_yticks(range(len(mem)), [f"role {m.role} {_short(m.ranks)} {m.gpu_type}" for m in mem], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB at the peak (per GPU)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=6, ncol=2)
+
+
 def write_plot(result: Any, path: str | os.PathLike) -> None:
     """Render the breakdown and timeline panels of ``result`` into the PNG ``path``."""
     import matplotlib
@@ -41,8 +68,11 @@ def write_plot(result: Any, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     rows = _rows(result)
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 3 + 0.45 * (len(rows) + min(len(result.classes), _MAX_ROWS))),
-                                   gridspec_kw={"height_ratios": [max(len(rows), 1), max(min(len(result.classes), _MAX_ROWS), 1)]})
+    mem = list(result.memory)[:_MAX_ROWS]
+    heights = [max(len(rows), 1), max(min(len(result.classes), _MAX_ROWS), 1)] + ([len(mem)] if mem else [])
+    fig, axes = plt.subplots(len(heights), 1, figsize=(11, 3 + 0.45 * sum(heights)),
+                             gridspec_kw={"height_ratios": heights})
+    ax1, ax2 = axes[0], axes[1]
     ms = 1e3
     dims = sorted({d for _, b in rows for d in b.exposed_comm_s})
     for i, (label, b) in enumerate(rows):
@@ -80,6 +110,8 @@ def write_plot(result: Any, path: str | os.PathLike) -> None:
         ax2.invert_yaxis()
         ax2.set_xlabel("ms")
         ax2.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    if mem:
+        _memory_panel(axes[2], mem)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})

@@ -9,7 +9,12 @@ Perfetto's legacy JSON importer. Per rank:
   ``wait`` blocks where the compute stream waited for communication;
 - one track per communication stream (``comm:<group>``, ``p2p:<group>:<peer>``): each collective
   or p2p from its start (all members issued it) to its end, named with the collective, NCCL's
-  algorithm/protocol and its size.
+  algorithm/protocol and its size;
+- a counter ``memory (GiB)`` (traces with memory recorded): allocated bytes per category
+  (:mod:`heterosim.trace.memory`), two samples per program segment (a micro-batch's forward or
+  backward block): the highest total inside the segment at its first op, the total after it at
+  its last op. An op's time is interpolated by op count inside its compute span (what that
+  ignores: ops of unequal length within a span).
 
 Ranks of one class have identical timelines, so by default jobs over 64 ranks show one rank per
 class (the first); pass ``ranks`` to choose.
@@ -21,13 +26,17 @@ import json
 import os
 from typing import Any, Sequence
 
+import numpy as np
+
 from heterosim.atomic import atomic_write_text
 from heterosim.errors import ConfigError
+from heterosim.trace.memory import CATEGORIES, SLACK
 
 __all__ = ["TIMELINE_SCHEMA_VERSION", "timeline_events", "write_timeline"]
 
 TIMELINE_SCHEMA_VERSION = 1
 _US = 1e6
+_GIB = float(1 << 30)
 
 
 def _default_ranks(result: Any) -> list[int]:
@@ -71,6 +80,8 @@ def timeline_events(result: Any, ranks: Sequence[int] | None = None) -> list[dic
                 end = rt.compute_s + blocked
                 events.append({"ph": "X", "name": "compute", "cat": "compute", "pid": r, "tid": 0,
                                "ts": (end - tail) * _US, "dur": tail * _US, "args": {"until_op": sk.num_ops}})
+        events += _memory_counter(w.trace.roles[sk.role], sk, spans, t_at, rt.compute_s + sum(
+            x.t_end - x.t_block for x in rt.waits), r)
         for x in rt.waits:
             events.append({"ph": "X", "name": f"wait ({x.dim})", "cat": "wait", "pid": r, "tid": 0,
                            "ts": x.t_block * _US, "dur": (x.t_end - x.t_block) * _US,
@@ -91,6 +102,54 @@ def timeline_events(result: Any, ranks: Sequence[int] | None = None) -> list[dic
                            "args": {"op": sk.op_id[p], "bytes": sk.nbytes[p], "group": sk.group[p],
                                     "phase": sk.phase[p], "mb": sk.mb[p]}})
     return events
+
+
+def _op_time(op_id: np.ndarray, num_ops: int, spans: Any, t_at: np.ndarray, end: float) -> Any:
+    """Global op index -> seconds: inside its compute span, by op count (see module docstring)."""
+    n = len(op_id)
+    first = np.concatenate([[0], op_id + 1])  # first compute op of span p
+    stop = np.concatenate([op_id, [num_ops]])  # one past its last (point p, or the program's end)
+    durs = np.asarray(spans[:n + 1], dtype=np.float64)
+    starts = np.concatenate([t_at, [end]]) - durs
+
+    def at(q: int) -> float:
+        p = int(np.searchsorted(op_id, q))
+        if p < n and op_id[p] == q:  # a comm / wait op itself: the end of the span before it
+            return float(t_at[p])
+        return float(starts[p] + durs[p] * (q - first[p]) / max(int(stop[p] - first[p]), 1))
+    return at
+
+
+def _memory_counter(role: Any, sk: Any, spans: Any, t_at: Any, end: float, pid: int) -> list[dict]:
+    """Counter events of ``role``'s memory over the iteration (empty without memory)."""
+    mem = role.memory
+    if mem is None:
+        return []
+    at = _op_time(np.asarray(sk.op_id, dtype=np.int64), sk.num_ops, spans,
+                  np.asarray(t_at, dtype=np.float64), end)
+    run = list(mem.baseline[:SLACK])
+    gaps: dict[int, list] = {}
+    for seg, cat, b in mem.gaps:
+        gaps.setdefault(seg, []).append((cat, b))
+    out: list[dict] = []
+
+    def sample(t: float, values: Sequence[float]) -> None:
+        out.append({"ph": "C", "name": "memory (GiB)", "pid": pid, "tid": 0, "ts": t * _US,
+                    "args": {c: round(v / _GIB, 6) for c, v in zip(CATEGORIES, values)}})
+    base = 0
+    for j, seg in enumerate(role.program):
+        n = len(role.blocks[seg.block])
+        high, high_at = sum(run), list(run)
+        for cat, b in gaps.get(j, []) + [(c, b) for _, c, b in mem.blocks.get(seg.block, ())]:
+            if cat < SLACK:
+                run[cat] += b
+                if sum(run) > high:
+                    high, high_at = sum(run), list(run)
+        if n:
+            sample(at(base), high_at)
+            sample(at(base + n - 1), run)
+        base += n
+    return out
 
 
 def write_timeline(result: Any, path: str | os.PathLike, *, ranks: Sequence[int] | None = None) -> None:

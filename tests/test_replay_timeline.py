@@ -23,12 +23,14 @@ def check_chrome_trace(doc: dict) -> None:
     assert isinstance(doc["traceEvents"], list) and doc["traceEvents"]
     assert doc["displayTimeUnit"] in ("ms", "ns")
     for e in doc["traceEvents"]:
-        assert e["ph"] in ("X", "M")
+        assert e["ph"] in ("X", "M", "C")
         assert isinstance(e["name"], str) and e["name"]
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
         if e["ph"] == "X":
             assert isinstance(e["ts"], float | int) and isinstance(e["dur"], float | int)
             assert e["ts"] >= 0 and e["dur"] >= 0
+        elif e["ph"] == "C":  # counter: numeric series in args
+            assert e["args"] and all(isinstance(v, float | int) for v in e["args"].values())
         else:
             assert e["name"] in ("process_name", "thread_name", "process_sort_index")
             assert "args" in e
@@ -95,3 +97,50 @@ def test_plot_is_a_png(tmp_path):
     res.write_plot(path)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+G = 1 << 30
+
+
+def memory_trace():
+    """Eight TP ranks: forward f allocates 3 GiB of activations at its first op and a 1 GiB
+    temporary freed inside; backward b frees the 3 GiB; 2 GiB of parameters throughout."""
+    from heterosim.trace.memory import RoleMemory
+
+    groups = {"tp": (list(range(8)), "tp", "tp")}
+    f = [comp(1e12), comp(1e12), coll("all_reduce", "tp", 1 << 20), wait(1), comp(1e12)]
+    b = [comp(2e12, phase="bwd"), comp(2e12, phase="bwd")]
+    trace = make_trace(8, groups, [(list(range(8)), {"f": f, "b": b}, [("f", 0), ("b", 0)])])
+    trace.roles[0].memory = RoleMemory((2 * G, 0, 0, 0, 0, 0),
+                                       {"f": [[0, 3, 3 * G], [1, 4, G], [2, 4, -G]], "b": [[2, 3, -3 * G]]}, [])
+    return trace
+
+
+def test_memory_counter_follows_the_blocks():
+    """Per segment a sample of its highest total at its first op and of its end total at its
+    last op, in time order, within the iteration."""
+    from replay.timeline import timeline_events
+
+    res = simulate(memory_trace(), "dgx-a100")
+    check_chrome_trace({"traceEvents": timeline_events(res, [0]), "displayTimeUnit": "ms"})
+    ev = [e for e in timeline_events(res, [0]) if e["ph"] == "C"]
+    assert [e["name"] for e in ev] == ["memory (GiB)"] * 4
+    totals = [round(sum(e["args"].values()), 6) for e in ev]
+    assert totals == [6.0, 5.0, 5.0, 2.0]  # f: peak 2+3+1, end 5; b: 5 at start, 2 at end
+    ts = [e["ts"] for e in ev]
+    assert ts == sorted(ts) and ts[0] == 0.0
+    assert ts[-1] <= res.iteration_time_s * 1e6 + 1e-6 and ev[0]["args"]["activations"] == 3.0
+
+
+def test_plot_has_a_memory_panel_when_memory_was_recorded(tmp_path):
+    """A third panel (memory per role against capacity) makes the PNG taller."""
+    def height(trace):
+        path = tmp_path / "p.png"
+        simulate(trace, "dgx-a100").write_plot(path)
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        return int.from_bytes(data[20:24], "big")  # IHDR height
+    with_memory = memory_trace()
+    without = memory_trace()
+    without.roles[0].memory = None
+    assert height(with_memory) > height(without)
