@@ -115,6 +115,10 @@ class ParallelConfig:
     """Pipeline p2p sends 1/tp of each tensor per TP rank, all-gathered after (Megatron-LM before
     Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.schedules.PipelineComm``).
     Meaningless with sequence parallelism, whose tensors are already split."""
+    tp_comm_overlap: bool = False
+    """TP all-gathers / reduce-scatters of the transformer layers' linears overlapped with their
+    GEMMs as Transformer Engine's userbuffers do it (``--tp-comm-overlap``; needs sequence
+    parallelism; :mod:`models.layers.tp_overlap`)."""
     async_tp_allreduce: bool = True
     """Column-parallel backward all-reduces the input gradient while the weight-gradient GEMM runs
     (Megatron-LM from late 2021; ``--no-async-tensor-model-parallel-allreduce`` turns it off, as

@@ -72,6 +72,8 @@ class ParallelState:
     cp_comm_type: str
     async_tp_allreduce: bool = True
     """See :attr:`models.config.ParallelConfig.async_tp_allreduce`."""
+    tp_comm_overlap: bool = False
+    """See :attr:`models.config.ParallelConfig.tp_comm_overlap`."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -254,4 +256,5 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         ep_ranks=mine["ep"][1], pp_ranks=mine["pp"][1],
         sequence_parallel=pcfg.sequence_parallel and tp > 1, cp_comm_type=pcfg.cp_comm_type,
         async_tp_allreduce=pcfg.async_tp_allreduce,
+        tp_comm_overlap=pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1,
     )

@@ -128,6 +128,7 @@ def test_layout_and_model_keys_for_declare():
      "layers per stage (4, 4) are not all the same multiple of --num-layers-per-virtual-pipeline-stage 3"),
     (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
     (["--preset", "tiny", "--fp16", "--grad-reduce-in-bf16"], 1, "--grad-reduce-in-bf16 needs --bf16"),
+    (["--preset", "tiny", "--tp-comm-overlap"], 1, "--tp-comm-overlap needs --sequence-parallel"),
     (["--preset", "tiny", "--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], 1,
      "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 are exclusive; pick one"),
     (["--preset", "tiny", "--overlap-param-gather", "--use-distributed-optimizer"], 1,

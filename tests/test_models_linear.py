@@ -20,10 +20,11 @@ y_ref = torch.nn.functional.gelu(ref[0] @ ref[1].T + ref[2]) @ ref[3].T + ref[4]
 (y_ref * weight).sum().backward()
 f, s = F // world, S // world
 result = {}
-for sp in (False, True):
-    col = ColumnParallelLinear(H, F, tp_group=g, sequence_parallel=sp, bias=True, dtype=torch.float64, init_std=1.0)
+for sp, ov in ((False, False), (True, False), (True, True)):
+    col = ColumnParallelLinear(H, F, tp_group=g, sequence_parallel=sp, bias=True, dtype=torch.float64, init_std=1.0,
+                               tp_comm_overlap=ov)
     row = RowParallelLinear(F, H, tp_group=g, sequence_parallel=sp, bias=True, dtype=torch.float64,
-                            init_std=1.0, skip_bias_add=False)
+                            init_std=1.0, skip_bias_add=False, tp_comm_overlap=ov)
     with torch.no_grad():
         col.weight.copy_(w1[rank * f:(rank + 1) * f]); col.bias.copy_(b1[rank * f:(rank + 1) * f])
         row.weight.copy_(w2[:, rank * f:(rank + 1) * f]); row.bias.copy_(b2)
@@ -34,7 +35,7 @@ for sp in (False, True):
     bias_grad = row.bias.grad.clone()
     if sp:  # the gradient sync sums sequence-parallel params over TP
         dist.all_reduce(bias_grad, group=g)
-    result[str(sp)] = dict(
+    result[f"{sp}-{ov}"] = dict(
         y=float((y - y_ref[rows]).abs().max()), x=float((x.grad - ref[0].grad[rows]).abs().max()),
         w1=float((col.weight.grad - ref[1].grad[rank * f:(rank + 1) * f]).abs().max()),
         w2=float((row.weight.grad - ref[3].grad[:, rank * f:(rank + 1) * f]).abs().max()),
@@ -43,11 +44,13 @@ for sp in (False, True):
 
 
 def test_column_row_parallel_match_unsplit(tmp_path):
-    """TP 2 (fp64): outputs, input grads and weight grads equal the unsplit MLP, with and
-    without SP; the row-parallel bias is marked sequence_parallel exactly under SP."""
+    """TP 2 (fp64): outputs, input grads and weight grads equal the unsplit MLP, without SP, with
+    SP and with SP under --tp-comm-overlap (ring-exchange and pipelined GEMMs); the row-parallel
+    bias is marked sequence_parallel exactly under SP."""
     res = run_gloo(BODY, world=2, tmp_path=tmp_path)
+    assert sorted(res) == ["False-False", "True-False", "True-True"]
     for sp, errs in res.items():
-        assert errs.pop("sp_attr") == (sp == "True")
+        assert errs.pop("sp_attr") == sp.startswith("True")
         for key, err in errs.items():
             assert err < 1e-10, (sp, key, err)
 
@@ -77,6 +80,41 @@ def test_backward_overlaps_collective_with_wgrad():
     assert res["False"] == [["mm", [[64, 32], [32, 64]]], ["allreduce_", [[32, 2, 64]]],
                             ["mm", [[32, 64], [64, 64]]]]
     assert [n for n, _ in res["True"]] == ["_allgather_base_", "mm", "_reduce_scatter_base_", "mm"]
+
+
+OVERLAP_ORDER = """
+from models.layers.linear import ColumnParallelLinear, RowParallelLinear
+g = dist.new_group([0, 1, 2, 3])
+col = ColumnParallelLinear(64, 128, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                           init_std=0.02, tp_comm_overlap=True)
+row = RowParallelLinear(128, 64, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                        init_std=0.02, tp_comm_overlap=True)
+x = torch.randn(32, 2, 64, dtype=torch.bfloat16, requires_grad=True)  # s/tp = 32 rows, b = 2
+keep = ("c10d.", "aten.mm", "aten.copy_")
+log = OpLog()
+with log:
+    y, _ = row(col(x))
+fwd = [[o["name"].split(".")[1], o["shapes"][0]] for o in log.ops if o["name"].startswith(keep)]
+log = OpLog()
+with log:
+    y.backward(torch.ones_like(y))
+bwd = [o["name"].split(".")[1] for o in log.ops if o["name"].startswith(keep)]
+result = dict(fwd=fwd, bwd=bwd)
+"""
+
+
+def test_tp_comm_overlap_pipelines_gathers_and_scatters_with_gemms():
+    """TP 4, SP, --tp-comm-overlap. Column forward: the rank copies its 32 rows into its region,
+    region 0 is broadcast, then each region's GEMM (64 = 32 rows x b 2) runs while the next region
+    is broadcast. Row forward: per region a GEMM, then its async reduce to the region's owner.
+    Row backward: grad_out gathered the same way under the dgrad GEMMs, then one wgrad GEMM."""
+    res = run_fake(OVERLAP_ORDER, rank=1, world=4)
+    bcast, gemm = ["broadcast_", [32, 2, 64]], ["mm", [64, 64]]
+    assert res["fwd"] == ([["copy_", [32, 2, 64]], bcast, bcast, gemm, bcast, gemm, bcast, gemm, gemm]
+                          + [["mm", [64, 32]], ["reduce_", [32, 2, 64]]] * 4)
+    ring = ["copy_", "broadcast_", "broadcast_", "mm", "broadcast_", "mm", "broadcast_", "mm", "mm"]
+    assert res["bwd"] == ring + ["mm",  # row wgrad on the gathered grad_out; then the column backward:
+                                 "_allgather_base_", "mm", "_reduce_scatter_base_", "mm"]
 
 
 SYNC_ORDER = """

@@ -69,11 +69,12 @@ class SelfAttention(nn.Module):
         self.linear_qkv = ColumnParallelLinear(
             mcfg.hidden_size, (heads + 2 * groups) * d, tp_group=pstate.tp_group,
             sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=init_std, fp8=fp8,
-            async_allreduce=pstate.async_tp_allreduce)
+            async_allreduce=pstate.async_tp_allreduce, tp_comm_overlap=pstate.tp_comm_overlap)
         self.linear_proj = RowParallelLinear(
             heads * d, mcfg.hidden_size, tp_group=pstate.tp_group, sequence_parallel=sp,
             bias=mcfg.add_bias_linear, dtype=dtype,
-            init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8)
+            init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8,
+            tp_comm_overlap=pstate.tp_comm_overlap)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.core_attention is not None:

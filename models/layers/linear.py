@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import is_fake
 from heterosim.errors import ConfigError
 
 from heterosim.annotate import get_annotator
+from models.layers.tp_overlap import RowGemmReduceScatter, ag_gemm
 from models.layers.mappings import (
     all_gather_dim0,
     group_size,
@@ -87,13 +88,16 @@ class LinearWithAsyncComm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8):
+    def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8, tp_overlap=False):
         ctx.save_for_backward(x, weight)
         ctx.use_bias = bias is not None
         ctx.group, ctx.allreduce_dgrad, ctx.sp, ctx.fp8 = group, allreduce_dgrad, sequence_parallel, fp8
-        total = all_gather_dim0(x, group) if sequence_parallel else x
-        with gemm_scope(fp8):
-            out = torch.matmul(total, weight.t())
+        if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
+            out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8)
+        else:
+            total = all_gather_dim0(x, group) if sequence_parallel else x
+            with gemm_scope(fp8):
+                out = torch.matmul(total, weight.t())
         if bias is not None:
             out = out + bias
         return out
@@ -129,7 +133,7 @@ class LinearWithAsyncComm(torch.autograd.Function):
             torch.distributed.all_reduce(grad_in, group=group)
         if handle is not None:
             handle.wait()
-        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None
+        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None, None
 
 
 def _wgrad(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -155,7 +159,8 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, fp8: bool = False,
-                 weight: nn.Parameter | None = None, async_allreduce: bool = True) -> None:
+                 weight: nn.Parameter | None = None, async_allreduce: bool = True,
+                 tp_comm_overlap: bool = False) -> None:
         super().__init__()
         tp = group_size(tp_group)
         self.async_allreduce = async_allreduce
@@ -163,6 +168,7 @@ class ColumnParallelLinear(nn.Module):
             raise ConfigError(f"output size {out_features} not divisible by tensor-parallel size {tp}")
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
+        self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
         self.fp8 = fp8
         if weight is None:
             weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
@@ -183,7 +189,7 @@ class ColumnParallelLinear(nn.Module):
         allreduce_dgrad = ("" if self.tp == 1 or self.sequence_parallel
                            else "async" if self.async_allreduce else "sync")
         return LinearWithAsyncComm.apply(x, w, self.bias, self.tp_group, allreduce_dgrad,
-                                         self.sequence_parallel, self.fp8)
+                                         self.sequence_parallel, self.fp8, self.tp_comm_overlap)
 
 
 class RowParallelLinear(nn.Module):
@@ -195,13 +201,14 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, skip_bias_add: bool = True,
-                 fp8: bool = False) -> None:
+                 fp8: bool = False, tp_comm_overlap: bool = False) -> None:
         super().__init__()
         tp = group_size(tp_group)
         if in_features % tp:
             raise ConfigError(f"input size {in_features} not divisible by tensor-parallel size {tp}")
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
+        self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
         self.skip_bias_add, self.fp8 = skip_bias_add, fp8
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
         init_normal(init_std)(self.weight)
@@ -215,11 +222,14 @@ class RowParallelLinear(nn.Module):
             self.bias = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8)
-        if self.sequence_parallel:
-            out = reduce_scatter_to_sp(out, self.tp_group)
+        if self.tp_comm_overlap:  # pipelined GEMM + reduce-scatter (tp_overlap.py)
+            out = RowGemmReduceScatter.apply(x, self.weight, self.tp_group, self.fp8, gemm_scope, _wgrad)
         else:
-            out = reduce_from_tp(out, self.tp_group)
+            out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8)
+            if self.sequence_parallel:
+                out = reduce_scatter_to_sp(out, self.tp_group)
+            else:
+                out = reduce_from_tp(out, self.tp_group)
         if self.skip_bias_add:
             return out, self.bias
         return (out + self.bias if self.bias is not None else out), None

@@ -50,16 +50,17 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, *, activation: str, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool,
-                 async_allreduce: bool = True) -> None:
+                 async_allreduce: bool = True, tp_comm_overlap: bool = False) -> None:
         super().__init__()
         self.act = activation_fn(activation)
         gated = activation == "swiglu"
         self.linear_fc1 = ColumnParallelLinear(
             hidden, ffn * (2 if gated else 1), tp_group=tp_group, sequence_parallel=sequence_parallel,
-            bias=bias, dtype=dtype, init_std=init_std, fp8=fp8, async_allreduce=async_allreduce)
+            bias=bias, dtype=dtype, init_std=init_std, fp8=fp8, async_allreduce=async_allreduce,
+            tp_comm_overlap=tp_comm_overlap)
         self.linear_fc2 = RowParallelLinear(
             ffn, hidden, tp_group=tp_group, sequence_parallel=sequence_parallel, bias=bias,
-            dtype=dtype, init_std=out_init_std, fp8=fp8)
+            dtype=dtype, init_std=out_init_std, fp8=fp8, tp_comm_overlap=tp_comm_overlap)
 
     def forward(self, x: torch.Tensor):
         return self.linear_fc2(self.act(self.linear_fc1(x)))

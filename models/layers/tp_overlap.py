@@ -1,0 +1,107 @@
+"""Tensor-parallel communication overlapped with the GEMMs, as Megatron-core's ``--tp-comm-overlap``
+runs it through Transformer Engine's userbuffers (sequence parallelism only).
+
+TE's default configuration (``transformer_engine/pytorch/module/base.py``, ``initialize_ub``; the
+same methods in NeMo's per-model ``ub_cfg`` files) overlaps each TP collective of a transformer
+layer with a GEMM in one of three ways:
+
+- *ring exchange* (QKV and FC1 forward, proj and FC2 data-gradient): the all-gather of the
+  sequence-split input is cut into ``tp`` steps, and the GEMM on the rows already gathered runs
+  while the next rows travel, so only one step's transfer is exposed;
+- *pipeline* (proj and FC2 forward): the GEMM is cut into chunks of rows (``num_splits``, 4 by
+  default); each chunk's output is reduce-scattered while the next chunk is computed;
+- *bulk* (QKV and FC1 data- and weight-gradient): the input re-gather runs under the
+  data-gradient GEMM and the gradient reduce-scatter under the weight-gradient GEMM, which
+  :class:`models.layers.linear.LinearWithAsyncComm` already does without this flag.
+
+Here every rank runs the same program (one captured rank stands for its TP group): ring step
+``i`` is a broadcast of TP rank ``i``'s shard into its region of a rank-major buffer (each rank
+first copies its own shard there, as TE copies its input into the userbuffer), and the GEMM on
+region ``i`` runs while region ``i + 1`` travels; the pipelined reduce-scatter is, per TP rank
+``i``, the GEMM on the rows of ``i``'s region and an NCCL reduce of them to rank ``i``, under the
+next region's GEMM. Each rank moves the bytes of the plain all-gather / reduce-scatter and the
+results are the unsplit layer's numbers. What this ignores: TE moves the ring's steps
+peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
+bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
+here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed); TE cuts the
+pipelined GEMM into 4 chunks, here into ``tp`` regions; fp8 all-gather buffers (``fp8_buf``)
+move in the activation dtype here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from models.layers.mappings import group_rank, group_size
+
+__all__ = ["ag_gemm", "RowGemmReduceScatter"]
+
+
+def _src(group: Any, i: int) -> int:
+    return dist.get_global_rank(group, i)
+
+
+def ag_gemm(shard: torch.Tensor, weight_t: torch.Tensor, group: Any, scope: Callable[[bool], Any],
+            fp8: bool, gathered: torch.Tensor | None = None) -> torch.Tensor:
+    """``all_gather(shard) @ weight_t`` as a ring exchange: ``shard [s/tp, b, k]``, ``weight_t
+    [k, n]`` -> ``[s, b, n]``; ``gathered`` (``[s, b, k]``) receives the gathered input if given;
+    ``scope(fp8)`` is the context each GEMM runs in (:func:`models.layers.linear.gemm_scope`)."""
+    tp, rows, b, k = group_size(group), shard.shape[0], shard.shape[1], shard.shape[2]
+    n = weight_t.shape[1]
+    buf = gathered if gathered is not None else shard.new_empty((tp * rows, b, k))
+    regions = buf.view(tp, rows, b, k)
+    regions[group_rank(group)].copy_(shard)
+    ins = buf.view(tp, rows * b, k)
+    out = shard.new_empty((tp * rows, b, n))
+    outs = out.view(tp, rows * b, n)
+    work = dist.broadcast(regions[0], src=_src(group, 0), group=group, async_op=True)
+    for i in range(tp):
+        work.wait()
+        if i + 1 < tp:
+            work = dist.broadcast(regions[i + 1], src=_src(group, i + 1), group=group, async_op=True)
+        with scope(fp8):
+            torch.mm(ins[i], weight_t, out=outs[i])
+    return out
+
+
+class RowGemmReduceScatter(torch.autograd.Function):
+    """Row-parallel linear with sequence parallelism under ``--tp-comm-overlap``:
+    ``x [s, b, f/tp] @ weight^T`` reduce-scattered to ``[s/tp, b, h]`` region by region (GEMM on
+    TP rank ``i``'s rows, then an async reduce to ``i``); backward gathers ``grad_out`` by ring
+    exchange under the data-gradient GEMMs, then runs the weight-gradient GEMM on it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn):
+        x = x.contiguous()
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
+        tp = group_size(group)
+        s, b, f = x.shape
+        h, rows = weight.shape[0], s // tp
+        ins = x.view(tp, rows * b, f)
+        y = x.new_empty((tp, rows, b, h))
+        ys = y.view(tp, rows * b, h)
+        works = []
+        for i in range(tp):
+            with scope_fn(fp8):
+                torch.mm(ins[i], weight.t(), out=ys[i])
+            works.append(dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True))
+        for work in works:
+            work.wait()
+        # This rank's region now holds the sum over TP (a view: the buffer lives as long as the
+        # output does, which the residual add consumes at once).
+        return y[group_rank(group)]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        tp = group_size(ctx.group)
+        gathered = grad_out.new_empty((tp * grad_out.shape[0], *grad_out.shape[1:]))
+        grad_in = ag_gemm(grad_out.contiguous(), weight, ctx.group, ctx.scope_fn, ctx.fp8, gathered=gathered)
+        with ctx.scope_fn(ctx.fp8):
+            grad_w = ctx.wgrad_fn(weight, gathered.reshape(-1, gathered.shape[-1]).t(),
+                                  x.reshape(-1, x.shape[-1]))
+        return grad_in, grad_w, None, None, None, None
