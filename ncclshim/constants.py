@@ -28,6 +28,10 @@ __all__ = [
     "NET_OVERHEAD_US",
     "MAX_CHANNELS",
     "THREAD_THRESHOLD",
+    "FP8_DTYPES",
+    "FP8_RING_PENALTY",
+    "FP8_RING_MAX_RANKS",
+    "REDUCING_COLLECTIVES",
 ]
 
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -126,3 +130,14 @@ SUPPORT: dict[tuple[str, str], tuple[str, ...]] = {
     ("broadcast", "RING"): _ALL3,
     ("reduce", "RING"): _ALL3,
 }
+
+FP8_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3", "fp8_e5m2")
+"""The trace's 8-bit floats: NCCL's ``ncclFloat8e4m3`` / ``ncclFloat8e5m2``."""
+FP8_RING_PENALTY = 1024.0
+FP8_RING_MAX_RANKS = 8
+"""``updateCollCostTable`` (``src/enqueue.cc``) multiplies every RING time by 1024 for fp8 data on
+more than 8 ranks, whatever the collective, so that deep (lossy) fp8 reduction rings are chosen
+last. The factor only orders the choice: the call's time is the unscaled one."""
+REDUCING_COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce", "reduce_scatter")
+"""Collectives that reduce: NCCL refuses them on fp8 below SM90 (``ncclEnqueueCheck`` path in
+``src/enqueue.cc``: "FP8 reduction support begins with sm90 capable devices")."""

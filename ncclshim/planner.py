@@ -32,7 +32,7 @@ from heterosim.errors import UnsupportedCollectiveError
 from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
-from ncclshim.graph import GroupGraph, analyze
+from ncclshim.graph import GroupGraph, analyze, extra_latency_us
 from ncclshim.topology import TopologyView
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
@@ -113,6 +113,8 @@ class _Template:
     load_per_byte: tuple[tuple[int, float], ...]
     """(link, bytes on it per byte of nbytes), for the NCCL-bandwidth time of p2p operations."""
     bottleneck: int | None
+    extra_lat_us: float
+    """Largest latency beyond the links' defaults over the flows' paths, us (p2p operations)."""
 
 
 class Planner:
@@ -194,7 +196,8 @@ class Planner:
             ratio = {i: b / links[i].bw for i, b in load.items()}
             top = max(ratio.values(), default=0.0)
             bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
-            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck)
+            extra = max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
+            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck, extra)
         return t
 
     def _p2p_choice(self, coll: str, nbytes: int, n: int, t: _Template, s: Settings) -> Choice:
@@ -207,7 +210,8 @@ class Planner:
         proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
         hw = "NET" if net else "NVLINK" if nvl else "PCI"
         p = PROTOS.index(proto)
-        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + HW_LAT_US[hw][_P2P_LAT_ROW][p]) * 1e-6
+        hop = max(0.0, HW_LAT_US[hw][_P2P_LAT_ROW][p] + t.extra_lat_us)
+        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + hop) * 1e-6
         slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
         return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
@@ -262,10 +266,14 @@ class Planner:
 
 
 def _signature(g: GroupGraph) -> tuple:
-    """Everything the NCCL cost model reads from a group: groups with equal signatures tune alike."""
+    """Everything the NCCL cost model reads from a group: groups with equal signatures tune alike.
+
+    ``len(g.rings)`` is NCCL's ``sameChannels`` (broadcast / reduce latency); the step latencies
+    carry the cluster's stated link latencies.
+    """
     return (len(g.ranks), g.n_nodes, g.ppn, g.arch, g.same_sm, g.cpu_vendor, g.n_channels, g.bw_intra, g.bw_inter,
             g.runtime_channels, g.type_intra, g.type_inter, g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter,
-            g.coherent)
+            g.coherent, len(g.rings), g.lat_intra_us, g.lat_inter_us)
 
 
 _PLANNERS: dict[int, Planner] = {}
