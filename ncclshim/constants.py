@@ -32,6 +32,9 @@ __all__ = [
     "FP8_RING_PENALTY",
     "FP8_RING_MAX_RANKS",
     "REDUCING_COLLECTIVES",
+    "NVLS_CHUNK_SIZE",
+    "NVLS_CHUNK_STEPS",
+    "NVLS_PIPELINE_STAGES",
 ]
 
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -141,3 +144,14 @@ last. The factor only orders the choice: the call's time is the unscaled one."""
 REDUCING_COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce", "reduce_scatter")
 """Collectives that reduce: NCCL refuses them on fp8 below SM90 (``ncclEnqueueCheck`` path in
 ``src/enqueue.cc``: "FP8 reduction support begins with sm90 capable devices")."""
+
+NVLS_CHUNK_SIZE = 128 * 1024
+"""``NCCL_NVLS_CHUNKSIZE`` default (``src/transport/nvls.cc``): bytes a head handles per channel per loop."""
+NVLS_CHUNK_STEPS: tuple[tuple[int, int], ...] = ((64, 65536), (8, 32768), (2, 16384))
+"""``calcCollChunking`` (``src/enqueue.cc``), NVLS: with ``ops = channels x heads``, the chunk
+drops to 64 KiB below ``64 x ops x chunk`` bytes, then to 32 KiB below ``8 x ops x chunk``, then to
+16 KiB below ``2 x ops x chunk``: (factor, new chunk) in order."""
+NVLS_PIPELINE_STAGES = 3
+"""Warp groups a one-node NVLS all-reduce pipelines a loop through (``RunWorkColl<AllReduce, NVLS>``
+in ``src/device/all_reduce.h``, ``oneNode``): scatter into the NVLS buffers, reduce + multicast
+(``multimem.ld_reduce`` / ``multimem.st``) by the head, gather out of them."""

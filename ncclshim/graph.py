@@ -88,6 +88,9 @@ class GroupGraph:
     to (:func:`extra_latency_us`), us; added to NCCL's intra-node hardware latency."""
     lat_inter_us: float = 0.0
     """The same for one inter-node (network) ring step, us; added to NCCL's NET latency."""
+    gpu_bw: float = 0.0
+    """NCCL's bandwidth out of one GPU inside its node (NVLinks, else PCIe), slowest member, GB/s
+    (the search's ``totalBw``)."""
 
 
 def path_type(view: TopologyView, path: tuple[int, ...]) -> str:
@@ -277,7 +280,7 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
         same_sm=len({g.sm for g in gpus}) == 1 or all(g.sm >= 90 for g in gpus), cpu_vendor=vendor,
         rings=rings, n_channels=n_ch, bw_intra=speed, bw_inter=speed, runtime_channels=min(runtime, MAX_CHANNELS),
         type_intra=type_intra, type_inter=type_inter, nvls_channels=nvls_ch, nvls_bw_intra=nvls_intra,
-        nvls_bw_inter=nvls_inter, coherent=all(f.coherent for f in fabrics),
+        nvls_bw_inter=nvls_inter, coherent=all(f.coherent for f in fabrics), gpu_bw=total,
         lat_intra_us=_mean_extra_us(view, intra_hops), lat_inter_us=_mean_extra_us(view, inter_hops),
         bottleneck=bottleneck,
     )

@@ -214,7 +214,7 @@ class Planner:
         lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + hop) * 1e-6
         slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
-        return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
+        return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat, nccl_time_s=time,
                       alg_bw=nbytes / max(time - lat, 1e-30), nchannels=peer_ch)
 
     def _peer_channels(self, src: int, path: tuple[int, ...], net: bool, nvl: bool) -> int:
@@ -273,7 +273,7 @@ def _signature(g: GroupGraph) -> tuple:
     """
     return (len(g.ranks), g.n_nodes, g.ppn, g.arch, g.same_sm, g.cpu_vendor, g.n_channels, g.bw_intra, g.bw_inter,
             g.runtime_channels, g.type_intra, g.type_inter, g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter,
-            g.coherent, len(g.rings), g.lat_intra_us, g.lat_inter_us)
+            g.coherent, len(g.rings), g.lat_intra_us, g.lat_inter_us, g.gpu_bw)
 
 
 _PLANNERS: dict[int, Planner] = {}

@@ -46,6 +46,9 @@ class Choice:
     time_s: float
     latency_s: float
     """Fixed part of ``time_s`` (NCCL's latency term)."""
+    nccl_time_s: float
+    """NCCL's own estimate (``ncclTopoGetAlgoTime``), which made the choice; equals ``time_s``
+    unless the algorithm models how the call runs (``Algorithm.run_time``)."""
     alg_bw: float
     """Effective algorithm bandwidth used for this size, B/s (``nBytes / (time - latency)``)."""
     nchannels: int
@@ -151,8 +154,10 @@ def select(coll: str, nbytes: int, g: GroupGraph, s: Settings, *, dtype: str = "
             key = t * (FP8_RING_PENALTY if penalised and entry.tables == "RING" else 1.0)
             if best is None or key < best_key:
                 best_key = key
-                best = Choice(algo=entry.name, proto=proto, time_s=t * 1e-6, latency_s=lat_eff * 1e-6,
-                              alg_bw=nbytes / max((t - lat_eff) * 1e-6, 1e-30),
+                run = entry.run_time(q, proto, nbytes, lat_eff) if entry.run_time is not None else None
+                ran = t if run is None else run
+                best = Choice(algo=entry.name, proto=proto, time_s=ran * 1e-6, latency_s=lat_eff * 1e-6,
+                              nccl_time_s=t * 1e-6, alg_bw=nbytes / max((ran - lat_eff) * 1e-6, 1e-30),
                               nchannels=entry.channels(q, proto, nbytes))
     if best is None:
         raise UnsupportedCollectiveError(

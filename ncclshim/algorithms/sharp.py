@@ -39,11 +39,18 @@ from ncclshim.algorithms.entry import (
     tree_corrected,
 )
 from ncclshim.algorithms.tree import dtree_parents
-from ncclshim.constants import NVLS_EFFICIENCY, PER_CH_MAX_NVLS_TREE_BW, SUPPORT
+from ncclshim.constants import (
+    NVLS_CHUNK_SIZE,
+    NVLS_CHUNK_STEPS,
+    NVLS_EFFICIENCY,
+    NVLS_PIPELINE_STAGES,
+    PER_CH_MAX_NVLS_TREE_BW,
+    SUPPORT,
+)
 from ncclshim.graph import GroupGraph
 from ncclshim.topology import TopologyView
 
-__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads"]
+__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk"]
 
 _COLLNET_THREAD_THRESHOLD = 512
 """Bytes per thread below which NCCL drops a CollNet channel (``enqueue.cc``)."""
@@ -98,6 +105,42 @@ def _nvls_channels(q: Query, proto: str, nbytes: int) -> int:
     return max(1, min(nc, q.s.max_channels))
 
 
+def nvls_chunk(nbytes: int, ops: int) -> int:
+    """NCCL's NVLS chunk for ``nbytes`` over ``ops`` = channels x heads (``calcCollChunking``)."""
+    chunk = NVLS_CHUNK_SIZE
+    for factor, smaller in NVLS_CHUNK_STEPS:
+        if nbytes < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | None:
+    """One-node NVLS all-reduce as it runs, us: latency + a pipelined stream of loops.
+
+    - Traffic: per loop a head reduces its chunk out of all n GPUs (``multimem.ld_reduce``) and
+      multicasts it back (``multimem.st``), and GPUs scatter into / gather out of the NVLS buffers,
+      so each GPU's NVLink carries ``(n+1)/n`` of the buffer per direction (S. Jeaugey,
+      nccl-tests#239: "algobw = busbw * n / (n+1)", busbw there being the link's rate).
+    - Rate: NCCL's NVLink bandwidth of the GPU (``GroupGraph.gpu_bw``, 18 x 20.6 GB/s on H100) times
+      ``nvlsEfficiency`` (0.85 on Hopper, ``tuning.cc``), shared by the NVLS channels.
+    - Ramp: each channel moves its share in loops of ``heads x chunk`` (NCCL's chunk steps,
+      :func:`nvls_chunk`) through ``NVLS_PIPELINE_STAGES`` warp groups; the first loop fills the
+      pipeline, so ``stages - 1`` loops' worth is added per channel.
+
+    NB: ignores the NVSwitch's reduction latency per chunk beyond NCCL's 25 us, and memory
+    bandwidth (the copies are far below HBM rates). Other NVLS uses keep NCCL's estimate (None).
+    """
+    g = q.g
+    if q.coll != "all_reduce" or g.n_nodes != 1 or g.gpu_bw <= 0:
+        return None
+    heads = min(g.nvls_channels, q.s.max_channels)
+    n_ch = _nvls_channels(q, proto, nbytes)
+    loop = heads * nvls_chunk(nbytes, n_ch * heads)
+    fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
+    rate = NVLS_EFFICIENCY[g.arch] * g.gpu_bw
+    return lat + (nbytes + n_ch * fill) * (heads + 1) / heads / (1000 * rate)
+
+
 def _nvls_intra(g: GroupGraph, view: TopologyView, frac: float = 1.0) -> list[FlowSpec]:
     out = []
     for members in g.node_members:
@@ -122,6 +165,7 @@ NVLS = Algorithm(
     name="NVLS", spellings=("nvls",), protocols=support_rows(SUPPORT, "NVLS"), tables="NVLS",
     available=_nvls_available,
     bandwidth=_nvls_bandwidth, latency=_nvls_latency, channels=_nvls_channels, flows=_nvls_flows,
+    run_time=_nvls_run_time,
 )
 
 

@@ -1,0 +1,132 @@
+"""Published nccl-tests sweeps, and ncclshim's prediction beside each size.
+
+The sweeps are data (``ncclshim/data/nccl_tests_h100.yaml``, ``schema_version`` 1): each names its
+source, the cluster preset that describes its hardware, the group (nodes, ranks), the collective,
+the dtype, the NCCL environment it ran with, and per size the times nccl-tests printed (one per
+host or run; the mean is the measurement). :func:`compare` plans every size as the sweep ran it
+and reports the error of ``Plan.time_s`` and of NCCL's own estimate (``Choice.nccl_time_s``, what
+``time_s`` was before ncclshim modelled how NVLS runs). ``python -m ncclshim sweeps`` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Mapping
+
+from heterosim.errors import ConfigError
+from heterosim.yamlfile import read_yaml
+from ncclshim.planner import Planner
+from ncclshim.tuning import parse_env, select
+from ncclshim.view import preset_view
+
+__all__ = ["SCHEMA_VERSION", "Sweep", "SweepRow", "load", "compare", "format_rows", "DEFAULT_FILE"]
+
+SCHEMA_VERSION = 1
+DEFAULT_FILE = "nccl_tests_h100.yaml"
+"""The sweeps shipped with ncclshim (``ncclshim/data/``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep:
+    """One published sweep."""
+
+    id: str
+    url: str
+    cluster: str
+    nodes: int
+    ranks: int
+    op: str
+    dtype: str
+    env: Mapping[str, str]
+    rows: tuple[tuple[int, float], ...]
+    """(size in bytes, measured time in us: the mean over hosts / runs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepRow:
+    """One size: measured, predicted, NCCL's estimate (us) and the errors (predicted / measured - 1)."""
+
+    size_bytes: int
+    measured_us: float
+    predicted_us: float
+    nccl_estimate_us: float
+    algo: str
+    proto: str
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1
+
+    @property
+    def nccl_error(self) -> float:
+        return self.nccl_estimate_us / self.measured_us - 1
+
+
+def _sweep(raw: Any, where: str) -> Sweep:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a sweep is a mapping, got {type(raw).__name__}")
+    need = ("id", "source", "cluster", "nodes", "ranks", "op", "dtype", "rows")
+    missing = [k for k in need if k not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}; a sweep needs {', '.join(need)}")
+    rows = []
+    for size, times in raw["rows"].items():
+        vals = times if isinstance(times, list) else [times]
+        if not vals or not all(isinstance(t, (int, float)) and t > 0 for t in vals):
+            raise ConfigError(f"{where}.rows[{size}]: times must be positive numbers (us), got {times!r}")
+        rows.append((int(size), sum(vals) / len(vals)))
+    return Sweep(id=str(raw["id"]), url=str(raw["source"].get("url", "")), cluster=str(raw["cluster"]),
+                 nodes=int(raw["nodes"]), ranks=int(raw["ranks"]), op=str(raw["op"]), dtype=str(raw["dtype"]),
+                 env={str(k): str(v) for k, v in (raw.get("env") or {}).items()}, rows=tuple(sorted(rows)))
+
+
+def load(path: str | os.PathLike | None = None) -> tuple[float, tuple[Sweep, ...]]:
+    """(tolerance in %, sweeps) of a sweeps file (default: the shipped one).
+
+    Raises:
+        ConfigError: an unknown ``schema_version`` or a malformed sweep, naming it.
+    """
+    if path is None:
+        path = resources.files("ncclshim") / "data" / DEFAULT_FILE
+    doc = read_yaml(path, "sweeps file", schema_version=SCHEMA_VERSION)
+    sweeps = tuple(_sweep(s, f"{path}: sweeps[{i}]") for i, s in enumerate(doc.get("sweeps") or ()))
+    return float(doc.get("tolerance_pct", 5)), sweeps
+
+
+def compare(sweep: Sweep) -> list[SweepRow]:
+    """Plan every size of ``sweep`` as it ran (its preset, nodes, first ``ranks`` GPUs, env, dtype)."""
+    view = preset_view(sweep.cluster, sweep.nodes)
+    ranks = tuple(range(sweep.ranks))
+    planner = Planner(view)
+    settings = parse_env(sweep.env)
+    group = planner.graph(ranks, settings.pxn)
+    out = []
+    for size, measured in sweep.rows:
+        p = planner.plan(sweep.op, size, ranks, env=sweep.env, dtype=sweep.dtype)
+        choice = select(sweep.op, size, group, settings, dtype=sweep.dtype, collnet=view.collnet,
+                        nvswitch=all(n.fabric.kind == "nvswitch" for n in view.nodes),
+                        net_latency_us=view.net_latency * 1e6)
+        out.append(SweepRow(size_bytes=size, measured_us=measured, predicted_us=p.time_s * 1e6,
+                            nccl_estimate_us=choice.nccl_time_s * 1e6, algo=p.algo, proto=p.proto))
+    return out
+
+
+def format_rows(sweep: Sweep, rows: list[SweepRow]) -> str:
+    """A markdown table: size, measured, predicted and NCCL's estimate with their errors."""
+    env = " ".join(f"{k}={v}" for k, v in sweep.env.items()) or "default"
+    lines = [f"{sweep.id}: {sweep.op} on {sweep.ranks} GPUs of {sweep.nodes} x {sweep.cluster} ({env}); {sweep.url}",
+             "", "| size | measured us | predicted us | error | NCCL estimate us | error | algo/proto |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {_size(r.size_bytes)} | {r.measured_us:.1f} | {r.predicted_us:.1f} | {100 * r.error:+.1f}% | "
+                     f"{r.nccl_estimate_us:.1f} | {100 * r.nccl_error:+.1f}% | {r.algo}/{r.proto} |")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}iB"
+    return f"{n} B"
