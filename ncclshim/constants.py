@@ -142,7 +142,7 @@ FP8_RING_MAX_RANKS = 8
 more than 8 ranks, whatever the collective, so that deep (lossy) fp8 reduction rings are chosen
 last. The factor only orders the choice: the call's time is the unscaled one."""
 REDUCING_COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce", "reduce_scatter")
-"""Collectives that reduce: NCCL refuses them on fp8 below SM90 (``ncclEnqueueCheck`` path in
+"""Collectives that reduce: NCCL refuses them on fp8 below SM90 (``taskAppend`` in
 ``src/enqueue.cc``: "FP8 reduction support begins with sm90 capable devices")."""
 
 NVLS_CHUNK_SIZE = 128 * 1024

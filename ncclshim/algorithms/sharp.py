@@ -13,8 +13,11 @@ NVSwitch node of at most 8 ranks) scatters to ppn heads inside the node, Chain c
 exchange with the switch once per head. All-reduce algBw is half of busBw; Direct
 all_gather / reduce_scatter reach ppn x min(intra, 0.9 x inter).
 
-Flows (§7): NVLS loads every GPU's uplink and downlink with ``S`` (all_gather / reduce_scatter:
-``(n-1)/n * S``, what the multicast delivers), written as flows GPU i -> GPU i+1 through the switch
+Flows (§7): NVLS all-reduce loads every GPU's uplink and downlink with ``(p+1)/p * S`` for p GPUs
+of a node (the switch reads each GPU's whole buffer for the heads' ``multimem.ld_reduce`` and the
+GPU's head slice goes up once more for ``multimem.st``; down, the slice's reduction and the
+multicast of all p slices; nccl-tests#239), all_gather / reduce_scatter ``(n-1)/n * S`` (what the
+multicast delivers), written as flows GPU i -> GPU i+1 through the switch
 so that each link's load is exact (the flow's ``dst`` is the GPU whose downlink it loads, not a
 receiver of i's data). NVLS_TREE adds, per local head j, a double binary tree between the heads j
 of all nodes carrying ``S / ppn / 2`` per tree per direction. CollNet: every GPU heads 1/ppn of the
@@ -156,9 +159,9 @@ def _nvls_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: i
     if coll in ("all_gather", "reduce_scatter"):  # multicast in: each downlink gets the others' shards
         return _nvls_intra(g, view, (n - 1) / n)
     if g.n_nodes == 1:
-        return _nvls_intra(g, view)
+        return _nvls_intra(g, view, (g.ppn + 1) / g.ppn)
     # Multi-node NVLS needs CollNet: each head exchanges S/ppn with the SHARP switch.
-    return _nvls_intra(g, view) + sharp_heads(g, view, g.ppn, pxn)
+    return _nvls_intra(g, view, (g.ppn + 1) / g.ppn) + sharp_heads(g, view, g.ppn, pxn)
 
 
 NVLS = Algorithm(
@@ -188,7 +191,7 @@ def _nvls_tree_time(q: Query, proto: str, nbytes: int, dtype: str, bw: float, la
 
 
 def _nvls_tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int) -> list[FlowSpec]:
-    return _nvls_intra(g, view) + _heads_dtree(g, view, pxn, 0.5 / g.ppn)
+    return _nvls_intra(g, view, (g.ppn + 1) / g.ppn) + _heads_dtree(g, view, pxn, 0.5 / g.ppn)
 
 
 def _heads_dtree(g: GroupGraph, view: TopologyView, pxn: bool, share: float) -> list[FlowSpec]:
