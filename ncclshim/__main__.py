@@ -58,15 +58,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sweeps(path: str | None) -> int:
-    from ncclshim.sweeps import compare, format_rows, load
+    from ncclshim.sweeps import compare, format_points, format_rows, load
 
     try:
-        tolerance, sweeps = load(path)
-        tables = [format_rows(s, compare(s)) for s in sweeps]
+        cat = load(path)
+        tables = [format_rows(s, compare(s)) for s in cat.sweeps]
+        if cat.points:
+            tables.append(format_points(cat.points))
     except HeteroSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"# tolerance {tolerance:g}%\n\n" + "\n\n".join(tables))
+    print(f"# tolerance {cat.tolerance_pct:g}%\n\n" + "\n\n".join(tables))
     return 0
 
 

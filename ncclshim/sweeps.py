@@ -21,7 +21,8 @@ from ncclshim.planner import Planner
 from ncclshim.tuning import parse_env, select
 from ncclshim.view import preset_view
 
-__all__ = ["SCHEMA_VERSION", "Sweep", "SweepRow", "load", "compare", "format_rows", "DEFAULT_FILE"]
+__all__ = ["SCHEMA_VERSION", "Catalog", "Sweep", "SweepRow", "Point", "load", "compare", "point_busbw",
+           "format_rows", "format_points", "DEFAULT_FILE"]
 
 SCHEMA_VERSION = 1
 DEFAULT_FILE = "nccl_tests_h100.yaml"
@@ -42,6 +43,30 @@ class Sweep:
     env: Mapping[str, str]
     rows: tuple[tuple[int, float], ...]
     """(size in bytes, measured time in us: the mean over hosts / runs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Point:
+    """One published figure: the busbw (GB/s) a source states for one size and group."""
+
+    id: str
+    url: str
+    cluster: str
+    nodes: int
+    ranks: int
+    op: str
+    env: Mapping[str, str]
+    size_bytes: int
+    busbw_GBps: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Catalog:
+    """A sweeps file: the tolerance its checks use, its sweeps and its single figures."""
+
+    tolerance_pct: float
+    sweeps: tuple[Sweep, ...]
+    points: tuple[Point, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,8 +107,21 @@ def _sweep(raw: Any, where: str) -> Sweep:
                  env={str(k): str(v) for k, v in (raw.get("env") or {}).items()}, rows=tuple(sorted(rows)))
 
 
-def load(path: str | os.PathLike | None = None) -> tuple[float, tuple[Sweep, ...]]:
-    """(tolerance in %, sweeps) of a sweeps file (default: the shipped one).
+def _point(raw: Any, where: str) -> Point:
+    need = ("id", "url", "cluster", "nodes", "ranks", "op", "size_bytes", "busbw_GBps")
+    missing = [k for k in need if not isinstance(raw, dict) or k not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}; a point needs {', '.join(need)}")
+    if not isinstance(raw["busbw_GBps"], (int, float)) or raw["busbw_GBps"] <= 0:
+        raise ConfigError(f"{where}.busbw_GBps: must be a positive number (GB/s), got {raw['busbw_GBps']!r}")
+    return Point(id=str(raw["id"]), url=str(raw["url"]), cluster=str(raw["cluster"]), nodes=int(raw["nodes"]),
+                 ranks=int(raw["ranks"]), op=str(raw["op"]),
+                 env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+                 size_bytes=int(raw["size_bytes"]), busbw_GBps=float(raw["busbw_GBps"]))
+
+
+def load(path: str | os.PathLike | None = None) -> Catalog:
+    """The sweeps file at ``path`` (default: the shipped one).
 
     Raises:
         ConfigError: an unknown ``schema_version`` or a malformed sweep, naming it.
@@ -92,7 +130,8 @@ def load(path: str | os.PathLike | None = None) -> tuple[float, tuple[Sweep, ...
         path = resources.files("ncclshim") / "data" / DEFAULT_FILE
     doc = read_yaml(path, "sweeps file", schema_version=SCHEMA_VERSION)
     sweeps = tuple(_sweep(s, f"{path}: sweeps[{i}]") for i, s in enumerate(doc.get("sweeps") or ()))
-    return float(doc.get("tolerance_pct", 5)), sweeps
+    points = tuple(_point(p, f"{path}: points[{i}]") for i, p in enumerate(doc.get("points") or ()))
+    return Catalog(tolerance_pct=float(doc.get("tolerance_pct", 5)), sweeps=sweeps, points=points)
 
 
 def compare(sweep: Sweep) -> list[SweepRow]:
@@ -111,6 +150,23 @@ def compare(sweep: Sweep) -> list[SweepRow]:
         out.append(SweepRow(size_bytes=size, measured_us=measured, predicted_us=p.time_s * 1e6,
                             nccl_estimate_us=choice.nccl_time_s * 1e6, algo=p.algo, proto=p.proto))
     return out
+
+
+def point_busbw(point: Point) -> tuple[float, str]:
+    """ncclshim's busbw (GB/s) for ``point`` and the algorithm it plans."""
+    view = preset_view(point.cluster, point.nodes)
+    p = Planner(view).plan(point.op, point.size_bytes, tuple(range(point.ranks)), env=point.env)
+    return p.busbw / 1e9, p.algo
+
+
+def format_points(points: tuple[Point, ...]) -> str:
+    """A markdown table of the single figures: measured and predicted busbw."""
+    lines = ["| figure | measured busbw | predicted | error | algo | source |", "|---|---:|---:|---:|---|---|"]
+    for pt in points:
+        bw, algo = point_busbw(pt)
+        lines.append(f"| {pt.id} | {pt.busbw_GBps:g} | {bw:.1f} | {100 * (bw / pt.busbw_GBps - 1):+.1f}% | {algo} | "
+                     f"{pt.url} |")
+    return "\n".join(lines)
 
 
 def format_rows(sweep: Sweep, rows: list[SweepRow]) -> str:

@@ -8,9 +8,10 @@ suite, so the list shrinks as the model improves (docs/nccl.md §5 has the table
 import pytest
 
 from heterosim.errors import ConfigError
-from ncclshim.sweeps import compare, load
+from ncclshim.sweeps import compare, load, point_busbw
 
-TOLERANCE, SWEEPS = load()
+CATALOG = load()
+TOLERANCE, SWEEPS = CATALOG.tolerance_pct, CATALOG.sweeps
 _ROWS = {s.id: compare(s) for s in SWEEPS}
 _MIB = 1 << 20
 
@@ -40,6 +41,13 @@ _CASES = [pytest.param(sid, i, id=f"{sid}-{r.size_bytes >> 20}MiB",
 def test_size_within_tolerance(sweep_id, index):
     r = _ROWS[sweep_id][index]
     assert abs(r.error) <= TOLERANCE / 100, f"{r.size_bytes} B: {r.predicted_us:.1f} us vs {r.measured_us:.1f} us"
+
+
+@pytest.mark.parametrize("point", CATALOG.points, ids=lambda p: p.id)
+def test_published_figure_within_tolerance(point):
+    """Single figures: NVLS busbw by GPU count (nccl#1455), 2 and 4 nodes (nccl-tests#309)."""
+    busbw, _ = point_busbw(point)
+    assert busbw == pytest.approx(point.busbw_GBps, rel=TOLERANCE / 100)
 
 
 def test_nvls_error_is_bounded_and_beats_nccls_estimate():

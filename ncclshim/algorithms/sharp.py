@@ -130,13 +130,15 @@ def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | Non
       :func:`nvls_chunk`) through ``NVLS_PIPELINE_STAGES`` warp groups; the first loop fills the
       pipeline, so ``stages - 1`` loops' worth is added per channel.
 
-    NB: ignores the NVSwitch's reduction latency per chunk beyond NCCL's 25 us, and memory
-    bandwidth (the copies are far below HBM rates). Other NVLS uses keep NCCL's estimate (None).
+    NB: ignores the per-loop handshake through the switch (docs/nccl.md §5), the NVSwitch's
+    reduction latency beyond NCCL's 25 us, the HBM traffic of the copies, and SM limits: the
+    channels are taken to saturate the links even when NCCL_MAX_NCHANNELS leaves few CTAs. Other
+    NVLS uses keep NCCL's estimate (None).
     """
     g = q.g
     if q.coll != "all_reduce" or g.n_nodes != 1 or g.gpu_bw <= 0:
         return None
-    heads = min(g.nvls_channels, q.s.max_channels)
+    heads = g.nvls_channels  # one head per local GPU (NCCL_MAX_NCHANNELS caps the CTAs, not the heads)
     n_ch = _nvls_channels(q, proto, nbytes)
     loop = heads * nvls_chunk(nbytes, n_ch * heads)
     fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
