@@ -2,9 +2,11 @@
 
 Semantics the replay engine relies on (checked by ``tests/test_ncclshim_planner.py``):
 
-- ``Plan.time_s`` is NCCL's own estimate for the call alone (``ncclTopoGetAlgoTime``) for the
-  NCCL algorithms; for send/recv and all_to_all (no NCCL cost model) it is the same form,
-  ``latency + max over links(bytes on link / NCCL link bandwidth)``.
+- ``Plan.time_s`` is the call's time alone: NCCL's own estimate (``ncclTopoGetAlgoTime``) for the
+  NCCL algorithms, except where the algorithm models how the call runs (``Algorithm.run_time``:
+  the one-node NVLS all-reduce); for send/recv and all_to_all (no NCCL cost model) it is the same
+  form, ``latency + max over links(bytes on link / NCCL link bandwidth)``. Latencies include the
+  cluster's stated link latencies beyond their defaults (``ncclshim.graph.extra_latency_us``).
 - ``Plan.flows`` move ``Flow.bytes`` *payload* bytes each. Phases run in order; flows of one phase
   start together. Run on an idle network, with every flow moving ``bytes / Plan.efficiency`` wire
   bytes and links shared max-min fairly between the plan's own flows (equivalently: each flow at
