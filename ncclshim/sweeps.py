@@ -3,7 +3,8 @@
 The sweeps are data (``ncclshim/data/nccl_tests_h100.yaml``, ``schema_version`` 1): each names its
 source, the cluster preset that describes its hardware, the group (nodes, ranks), the collective,
 the dtype, the NCCL environment it ran with, and per size the times nccl-tests printed (one per
-host or run; the mean is the measurement). :func:`compare` plans every size as the sweep ran it
+host or run; the mean is the measurement), or the busbw a source published (``measure:
+busbw_GBps``, turned into a time with nccl-tests' factor). :func:`compare` plans every size as the sweep ran it
 and reports the error of ``Plan.time_s`` and of NCCL's own estimate (``Choice.nccl_time_s``, what
 ``time_s`` was before ncclshim modelled how NVLS runs). ``python -m ncclshim sweeps`` prints it.
 """
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
-from ncclshim.planner import Planner
+from ncclshim.planner import Planner, busbw_factor
 from ncclshim.tuning import parse_env, select
 from ncclshim.view import preset_view
 
@@ -96,12 +97,18 @@ def _sweep(raw: Any, where: str) -> Sweep:
     missing = [k for k in need if k not in raw]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}; a sweep needs {', '.join(need)}")
+    measure = raw.get("measure", "time_us")
+    if measure not in ("time_us", "busbw_GBps"):
+        raise ConfigError(f"{where}.measure: {measure!r} is not time_us or busbw_GBps")
+    factor = busbw_factor(str(raw["op"]), int(raw["ranks"]))
     rows = []
-    for size, times in raw["rows"].items():
-        vals = times if isinstance(times, list) else [times]
+    for size, values in raw["rows"].items():
+        vals = values if isinstance(values, list) else [values]
         if not vals or not all(isinstance(t, (int, float)) and t > 0 for t in vals):
-            raise ConfigError(f"{where}.rows[{size}]: times must be positive numbers (us), got {times!r}")
-        rows.append((int(size), sum(vals) / len(vals)))
+            raise ConfigError(f"{where}.rows[{size}]: values must be positive numbers ({measure}), got {values!r}")
+        mean = sum(vals) / len(vals)
+        # nccl-tests: busbw = algbw x factor and algbw = size / time (GB/s = B/ns = 1e-3 B/us)
+        rows.append((int(size), mean if measure == "time_us" else int(size) * factor / (mean * 1e3)))
     return Sweep(id=str(raw["id"]), url=str(raw["source"].get("url", "")), cluster=str(raw["cluster"]),
                  nodes=int(raw["nodes"]), ranks=int(raw["ranks"]), op=str(raw["op"]), dtype=str(raw["dtype"]),
                  env={str(k): str(v) for k, v in (raw.get("env") or {}).items()}, rows=tuple(sorted(rows)))

@@ -62,7 +62,7 @@ def test_sweeps_prints_a_table_per_sweep(capsys):
     assert main(["sweeps"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("# tolerance 5%")
-    assert text.count("| size | measured us |") == 2 and "| 8 GiB |" in text
+    assert text.count("| size | measured us |") == 3 and "| 8 GiB |" in text and "| figure |" in text
 
 
 def test_sweeps_bad_file_exits_2(tmp_path, capsys):
