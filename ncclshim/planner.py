@@ -89,6 +89,9 @@ class Plan:
     """Link id with the most bytes per B/s of hardware bandwidth (None when nothing moves)."""
     flow_time_s: float
     """``latency_s`` plus the flows' alone time at ``efficiency`` (equals ``time_s`` unless clamped)."""
+    nccl_time_s: float = 0.0
+    """NCCL's own estimate (``ncclTopoGetAlgoTime``), which made the choice; equals ``time_s``
+    unless the algorithm models how the call runs (one-node NVLS all-reduce)."""
 
 
 def busbw_factor(collective: str, n: int) -> float:
@@ -242,7 +245,7 @@ class Planner:
         if nbytes == 0:
             return Plan(collective=coll, nbytes=0, ranks=ranks, algo="NONE", proto="NONE", nchannels=0, time_s=0.0,
                         latency_s=0.0, efficiency=1.0, flows=(), algbw=0.0, busbw=0.0, bottleneck=None,
-                        flow_time_s=0.0)
+                        flow_time_s=0.0, nccl_time_s=0.0)
         if coll in COST_COLLECTIVES:
             g = self.graph(ranks, s.pxn)
             sig = _signature(g)
@@ -264,7 +267,7 @@ class Planner:
         return Plan(collective=coll, nbytes=nbytes, ranks=ranks, algo=choice.algo, proto=choice.proto,
                     nchannels=choice.nchannels, time_s=choice.time_s, latency_s=choice.latency_s, efficiency=eff,
                     flows=flows, algbw=algbw, busbw=algbw * busbw_factor(coll, n), bottleneck=t.bottleneck,
-                    flow_time_s=choice.latency_s + wire / eff)
+                    flow_time_s=choice.latency_s + wire / eff, nccl_time_s=choice.nccl_time_s)
 
 
 def _signature(g: GroupGraph) -> tuple:

@@ -19,7 +19,6 @@ from typing import Any, Mapping
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
 from ncclshim.planner import Planner, busbw_factor
-from ncclshim.tuning import parse_env, select
 from ncclshim.view import preset_view
 
 __all__ = ["SCHEMA_VERSION", "Catalog", "Sweep", "SweepRow", "Point", "load", "compare", "point_busbw",
@@ -143,19 +142,13 @@ def load(path: str | os.PathLike | None = None) -> Catalog:
 
 def compare(sweep: Sweep) -> list[SweepRow]:
     """Plan every size of ``sweep`` as it ran (its preset, nodes, first ``ranks`` GPUs, env, dtype)."""
-    view = preset_view(sweep.cluster, sweep.nodes)
+    planner = Planner(preset_view(sweep.cluster, sweep.nodes))
     ranks = tuple(range(sweep.ranks))
-    planner = Planner(view)
-    settings = parse_env(sweep.env)
-    group = planner.graph(ranks, settings.pxn)
     out = []
     for size, measured in sweep.rows:
         p = planner.plan(sweep.op, size, ranks, env=sweep.env, dtype=sweep.dtype)
-        choice = select(sweep.op, size, group, settings, dtype=sweep.dtype, collnet=view.collnet,
-                        nvswitch=all(n.fabric.kind == "nvswitch" for n in view.nodes),
-                        net_latency_us=view.net_latency * 1e6)
         out.append(SweepRow(size_bytes=size, measured_us=measured, predicted_us=p.time_s * 1e6,
-                            nccl_estimate_us=choice.nccl_time_s * 1e6, algo=p.algo, proto=p.proto))
+                            nccl_estimate_us=p.nccl_time_s * 1e6, algo=p.algo, proto=p.proto))
     return out
 
 
