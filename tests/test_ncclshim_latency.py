@@ -87,3 +87,11 @@ def test_signature_holds_ring_count_and_latencies():
     assert _signature(replace(g, lat_inter_us=1.0)) != _signature(g)
     env = parse_env({"NCCL_PROTO": "LL"})
     assert select("broadcast", 1 << 10, one, env).latency_s < select("broadcast", 1 << 10, g, env).latency_s
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "hgx-h20", "l40s-pcie", "dgx-2", "mixed-a100-h100"])
+def test_presets_state_no_latency_so_nccl_constants_hold(preset):
+    """No preset states a latency: every group of 2 nodes sees no step-latency excess."""
+    v = preset_view(preset, nodes=2)
+    g = analyze(tuple(range(len(v.gpus))), v)
+    assert (g.lat_intra_us, g.lat_inter_us) == (pytest.approx(0.0, abs=1e-9), pytest.approx(0.0, abs=1e-9))
