@@ -66,20 +66,19 @@ def _latency(q: Query, proto: str, steps: int, net_steps: int) -> float:
     """Ring latency, us: ``steps`` ring steps of which ``net_steps`` cross the network (stepped
     collectives); broadcast / reduce: one hop when every channel follows one ring
     (``graph->sameChannels``), else one per rank, Tree's hop latency for Simple ("waiting for
-    proper chunk modeling", tuning.cc)."""
+    proper chunk modeling", tuning.cc). Their hop is NCCL's ``hw[a]``: the intra-node class on one
+    node, NET on several (with the cluster's network latency excess)."""
     g = q.g
     lat, intra_lat, inter_lat = hw_latencies(q, "RING", proto)
     if q.coll in _STEPPED:
         overhead = NET_OVERHEAD_US[g.cpu_vendor] * (3 if proto == "SIMPLE" else 1) if g.n_nodes > 1 else 0.0
         intra_lat = max(intra_lat, overhead)
         lat += (steps - net_steps) * intra_lat + net_steps * inter_lat
-    elif len(g.rings) == 1:
-        lat += intra_lat
-    else:
-        p = PROTOS.index(proto)
-        hop = max(0.0, HW_LAT_US[hw_class(g)]["TREE"][p] + g.lat_intra_us) if proto == "SIMPLE" else intra_lat
-        lat += len(g.ranks) * hop
-    return lat
+        return lat
+    hw, extra = (hw_class(g), g.lat_intra_us) if g.n_nodes == 1 else ("NET", g.lat_inter_us)
+    row = "TREE" if proto == "SIMPLE" and len(g.rings) > 1 else "RING"
+    hop = max(0.0, HW_LAT_US[hw][row][PROTOS.index(proto)] + extra)
+    return lat + (hop if len(g.rings) == 1 else len(g.ranks) * hop)
 
 
 def _ring_bandwidth(q: Query, proto: str) -> float:
