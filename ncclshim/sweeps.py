@@ -4,9 +4,10 @@ The sweeps are data (``ncclshim/data/nccl_tests_h100.yaml``, ``schema_version`` 
 source, the cluster preset that describes its hardware, the group (nodes, ranks), the collective,
 the dtype, the NCCL environment it ran with, and per size the times nccl-tests printed (one per
 host or run; the mean is the measurement), or the busbw a source published (``measure:
-busbw_GBps``, turned into a time with nccl-tests' factor). :func:`compare` plans every size as the sweep ran it
-and reports the error of ``Plan.time_s`` and of NCCL's own estimate (``Choice.nccl_time_s``, what
-``time_s`` was before ncclshim modelled how NVLS runs). ``python -m ncclshim sweeps`` prints it.
+busbw_GBps``, turned into a time with nccl-tests' factor). ``points`` are single published
+figures (a busbw at one size). :func:`compare` plans every size as the sweep ran it and reports
+the error of ``Plan.time_s`` and of NCCL's own estimate (``Plan.nccl_time_s``, what ``time_s``
+was before ncclshim modelled how NVLS runs). ``python -m ncclshim sweeps`` prints both.
 """
 
 from __future__ import annotations
