@@ -10,7 +10,8 @@ Public names:
   :class:`NodeFabric`, :class:`Link`): the cluster as ncclshim sees it. ``ncclshim.view`` builds
   it from the cluster model (:mod:`heterosim.cluster`): ``topology_view(cluster)``, or
   ``preset_view(preset, nodes=N)`` for a preset or cluster file.
-- ``ncclshim.bench.sweep``: an nccl-tests-like sweep (``python -m ncclshim bench``).
+- ``ncclshim.bench.sweep``: an nccl-tests-like sweep (``python -m ncclshim bench``);
+  ``ncclshim.sweeps``: published nccl-tests sweeps beside ncclshim's times (``python -m ncclshim sweeps``).
 """
 
 from ncclshim.planner import COLLECTIVES, Flow, Plan, Planner, busbw_factor, is_trivial, plan

@@ -1,4 +1,5 @@
-"""``python -m ncclshim bench --cluster PRESET|FILE [--nodes N] --op OP --min-bytes 8 --max-bytes 8G [--json]``.
+"""``python -m ncclshim bench --cluster PRESET|FILE [--nodes N] --op OP --min-bytes 8 --max-bytes 8G [--json]``
+and ``python -m ncclshim sweeps [FILE]`` (published nccl-tests sweeps beside ncclshim's times).
 
 Thin over :mod:`ncclshim.bench`. ``--cluster`` is a preset of the cluster model
 (:mod:`heterosim.cluster`, ``python -m replay clusters`` lists them) or a cluster YAML file; the
@@ -33,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--step-factor", type=int, default=2)
     b.add_argument("--dtype", default="bf16")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    w = sub.add_parser("sweeps", help="compare with published nccl-tests sweeps (markdown tables)")
+    w.add_argument("file", nargs="?", help="sweeps YAML (default: ncclshim's own, data/nccl_tests_h100.yaml)")
     args = ap.parse_args(argv)
+    if args.cmd == "sweeps":
+        return _sweeps(args.file)
     try:
         if args.nodes < 1:
             raise HeteroSimError(f"--nodes must be >= 1, got {args.nodes}")
@@ -49,6 +54,21 @@ def main(argv: list[str] | None = None) -> int:
                           "env": env, "rows": rows_to_json(rows)}, indent=1))
     else:
         print(format_table(rows, title=f"{args.op} on {view.name}: {len(view.gpus)} GPUs"))
+    return 0
+
+
+def _sweeps(path: str | None) -> int:
+    from ncclshim.sweeps import compare, format_points, format_rows, load
+
+    try:
+        cat = load(path)
+        tables = [format_rows(s, compare(s)) for s in cat.sweeps]
+        if cat.points:
+            tables.append(format_points(cat.points))
+    except HeteroSimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"# tolerance {cat.tolerance_pct:g}%\n\n" + "\n\n".join(tables))
     return 0
 
 

@@ -28,6 +28,13 @@ __all__ = [
     "NET_OVERHEAD_US",
     "MAX_CHANNELS",
     "THREAD_THRESHOLD",
+    "FP8_DTYPES",
+    "FP8_RING_PENALTY",
+    "FP8_RING_MAX_RANKS",
+    "REDUCING_COLLECTIVES",
+    "NVLS_CHUNK_SIZE",
+    "NVLS_CHUNK_STEPS",
+    "NVLS_PIPELINE_STAGES",
 ]
 
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -126,3 +133,25 @@ SUPPORT: dict[tuple[str, str], tuple[str, ...]] = {
     ("broadcast", "RING"): _ALL3,
     ("reduce", "RING"): _ALL3,
 }
+
+FP8_DTYPES: tuple[str, ...] = ("fp8", "fp8_e4m3", "fp8_e5m2")
+"""The trace's 8-bit floats: NCCL's ``ncclFloat8e4m3`` / ``ncclFloat8e5m2``."""
+FP8_RING_PENALTY = 1024.0
+FP8_RING_MAX_RANKS = 8
+"""``updateCollCostTable`` (``src/enqueue.cc``) multiplies every RING time by 1024 for fp8 data on
+more than 8 ranks, whatever the collective, so that deep (lossy) fp8 reduction rings are chosen
+last. The factor only orders the choice: the call's time is the unscaled one."""
+REDUCING_COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce", "reduce_scatter")
+"""Collectives that reduce: NCCL refuses them on fp8 below SM90 (``taskAppend`` in
+``src/enqueue.cc``: "FP8 reduction support begins with sm90 capable devices")."""
+
+NVLS_CHUNK_SIZE = 128 * 1024
+"""``NCCL_NVLS_CHUNKSIZE`` default (``src/transport/nvls.cc``): bytes a head handles per channel per loop."""
+NVLS_CHUNK_STEPS: tuple[tuple[int, int], ...] = ((64, 65536), (8, 32768), (2, 16384))
+"""``calcCollChunking`` (``src/enqueue.cc``), NVLS: with ``ops = channels x heads``, the chunk
+drops to 64 KiB below ``64 x ops x chunk`` bytes, then to 32 KiB below ``8 x ops x chunk``, then to
+16 KiB below ``2 x ops x chunk``: (factor, new chunk) in order."""
+NVLS_PIPELINE_STAGES = 3
+"""Warp groups a one-node NVLS all-reduce pipelines a loop through (``RunWorkColl<AllReduce, NVLS>``
+in ``src/device/all_reduce.h``, ``oneNode``): scatter into the NVLS buffers, reduce + multicast
+(``multimem.ld_reduce`` / ``multimem.st``) by the head, gather out of them."""

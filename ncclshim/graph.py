@@ -21,11 +21,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from heterosim.cluster.bandwidth import arch_index
+from heterosim.cluster.spec import DEFAULT_LATENCY_US
 from heterosim.errors import TopologyError
 from ncclshim.constants import INTER_SPEEDS, INTRA_SPEEDS, MAX_CHANNELS
 from ncclshim.topology import TopologyView
 
-__all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment"]
+__all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment", "extra_latency_us"]
 
 _MAX_RING_CHANNELS = MAX_CHANNELS // 2
 
@@ -82,6 +83,14 @@ class GroupGraph:
     """Every member's node declares coherent shared memory."""
     bottleneck: int | None
     """Link id most loaded by the rings relative to its NCCL bandwidth (None for one GPU)."""
+    lat_intra_us: float = 0.0
+    """The cluster's latency of one intra-node ring step beyond the reference its links default
+    to (:func:`extra_latency_us`), us; added to NCCL's intra-node hardware latency."""
+    lat_inter_us: float = 0.0
+    """The same for one inter-node (network) ring step, us; added to NCCL's NET latency."""
+    gpu_bw: float = 0.0
+    """NCCL's bandwidth out of one GPU inside its node (NVLinks, else PCIe), slowest member, GB/s
+    (the search's ``totalBw``)."""
 
 
 def path_type(view: TopologyView, path: tuple[int, ...]) -> str:
@@ -99,6 +108,30 @@ def path_type(view: TopologyView, path: tuple[int, ...]) -> str:
         return "PHB"
     switches = {k.dst for k in kinds if ".sw" in k.dst}
     return "PIX" if len(switches) <= 1 else "PXB"
+
+
+def extra_latency_us(view: TopologyView, path: tuple[int, ...]) -> float:
+    """Latency of ``path`` beyond what its links have by default, us (negative when faster).
+
+    NCCL's ``hwLatencies`` (``docs/nccl.md`` §2.1) are one step's latency measured on real
+    systems: software, protocol and wire together. The wire part of such a system is what a
+    cluster file gets when it states no ``latency_us`` (``DEFAULT_LATENCY_US``, per cable, in
+    :mod:`heterosim.cluster.spec`), so a cluster's own latencies enter NCCL's model as the
+    difference: a step over cables stated slower (faster) than their default costs that much more
+    (less). NB: this keeps NCCL's constant for any path of default cables, however many switch
+    hops it crosses (a spine hop with default latencies adds nothing).
+    """
+    extra = 0.0
+    for i in path:
+        link = view.links[i]
+        extra += link.latency - DEFAULT_LATENCY_US.get(link.kind, link.latency * 1e6) * 1e-6
+    return extra * 1e6
+
+
+def _mean_extra_us(view: TopologyView, paths: list[tuple[int, ...]]) -> float:
+    """Mean :func:`extra_latency_us` over ring hops: a chunk crosses every hop of the ring in turn,
+    so a ring's steps add up to the mean hop times their count (NCCL's per-step model)."""
+    return sum(extra_latency_us(view, p) for p in paths) / len(paths) if paths else 0.0
 
 
 _TYPE_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6, "PXN": 7, "PHB": 8, "SYS": 9}
@@ -247,7 +280,9 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
         same_sm=len({g.sm for g in gpus}) == 1 or all(g.sm >= 90 for g in gpus), cpu_vendor=vendor,
         rings=rings, n_channels=n_ch, bw_intra=speed, bw_inter=speed, runtime_channels=min(runtime, MAX_CHANNELS),
         type_intra=type_intra, type_inter=type_inter, nvls_channels=nvls_ch, nvls_bw_intra=nvls_intra,
-        nvls_bw_inter=nvls_inter, coherent=all(f.coherent for f in fabrics), bottleneck=bottleneck,
+        nvls_bw_inter=nvls_inter, coherent=all(f.coherent for f in fabrics), gpu_bw=total,
+        lat_intra_us=_mean_extra_us(view, intra_hops), lat_inter_us=_mean_extra_us(view, inter_hops),
+        bottleneck=bottleneck,
     )
 
 

@@ -2,9 +2,11 @@
 
 Semantics the replay engine relies on (checked by ``tests/test_ncclshim_planner.py``):
 
-- ``Plan.time_s`` is NCCL's own estimate for the call alone (``ncclTopoGetAlgoTime``) for the
-  NCCL algorithms; for send/recv and all_to_all (no NCCL cost model) it is the same form,
-  ``latency + max over links(bytes on link / NCCL link bandwidth)``.
+- ``Plan.time_s`` is the call's time alone: NCCL's own estimate (``ncclTopoGetAlgoTime``) for the
+  NCCL algorithms, except where the algorithm models how the call runs (``Algorithm.run_time``:
+  the one-node NVLS all-reduce); for send/recv and all_to_all (no NCCL cost model) it is the same
+  form, ``latency + max over links(bytes on link / NCCL link bandwidth)``. Latencies include the
+  cluster's stated link latencies beyond their defaults (``ncclshim.graph.extra_latency_us``).
 - ``Plan.flows`` move ``Flow.bytes`` *payload* bytes each. Phases run in order; flows of one phase
   start together. Run on an idle network, with every flow moving ``bytes / Plan.efficiency`` wire
   bytes and links shared max-min fairly between the plan's own flows (equivalently: each flow at
@@ -32,7 +34,7 @@ from heterosim.errors import UnsupportedCollectiveError
 from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
-from ncclshim.graph import GroupGraph, analyze
+from ncclshim.graph import GroupGraph, analyze, extra_latency_us
 from ncclshim.topology import TopologyView
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
@@ -87,6 +89,9 @@ class Plan:
     """Link id with the most bytes per B/s of hardware bandwidth (None when nothing moves)."""
     flow_time_s: float
     """``latency_s`` plus the flows' alone time at ``efficiency`` (equals ``time_s`` unless clamped)."""
+    nccl_time_s: float = 0.0
+    """NCCL's own estimate (``ncclTopoGetAlgoTime``), which made the choice; equals ``time_s``
+    unless the algorithm models how the call runs (one-node NVLS all-reduce)."""
 
 
 def busbw_factor(collective: str, n: int) -> float:
@@ -113,6 +118,8 @@ class _Template:
     load_per_byte: tuple[tuple[int, float], ...]
     """(link, bytes on it per byte of nbytes), for the NCCL-bandwidth time of p2p operations."""
     bottleneck: int | None
+    extra_lat_us: float
+    """Largest latency beyond the links' defaults over the flows' paths, us (p2p operations)."""
 
 
 class Planner:
@@ -194,7 +201,8 @@ class Planner:
             ratio = {i: b / links[i].bw for i, b in load.items()}
             top = max(ratio.values(), default=0.0)
             bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
-            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck)
+            extra = max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
+            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck, extra)
         return t
 
     def _p2p_choice(self, coll: str, nbytes: int, n: int, t: _Template, s: Settings) -> Choice:
@@ -207,10 +215,11 @@ class Planner:
         proto = "LL" if per_peer <= peer_ch * _P2P_LL_THRESHOLD and "LL" in s.protos else "SIMPLE"
         hw = "NET" if net else "NVLINK" if nvl else "PCI"
         p = PROTOS.index(proto)
-        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + HW_LAT_US[hw][_P2P_LAT_ROW][p]) * 1e-6
+        hop = max(0.0, HW_LAT_US[hw][_P2P_LAT_ROW][p] + t.extra_lat_us)
+        lat = (BASE_LAT_US[_P2P_LAT_ROW][p] + hop) * 1e-6
         slowest = max((f / links[i].model_bw for i, f in t.load_per_byte), default=0.0)
         time = lat + nbytes * slowest / PROTO_EFFICIENCY[proto]
-        return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat,
+        return Choice(algo="P2P", proto=proto, time_s=time, latency_s=lat, nccl_time_s=time,
                       alg_bw=nbytes / max(time - lat, 1e-30), nchannels=peer_ch)
 
     def _peer_channels(self, src: int, path: tuple[int, ...], net: bool, nvl: bool) -> int:
@@ -236,7 +245,7 @@ class Planner:
         if nbytes == 0:
             return Plan(collective=coll, nbytes=0, ranks=ranks, algo="NONE", proto="NONE", nchannels=0, time_s=0.0,
                         latency_s=0.0, efficiency=1.0, flows=(), algbw=0.0, busbw=0.0, bottleneck=None,
-                        flow_time_s=0.0)
+                        flow_time_s=0.0, nccl_time_s=0.0)
         if coll in COST_COLLECTIVES:
             g = self.graph(ranks, s.pxn)
             sig = _signature(g)
@@ -258,14 +267,18 @@ class Planner:
         return Plan(collective=coll, nbytes=nbytes, ranks=ranks, algo=choice.algo, proto=choice.proto,
                     nchannels=choice.nchannels, time_s=choice.time_s, latency_s=choice.latency_s, efficiency=eff,
                     flows=flows, algbw=algbw, busbw=algbw * busbw_factor(coll, n), bottleneck=t.bottleneck,
-                    flow_time_s=choice.latency_s + wire / eff)
+                    flow_time_s=choice.latency_s + wire / eff, nccl_time_s=choice.nccl_time_s)
 
 
 def _signature(g: GroupGraph) -> tuple:
-    """Everything the NCCL cost model reads from a group: groups with equal signatures tune alike."""
+    """Everything the NCCL cost model reads from a group: groups with equal signatures tune alike.
+
+    ``len(g.rings)`` is NCCL's ``sameChannels`` (broadcast / reduce latency); the step latencies
+    carry the cluster's stated link latencies.
+    """
     return (len(g.ranks), g.n_nodes, g.ppn, g.arch, g.same_sm, g.cpu_vendor, g.n_channels, g.bw_intra, g.bw_inter,
             g.runtime_channels, g.type_intra, g.type_inter, g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter,
-            g.coherent)
+            g.coherent, len(g.rings), g.lat_intra_us, g.lat_inter_us, g.gpu_bw)
 
 
 _PLANNERS: dict[int, Planner] = {}

@@ -12,6 +12,7 @@ in :mod:`ncclshim.algorithms`, dispatched through the registry in its (NCCL's) o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -19,12 +20,20 @@ from heterosim.errors import UnsupportedCollectiveError
 from ncclshim import algorithms
 from ncclshim.algorithms import Algorithm, Query
 from ncclshim.algorithms.entry import Settings
-from ncclshim.constants import COST_COLLECTIVES, PROTOS
+from ncclshim.constants import (
+    COST_COLLECTIVES,
+    FP8_DTYPES,
+    FP8_RING_MAX_RANKS,
+    FP8_RING_PENALTY,
+    PROTOS,
+    REDUCING_COLLECTIVES,
+)
 from ncclshim.graph import GroupGraph
 
 __all__ = ["Choice", "Settings", "parse_env", "cost", "select"]
 
 _PROTO_NAMES = {"ll": frozenset({"LL"}), "ll128": frozenset({"LL128"}), "simple": frozenset({"SIMPLE"})}
+_ARCH_NAMES = ("Volta", "Ampere", "Hopper", "Blackwell")
 _PATH_RANK = {"NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6, "PXN": 7, "PHB": 8, "SYS": 9}
 
 
@@ -37,6 +46,9 @@ class Choice:
     time_s: float
     latency_s: float
     """Fixed part of ``time_s`` (NCCL's latency term)."""
+    nccl_time_s: float
+    """NCCL's own estimate (``ncclTopoGetAlgoTime``), which made the choice; equals ``time_s``
+    unless the algorithm models how the call runs (``Algorithm.run_time``)."""
     alg_bw: float
     """Effective algorithm bandwidth used for this size, B/s (``nBytes / (time - latency)``)."""
     nchannels: int
@@ -113,20 +125,39 @@ def cost(coll: str, algo: str, proto: str, g: GroupGraph, s: Settings, *, collne
 
 def select(coll: str, nbytes: int, g: GroupGraph, s: Settings, *, dtype: str = "bf16", collnet: bool = False,
            nvswitch: bool = True, net_latency_us: float = 0.0) -> Choice:
-    """NCCL's choice: the (algo, proto) with the smallest time, algorithm-major scan, ties keep first."""
+    """NCCL's choice: the (algo, proto) with the smallest time, algorithm-major scan, ties keep first.
+
+    fp8 data (``FP8_DTYPES``): rings on more than 8 ranks compete at 1024x their time, whatever the
+    collective (NCCL ranks deep lossy rings last); the returned time is the unscaled one.
+
+    Raises:
+        UnsupportedCollectiveError: no pair is available, or an fp8 reduction below SM90.
+    """
     if coll not in COST_COLLECTIVES:
         raise UnsupportedCollectiveError(f"{coll!r} has no NCCL cost model; valid: {', '.join(COST_COLLECTIVES)}")
+    fp8 = dtype in FP8_DTYPES
+    if fp8 and coll in REDUCING_COLLECTIVES and g.arch < 2:
+        raise UnsupportedCollectiveError(
+            f"{coll} of {dtype} data on {_ARCH_NAMES[g.arch]} GPUs: NCCL reduces fp8 only on SM90 (Hopper) or newer "
+            "('FP8 reduction support begins with sm90 capable devices'); reduce in bf16 or use Hopper GPUs")
     q = Query(coll=coll, g=g, s=s, collnet=collnet and s.collnet, nvswitch=nvswitch, net_latency_us=net_latency_us)
+    # NCCL's fp8 partition (updateCollCostTable): rings on > 8 ranks rank x1024 in the choice only.
+    penalised = fp8 and len(g.ranks) > FP8_RING_MAX_RANKS
     best: Choice | None = None
+    best_key = math.inf
     for entry in algorithms.entries():
         for proto in PROTOS:
             bw, lat = _cost(entry, proto, q)
             if bw <= 0:
                 continue
             t, lat_eff = entry.time(q, proto, nbytes, dtype, bw, lat)
-            if best is None or t * 1e-6 < best.time_s:
-                best = Choice(algo=entry.name, proto=proto, time_s=t * 1e-6, latency_s=lat_eff * 1e-6,
-                              alg_bw=nbytes / max((t - lat_eff) * 1e-6, 1e-30),
+            key = t * (FP8_RING_PENALTY if penalised and entry.tables == "RING" else 1.0)
+            if best is None or key < best_key:
+                best_key = key
+                run = entry.run_time(q, proto, nbytes, lat_eff) if entry.run_time is not None else None
+                ran = t if run is None else run
+                best = Choice(algo=entry.name, proto=proto, time_s=ran * 1e-6, latency_s=lat_eff * 1e-6,
+                              nccl_time_s=t * 1e-6, alg_bw=nbytes / max((ran - lat_eff) * 1e-6, 1e-30),
                               nchannels=entry.channels(q, proto, nbytes))
     if best is None:
         raise UnsupportedCollectiveError(

@@ -84,12 +84,24 @@ def test_tree_two_nodes_all_reduce():
 
 
 def test_nvls_one_node_all_reduce():
-    """8 H100s: 8 heads x min(40 x 0.85 x 7/8 x 2, 60) = 476 busBw, algBw 476 x 8/14 = 272; lat 25 us;
-    every GPU sends S up through the switch."""
+    """8 H100s: NCCL's estimate 25 us + S / 272 GB/s (busBw 8 heads x min(40 x 0.85 x 7/8 x 2, 60)
+    = 476, algBw x 8/14) chooses NVLS; the call runs as 9/8 of S per GPU link at 0.85 x 18 x 20.6
+    GB/s, plus a 2-loop pipeline fill per channel (16 channels, loops of 8 heads x 128 KiB at 1 GiB).
+    Every GPU sends 9/8 of S up through the switch (ld_reduce reads + its slice's multicast store)."""
     p = plan("all_reduce", GiB, range(8), preset_view("dgx-h100"))
     assert (p.algo, p.proto, p.nchannels) == ("NVLS", "SIMPLE", 16)
-    assert p.time_s == pytest.approx((25 + GiB / (1000 * 272)) * 1e-6)
-    assert _sent(p) == pytest.approx({r: GiB for r in range(8)})
+    assert p.latency_s == pytest.approx(25e-6)
+    rate = 0.85 * 18 * 20.6
+    assert p.time_s == pytest.approx((25 + (GiB + 16 * 2 * 8 * 128 * 1024) * 9 / 8 / (1000 * rate)) * 1e-6)
+    assert _sent(p) == pytest.approx({r: GiB * 9 / 8 for r in range(8)})
+
+
+def test_nvls_chunk_steps_follow_nccl():
+    """calcCollChunking with 16 channels x 8 heads = 128 ops: 128 KiB from 1 GiB, 64 KiB from 64 MiB,
+    32 KiB from 8 MiB, 16 KiB below."""
+    from ncclshim.algorithms.sharp import nvls_chunk
+    assert [nvls_chunk(s, 128) for s in (GiB, GiB - 1, 64 * MiB, 64 * MiB - 1, 8 * MiB, 8 * MiB - 1, 1)] == \
+        [131072, 65536, 65536, 32768, 32768, 16384, 16384]
 
 
 def test_nvls_tree_two_nodes_all_reduce():

@@ -55,3 +55,18 @@ def test_nodes_must_be_positive(capsys):
     """--nodes 0 is one error line and exit status 2."""
     assert main(["bench", "--cluster", "dgx-a100", "--nodes", "0"]) == 2
     assert "error: --nodes must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_sweeps_prints_a_table_per_sweep(capsys):
+    """`sweeps` compares ncclshim with the shipped published sweeps, one markdown table each."""
+    assert main(["sweeps"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# tolerance 5%")
+    assert text.count("| size | measured us |") == 3 and "| 8 GiB |" in text and "| figure |" in text
+
+
+def test_sweeps_bad_file_exits_2(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text("schema_version: 7\n")
+    assert main(["sweeps", str(f)]) == 2
+    assert "schema_version 7 is not supported" in capsys.readouterr().err

@@ -117,11 +117,40 @@ def test_ll128_needs_nvlink():
 
 
 def test_fp8_ring_all_reduce_beyond_8_ranks_is_excluded():
-    """FP8 ring all-reduce on more than 8 ranks costs 1024x, so another algorithm wins."""
-    g = _g("dgx-a100", nodes=2)
+    """FP8 ring all-reduce on more than 8 ranks competes at 1024x, so another algorithm wins."""
+    g = _g("dgx-h100", nodes=2)
     ring = parse_env({"NCCL_ALGO": "Ring,Tree"})
     assert select("all_reduce", 1 << 30, g, ring, dtype="bf16").algo == "RING"
-    assert select("all_reduce", 1 << 30, g, ring, dtype="fp8").algo == "TREE"
+    assert select("all_reduce", 1 << 30, g, ring, dtype="fp8_e4m3").algo == "TREE"
+
+
+def test_fp8_penalty_orders_the_choice_of_every_collective_but_not_its_time():
+    """NCCL's x1024 applies to every ring collective (its code tests dtype and ranks, not the
+    function); with the ring the only candidate it still runs, at its real time."""
+    g = _g("dgx-h100", nodes=2)
+    bf16 = select("all_gather", 1 << 30, g, S, dtype="bf16")
+    fp8 = select("all_gather", 1 << 30, g, S, dtype="fp8")
+    assert (fp8.algo, fp8.proto) == (bf16.algo, bf16.proto) == ("RING", "SIMPLE")
+    assert fp8.time_s == bf16.time_s
+    forced = parse_env({"NCCL_ALGO": "Ring"})
+    assert select("all_reduce", 1 << 30, g, forced, dtype="fp8").time_s == \
+        select("all_reduce", 1 << 30, g, forced, dtype="bf16").time_s
+
+
+def test_fp8_on_eight_ranks_keeps_the_ring():
+    """The partition needs more than 8 ranks: one DGX H100 node chooses alike for fp8 and bf16."""
+    g = _g("dgx-h100")
+    ring = parse_env({"NCCL_ALGO": "Ring,Tree"})
+    assert select("all_reduce", 1 << 30, g, ring, dtype="fp8").algo == "RING"
+
+
+def test_fp8_reduction_before_hopper_is_an_error():
+    """NCCL refuses fp8 reductions below SM90; fp8 all_gather (no reduction) is fine on A100."""
+    g = _g("dgx-a100", nodes=2)
+    with pytest.raises(UnsupportedCollectiveError, match="reduce_scatter of fp8 data on Ampere GPUs: NCCL reduces "
+                                                         "fp8 only on SM90"):
+        select("reduce_scatter", 1 << 20, g, S, dtype="fp8")
+    assert select("all_gather", 1 << 20, g, S, dtype="fp8").algo == "RING"
 
 
 def test_small_messages_use_fewer_channels():
@@ -158,7 +187,8 @@ def test_collnet_needs_a_sharp_view_and_the_switch_on():
 
 def test_broadcast_latency_depends_on_same_channels():
     """Broadcast on one node (one ring for all channels): + one NVLink hop latency; across nodes
-    with a ring per rail: + nRanks hop latencies, Tree's for Simple (tuning.cc)."""
+    with a ring per rail: + nRanks hop latencies of NCCL's hw[a], which is NET on several nodes,
+    Tree's for Simple (tuning.cc): NET TREE Simple 14 us, NET RING LL 2.7 us."""
     assert cost("broadcast", "RING", "SIMPLE", _g("dgx-a100"), S)[1] == pytest.approx(8.4 + 3.4)
-    assert cost("broadcast", "RING", "SIMPLE", _g("dgx-a100", 2), S)[1] == pytest.approx(8.4 + 16 * 4.0)
-    assert cost("reduce", "RING", "LL", _g("dgx-a100", 2), S)[1] == pytest.approx(6.6 + 16 * 0.6)
+    assert cost("broadcast", "RING", "SIMPLE", _g("dgx-a100", 2), S)[1] == pytest.approx(8.4 + 16 * 14.0)
+    assert cost("reduce", "RING", "LL", _g("dgx-a100", 2), S)[1] == pytest.approx(6.6 + 16 * 2.7)

@@ -105,6 +105,10 @@ class Algorithm:
     """``(query, proto, nbytes, dtype, algBw, latency) -> (time, latency)`` in us of one call."""
     channels: Callable[[Query, str, int], int] = default_channels
     """``(query, proto, nbytes) -> runtime channels`` NCCL launches for the call."""
+    run_time: Callable[[Query, str, int, float], float | None] | None = None
+    """``(query, proto, nbytes, latency) -> time`` in us of the call as the hardware runs it, where
+    measurements show NCCL's estimate (``time``, which still makes the choice) to be off; None
+    (or a None result) keeps NCCL's estimate."""
 
 
 def support_rows(support: Mapping[tuple[str, str], tuple[str, ...]], name: str) -> dict[str, tuple[str, ...]]:
@@ -135,15 +139,17 @@ _EXPOSED_NET_ROW = "TREE"
 def hw_latencies(q: Query, row: str, proto: str) -> tuple[float, float, float]:
     """(base, intra-node step, inter-node step) latencies in us of ``row``'s tables for ``proto``.
 
-    The view's extra network latency is added to the network step (twice for Simple, whose
-    handshake crosses the network twice). Algorithms combine the three (§2.3).
+    The cluster's own link latencies enter here: each step pays what its cables take beyond their
+    default (``GroupGraph.lat_intra_us`` / ``lat_inter_us``, :func:`ncclshim.graph.extra_latency_us`),
+    never below zero. The view's NIC latency (NCCL's ``latencyInter``) is added to the network step
+    (twice for Simple, whose handshake crosses the network twice). Algorithms combine the three (§2.3).
     """
     p = PROTOS.index(proto)
-    intra = HW_LAT_US[hw_class(q.g)][row][p]
+    intra = max(0.0, HW_LAT_US[hw_class(q.g)][row][p] + q.g.lat_intra_us)
     inter = HW_LAT_US["NET"][_EXPOSED_NET_ROW if q.g.ppn == 1 else row][p] + q.net_latency_us
     if proto == "SIMPLE":
         inter += q.net_latency_us
-    return BASE_LAT_US[row][p], intra, inter
+    return BASE_LAT_US[row][p], intra, max(0.0, inter + q.g.lat_inter_us)
 
 
 def log2i(x: int) -> int:

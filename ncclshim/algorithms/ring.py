@@ -4,7 +4,8 @@ RING (``tuning.cc``, ``docs/nccl.md`` §1.4, §2.2-§2.4): busBw is channels x p
 (intra-node speed up to two nodes, inter-node beyond), capped for LL / LL128; algBw is busBw x
 n / nsteps. Latency: one step latency per ring step, network steps at the NET latency; broadcast
 and reduce pay one hop (one distinct ring) or one per rank. Multi-node Simple all-reduce latency
-x1.4 (x1.9 on Volta); FP8 all-reduce beyond 8 ranks is priced x1024 (NCCL excludes it so).
+x1.4 (x1.9 on Volta). FP8 data on more than 8 ranks puts every ring last in NCCL's choice
+(``tuning.select``).
 
 COHERENT_RING (seed 003, HCSim; not NCCL's): an all-reduce for fabrics whose members share
 cache-coherent memory: the reduce-scatter half of a ring suffices because the reduced chunks are
@@ -65,19 +66,19 @@ def _latency(q: Query, proto: str, steps: int, net_steps: int) -> float:
     """Ring latency, us: ``steps`` ring steps of which ``net_steps`` cross the network (stepped
     collectives); broadcast / reduce: one hop when every channel follows one ring
     (``graph->sameChannels``), else one per rank, Tree's hop latency for Simple ("waiting for
-    proper chunk modeling", tuning.cc)."""
+    proper chunk modeling", tuning.cc). Their hop is NCCL's ``hw[a]``: the intra-node class on one
+    node, NET on several (with the cluster's network latency excess)."""
     g = q.g
     lat, intra_lat, inter_lat = hw_latencies(q, "RING", proto)
     if q.coll in _STEPPED:
         overhead = NET_OVERHEAD_US[g.cpu_vendor] * (3 if proto == "SIMPLE" else 1) if g.n_nodes > 1 else 0.0
         intra_lat = max(intra_lat, overhead)
         lat += (steps - net_steps) * intra_lat + net_steps * inter_lat
-    elif len(g.rings) == 1:
-        lat += intra_lat
-    else:
-        p = PROTOS.index(proto)
-        lat += len(g.ranks) * (HW_LAT_US[hw_class(g)]["TREE"][p] if proto == "SIMPLE" else intra_lat)
-    return lat
+        return lat
+    hw, extra = (hw_class(g), g.lat_intra_us) if g.n_nodes == 1 else ("NET", g.lat_inter_us)
+    row = "TREE" if proto == "SIMPLE" and len(g.rings) > 1 else "RING"
+    hop = max(0.0, HW_LAT_US[hw][row][PROTOS.index(proto)] + extra)
+    return lat + (hop if len(g.rings) == 1 else len(g.ranks) * hop)
 
 
 def _ring_bandwidth(q: Query, proto: str) -> float:
@@ -94,15 +95,12 @@ def _ring_latency(q: Query, proto: str) -> float:
 
 def _ring_time(q: Query, proto: str, nbytes: int, dtype: str, bw: float, lat: float) -> tuple[float, float]:
     """ncclTopoGetAlgoTime for the ring: multi-node Simple all-reduce latency x1.4 (x1.9 on Volta)
-    once every rank-channel gets >= 64 B; FP8 all-reduce beyond 8 ranks x1024."""
+    once every rank-channel gets >= 64 B. (NCCL's fp8 x1024 only orders the choice: ``tuning.select``.)"""
     g = q.g
     n = len(g.ranks)
     if proto == "SIMPLE" and q.coll == "all_reduce" and g.n_nodes > 1 and nbytes / (g.runtime_channels * n) >= 64:
         lat *= 1.9 if g.arch == 0 else 1.4
-    t = lat + nbytes / (1000 * bw)
-    if q.coll == "all_reduce" and dtype.startswith("fp8") and n > 8:
-        t *= 1024  # NCCL excludes FP8 ring all-reduce beyond 8 ranks this way
-    return t, lat
+    return lat + nbytes / (1000 * bw), lat
 
 
 def _ring_channels(q: Query, proto: str, nbytes: int) -> int:

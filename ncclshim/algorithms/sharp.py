@@ -13,8 +13,11 @@ NVSwitch node of at most 8 ranks) scatters to ppn heads inside the node, Chain c
 exchange with the switch once per head. All-reduce algBw is half of busBw; Direct
 all_gather / reduce_scatter reach ppn x min(intra, 0.9 x inter).
 
-Flows (§7): NVLS loads every GPU's uplink and downlink with ``S`` (all_gather / reduce_scatter:
-``(n-1)/n * S``, what the multicast delivers), written as flows GPU i -> GPU i+1 through the switch
+Flows (§7): NVLS all-reduce loads every GPU's uplink and downlink with ``(p+1)/p * S`` for p GPUs
+of a node (the switch reads each GPU's whole buffer for the heads' ``multimem.ld_reduce`` and the
+GPU's head slice goes up once more for ``multimem.st``; down, the slice's reduction and the
+multicast of all p slices; nccl-tests#239), all_gather / reduce_scatter ``(n-1)/n * S`` (what the
+multicast delivers), written as flows GPU i -> GPU i+1 through the switch
 so that each link's load is exact (the flow's ``dst`` is the GPU whose downlink it loads, not a
 receiver of i's data). NVLS_TREE adds, per local head j, a double binary tree between the heads j
 of all nodes carrying ``S / ppn / 2`` per tree per direction. CollNet: every GPU heads 1/ppn of the
@@ -39,11 +42,18 @@ from ncclshim.algorithms.entry import (
     tree_corrected,
 )
 from ncclshim.algorithms.tree import dtree_parents
-from ncclshim.constants import NVLS_EFFICIENCY, PER_CH_MAX_NVLS_TREE_BW, SUPPORT
+from ncclshim.constants import (
+    NVLS_CHUNK_SIZE,
+    NVLS_CHUNK_STEPS,
+    NVLS_EFFICIENCY,
+    NVLS_PIPELINE_STAGES,
+    PER_CH_MAX_NVLS_TREE_BW,
+    SUPPORT,
+)
 from ncclshim.graph import GroupGraph
 from ncclshim.topology import TopologyView
 
-__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads"]
+__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk"]
 
 _COLLNET_THREAD_THRESHOLD = 512
 """Bytes per thread below which NCCL drops a CollNet channel (``enqueue.cc``)."""
@@ -98,6 +108,44 @@ def _nvls_channels(q: Query, proto: str, nbytes: int) -> int:
     return max(1, min(nc, q.s.max_channels))
 
 
+def nvls_chunk(nbytes: int, ops: int) -> int:
+    """NCCL's NVLS chunk for ``nbytes`` over ``ops`` = channels x heads (``calcCollChunking``)."""
+    chunk = NVLS_CHUNK_SIZE
+    for factor, smaller in NVLS_CHUNK_STEPS:
+        if nbytes < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | None:
+    """One-node NVLS all-reduce as it runs, us: latency + a pipelined stream of loops.
+
+    - Traffic: per loop a head reduces its chunk out of all n GPUs (``multimem.ld_reduce``) and
+      multicasts it back (``multimem.st``), and GPUs scatter into / gather out of the NVLS buffers,
+      so each GPU's NVLink carries ``(n+1)/n`` of the buffer per direction (S. Jeaugey,
+      nccl-tests#239: "algobw = busbw * n / (n+1)", busbw there being the link's rate).
+    - Rate: NCCL's NVLink bandwidth of the GPU (``GroupGraph.gpu_bw``, 18 x 20.6 GB/s on H100) times
+      ``nvlsEfficiency`` (0.85 on Hopper, ``tuning.cc``), shared by the NVLS channels.
+    - Ramp: each channel moves its share in loops of ``heads x chunk`` (NCCL's chunk steps,
+      :func:`nvls_chunk`) through ``NVLS_PIPELINE_STAGES`` warp groups; the first loop fills the
+      pipeline, so ``stages - 1`` loops' worth is added per channel.
+
+    NB: ignores the per-loop handshake through the switch (docs/nccl.md §5), the NVSwitch's
+    reduction latency beyond NCCL's 25 us, the HBM traffic of the copies, and SM limits: the
+    channels are taken to saturate the links even when NCCL_MAX_NCHANNELS leaves few CTAs. Other
+    NVLS uses keep NCCL's estimate (None).
+    """
+    g = q.g
+    if q.coll != "all_reduce" or g.n_nodes != 1 or g.gpu_bw <= 0:
+        return None
+    heads = g.nvls_channels  # one head per local GPU (NCCL_MAX_NCHANNELS caps the CTAs, not the heads)
+    n_ch = _nvls_channels(q, proto, nbytes)
+    loop = heads * nvls_chunk(nbytes, n_ch * heads)
+    fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
+    rate = NVLS_EFFICIENCY[g.arch] * g.gpu_bw
+    return lat + (nbytes + n_ch * fill) * (heads + 1) / heads / (1000 * rate)
+
+
 def _nvls_intra(g: GroupGraph, view: TopologyView, frac: float = 1.0) -> list[FlowSpec]:
     out = []
     for members in g.node_members:
@@ -113,15 +161,16 @@ def _nvls_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: i
     if coll in ("all_gather", "reduce_scatter"):  # multicast in: each downlink gets the others' shards
         return _nvls_intra(g, view, (n - 1) / n)
     if g.n_nodes == 1:
-        return _nvls_intra(g, view)
+        return _nvls_intra(g, view, (g.ppn + 1) / g.ppn)
     # Multi-node NVLS needs CollNet: each head exchanges S/ppn with the SHARP switch.
-    return _nvls_intra(g, view) + sharp_heads(g, view, g.ppn, pxn)
+    return _nvls_intra(g, view, (g.ppn + 1) / g.ppn) + sharp_heads(g, view, g.ppn, pxn)
 
 
 NVLS = Algorithm(
     name="NVLS", spellings=("nvls",), protocols=support_rows(SUPPORT, "NVLS"), tables="NVLS",
     available=_nvls_available,
     bandwidth=_nvls_bandwidth, latency=_nvls_latency, channels=_nvls_channels, flows=_nvls_flows,
+    run_time=_nvls_run_time,
 )
 
 
@@ -144,7 +193,7 @@ def _nvls_tree_time(q: Query, proto: str, nbytes: int, dtype: str, bw: float, la
 
 
 def _nvls_tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int) -> list[FlowSpec]:
-    return _nvls_intra(g, view) + _heads_dtree(g, view, pxn, 0.5 / g.ppn)
+    return _nvls_intra(g, view, (g.ppn + 1) / g.ppn) + _heads_dtree(g, view, pxn, 0.5 / g.ppn)
 
 
 def _heads_dtree(g: GroupGraph, view: TopologyView, pxn: bool, share: float) -> list[FlowSpec]:

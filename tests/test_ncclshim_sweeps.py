@@ -1,0 +1,98 @@
+"""ncclshim.sweeps: published nccl-tests sweeps (ncclshim/data/nccl_tests_h100.yaml) against ncclshim.
+
+Every recorded size is one case held to the file's tolerance (5%). Sizes ncclshim does not yet
+reach are listed in GAPS with the reason, as strict xfails: one that starts passing fails the
+suite, so the list shrinks as the model improves (docs/nccl.md §5 has the table).
+"""
+
+import pytest
+
+from heterosim.errors import ConfigError
+from ncclshim.sweeps import compare, load, point_busbw
+
+CATALOG = load()
+TOLERANCE, SWEEPS = CATALOG.tolerance_pct, CATALOG.sweeps
+_ROWS = {s.id: compare(s) for s in SWEEPS}
+_MIB = 1 << 20
+
+# (sweep id, size) -> why ncclshim is off there. 1 MiB: both NVLS sweeps (two providers, NCCL 2.18
+# and 2.26) take 42 us, the Together ring too (and 35 us at 8 B on those hosts, NVLS inactive),
+# against NCCL's 25 us NVLS / 15 us ring LL latency: a floor of the harness and launch that no NCCL
+# constant holds. 2 MiB: 2 loops of pipeline fill at 16 KiB chunks are too long. 16-32 and 256-512
+# MiB: NVLS runs slower than streaming at nvlsEfficiency once the chunk shrinks (a per-loop
+# handshake NCCL's model lacks). Ring 4-8 MiB: NCCL's own LL128 estimate.
+_NVLS_GAPS = {
+    1 * _MIB: "launch / harness floor (42 us in both sweeps)",
+    2 * _MIB: "pipeline fill of 2 loops at 16 KiB chunks",
+    16 * _MIB: "per-loop handshake at 32 KiB chunks",
+    32 * _MIB: "per-loop handshake at 32 KiB chunks",
+    256 * _MIB: "per-loop handshake at 64 KiB chunks",
+    512 * _MIB: "per-loop handshake at 64 KiB chunks",
+}
+GAPS = {(sid, size): why for sid in ("h100x8-nvls-together-2026-03", "h100x8-nvls-azure-ndv5")
+        for size, why in _NVLS_GAPS.items()}
+GAPS.update({
+    ("h100x8-ring-together-2026-03", 1 * _MIB): "launch / harness floor (42 us at 1-2 MiB)",
+    ("h100x8-ring-together-2026-03", 4 * _MIB): "NCCL's LL128 estimate at 4 MiB (the protocol switch)",
+    ("h100x8-ring-together-2026-03", 8 * _MIB): "NCCL's LL128 estimate at 8 MiB",
+})
+
+_CASES = [pytest.param(sid, i, id=f"{sid}-{r.size_bytes >> 20}MiB",
+                       marks=pytest.mark.xfail(strict=True, reason=GAPS[(sid, r.size_bytes)])
+                       if (sid, r.size_bytes) in GAPS else ())
+          for sid, rows in _ROWS.items() for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("sweep_id,index", _CASES)
+def test_size_within_tolerance(sweep_id, index):
+    r = _ROWS[sweep_id][index]
+    assert abs(r.error) <= TOLERANCE / 100, f"{r.size_bytes} B: {r.predicted_us:.1f} us vs {r.measured_us:.1f} us"
+
+
+@pytest.mark.parametrize("point", CATALOG.points, ids=lambda p: p.id)
+def test_published_figure_within_tolerance(point):
+    """Single figures: NVLS busbw by GPU count (nccl#1455), 2 and 4 nodes (nccl-tests#309)."""
+    busbw, _ = point_busbw(point)
+    assert busbw == pytest.approx(point.busbw_GBps, rel=TOLERANCE / 100)
+
+
+@pytest.mark.parametrize("sweep_id", ["h100x8-nvls-together-2026-03", "h100x8-nvls-azure-ndv5"])
+def test_nvls_error_is_bounded_and_beats_nccls_estimate(sweep_id):
+    """Worst NVLS size: within 15% (NCCL's own estimate is 34% fast at 8 MiB)."""
+    rows = _ROWS[sweep_id]
+    assert max(abs(r.error) for r in rows) < 0.15
+    assert max(abs(r.nccl_error) for r in rows) > 0.30
+    mid = [r for r in rows if 4 * _MIB <= r.size_bytes <= 512 * _MIB]
+    assert sum(abs(r.error) for r in mid) < sum(abs(r.nccl_error) for r in mid) / 3
+
+
+def test_compare_plans_each_size_as_it_ran():
+    """Forced NCCL_ALGO=NVLS at 1 MiB plans NVLS (NCCL's default there is RING/LL); the measured
+    time is the mean over the hosts."""
+    (s,) = [s for s in SWEEPS if s.id == "h100x8-nvls-together-2026-03"]
+    first = _ROWS[s.id][0]
+    assert (first.size_bytes, first.algo, first.proto) == (_MIB, "NVLS", "SIMPLE")
+    assert first.measured_us == pytest.approx((41.64 + 42.78) / 2)
+
+
+def test_busbw_rows_become_times():
+    """A sweep published as busbw: time = size / (busbw / (2(n-1)/n)); 8 GiB at 478.87 GB/s on 8 GPUs."""
+    (s,) = [s for s in SWEEPS if s.id == "h100x8-nvls-azure-ndv5"]
+    size, us = s.rows[-1]
+    assert (size, us) == (8 << 30, pytest.approx((8 << 30) * 1.75 / 478.87e3))
+
+
+def test_bad_files_are_one_clear_error(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("schema_version: 0\nsweeps: []\n")
+    with pytest.raises(ConfigError, match="schema_version 0 is not supported"):
+        load(old)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nsweeps:\n  - {id: x, source: {}, cluster: dgx-h100, nodes: 1, ranks: 8,\n"
+                   "     op: all_reduce, dtype: fp32, rows: {1024: [-3]}}\n")
+    with pytest.raises(ConfigError, match=r"sweeps\[0\]\.rows\[1024\]: values must be positive numbers \(time_us\)"):
+        load(bad)
+    short = tmp_path / "short.yaml"
+    short.write_text("schema_version: 1\nsweeps:\n  - {id: x}\n")
+    with pytest.raises(ConfigError, match="missing source, cluster, nodes, ranks, op, dtype, rows"):
+        load(short)
