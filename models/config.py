@@ -113,7 +113,7 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     scatter_gather_p2p: bool = False
     """Pipeline p2p sends 1/tp of each tensor per TP rank, all-gathered after (Megatron-LM before
-    Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.schedules.PipelineComm``).
+    Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.p2p.PipelineComm``).
     Meaningless with sequence parallelism, whose tensors are already split."""
     tp_comm_overlap: bool = False
     """TP all-gathers / reduce-scatters of the transformer layers' linears overlapped with their

@@ -35,7 +35,8 @@ from models.args import RunConfig, parse_args
 from models.distributed import DataParallel, ModelGradSync
 from models.gpt import GPTModel
 from models.optimizer import MixedPrecisionAdam, model_parallel_group
-from models.schedules import PipelineComm, forward_backward
+from models.p2p import PipelineComm
+from models.schedules import forward_backward
 from models.transformer import torch_dtype
 
 __all__ = ["main", "synthetic_batch", "train"]

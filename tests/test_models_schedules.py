@@ -18,8 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from heterosim.errors import ConfigError
 from fake_env import TagAnnotator, fake_world
 from heterosim import annotate
-from models import schedules
-from models.schedules import PipelineComm, forward_backward, interleaved_order, one_f_one_b_order
+from models.p2p import PipelineComm
+from models.schedules import forward_backward, interleaved_order, one_f_one_b_order
 
 H, S, B, V = 16, 8, 2, 32
 SHAPE = (S, B, H)
@@ -118,12 +118,12 @@ def run_rank(rank, pp, m, vpp=1, cache=False, batches=None, grad_sync_factory=No
                         [("send" if o.op is dist.isend else "recv", o.group_peer) for o in ops])
                 return orig(ops)
 
-            schedules.dist.batch_isend_irecv = batched
+            dist.batch_isend_irecv = batched
             try:
                 with log:
                     losses = forward_backward(step, num_microbatches=m, num_chunks=vpp, comm=comm, grad_sync=gs)
             finally:
-                schedules.dist.batch_isend_irecv = orig
+                dist.batch_isend_irecv = orig
     finally:
         annotate.set_annotator(prev)
     return ann, log, losses
