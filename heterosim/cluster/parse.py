@@ -18,7 +18,9 @@ from typing import Any, Mapping
 from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, NVLINK_LANE_GBPS, PCIE_LANE_GBPS
 from heterosim.cluster.gpus import GpuSpec, load_catalogue, spec_from_entry
 from heterosim.cluster.spec import (
+    DEFAULT_DISPATCH_US,
     DEFAULT_LATENCY_US,
+    DISPATCH_CLASSES,
     FABRIC_KINDS,
     GB,
     SCHEMA_VERSION,
@@ -26,6 +28,7 @@ from heterosim.cluster.spec import (
     ClusterSpec,
     Fabric,
     FabricEdge,
+    HostDispatch,
     NicSpec,
     NodeGroup,
     NodeType,
@@ -167,6 +170,16 @@ def _default_switches(gpn: int, sockets: int, nics: tuple[NicSpec, ...]) -> tupl
     return tuple(out)
 
 
+def _parse_dispatch(raw: Any, where: str) -> HostDispatch:
+    """``cpu.dispatch_us``: one number for every class, or {class: us}; missing classes default."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        v = _num(raw, where, positive=False)
+        return HostDispatch(**{k: v * US for k in DISPATCH_CLASSES})
+    d = _keys(raw, where, (), DISPATCH_CLASSES)
+    return HostDispatch(**{k: _num(d.get(k, DEFAULT_DISPATCH_US[k]), f"{where}.{k}", positive=False) * US
+                           for k in DISPATCH_CLASSES})
+
+
 def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
     kind = _keys(raw, where, ("kind",), ("lanes", "lane_GBps", "nvswitches", "nvls",
                                         "latency_us", "pairs"))["kind"]
@@ -202,7 +215,7 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
     nics = _parse_nics(d.get("nics"), f"{where}.nics", gpn)
 
     cw = f"{where}.cpu"
-    c = _keys(d.get("cpu", {}), cw, (), ("sockets", "vendor", "bw_GBps", "latency_us"))
+    c = _keys(d.get("cpu", {}), cw, (), ("sockets", "vendor", "bw_GBps", "latency_us", "dispatch_us"))
     sockets = _int(c.get("sockets", 1), f"{cw}.sockets", hi=MAX_PER_NODE)
     vendor = c.get("vendor", "intel")
     if not isinstance(vendor, str) or vendor not in NCCL_CPU_GBPS:
@@ -212,6 +225,8 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
                                             f"{cw}.bw_GBps") * GB}
     if "latency_us" in c:
         kw["socket_latency"] = _num(c["latency_us"], f"{cw}.latency_us", positive=False) * US
+    if "dispatch_us" in c:
+        kw["dispatch"] = _parse_dispatch(c["dispatch_us"], f"{cw}.dispatch_us")
 
     pw = f"{where}.pcie"
     p = _keys(d["pcie"], pw, ("gen",), ("width", "bw_GBps", "latency_us", "switches"))

@@ -37,6 +37,9 @@ __all__ = [
     "INTRA_KINDS",
     "FABRIC_KINDS",
     "DEFAULT_LATENCY_US",
+    "DISPATCH_CLASSES",
+    "DEFAULT_DISPATCH_US",
+    "HostDispatch",
     "PcieSwitch",
     "NicSpec",
     "NodeType",
@@ -57,6 +60,19 @@ FABRIC_KINDS: tuple[str, ...] = ("rail_optimized", "leaf_spine", "explicit", "no
 # GPU->sw->NIC->leaf->NIC->sw->GPU six 0.5 us hops (3.0 us, near NCCL's 2.7). Switch-internal
 # forwarding, cable length and queueing are ignored.
 DEFAULT_LATENCY_US: dict[str, float] = {"nvlink": 0.3, "pcie": 0.5, "cpu": 1.0, "net": 0.5}
+
+DISPATCH_CLASSES: tuple[str, ...] = ("fwd", "bwd", "nograd", "collective", "wait")
+"""Op classes the host charges for (``replay.host``): forward op with autograd, backward op, op
+outside autograd (optimizer), collective or p2p launch, wait."""
+
+# CPU time to issue one op of each class, us, when the YAML gives none (``cpu.dispatch_us``).
+# Measured: benchmarks/bench_dispatch.py, minimum of 7 x 2000 ops, torch 2.13 (CPU build), one
+# thread of an "Intel(R) Xeon(R) Processor" (cloud VM, 2 vCPUs, load 4-6): framework cost fwd 7.1,
+# bwd 6.6, nograd 1.7, collective 4.9 (c10d, fake backend), wait 0.3; every class but wait plus
+# one cudaLaunchKernel, 3.8 us (replay.host.CUDA_LAUNCH_US, NVIDIA's CUDA Graphs blog). NB: a
+# server CPU at a higher clock issues faster; measure yours and state it in the cluster file.
+DEFAULT_DISPATCH_US: dict[str, float] = {"fwd": 10.9, "bwd": 10.4, "nograd": 5.5, "collective": 8.7,
+                                         "wait": 0.3}
 
 GB = 1e9
 US = 1e-6
@@ -84,6 +100,34 @@ class NicSpec:
     bw: float
     """Line rate per direction, B/s."""
     gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostDispatch:
+    """CPU seconds one rank's host spends issuing an op, per class (:data:`DISPATCH_CLASSES`).
+
+    All zero: the host is never the bottleneck (what the simulator assumed before it had a host).
+    """
+
+    fwd: float = DEFAULT_DISPATCH_US["fwd"] * US
+    """A forward (or recomputed) op: Python call, dispatcher, autograd recording, launch."""
+    bwd: float = DEFAULT_DISPATCH_US["bwd"] * US
+    """A backward op: the C++ autograd engine's node, dispatcher, launch."""
+    nograd: float = DEFAULT_DISPATCH_US["nograd"] * US
+    """An op outside autograd (optimizer, gradient scaling): Python call, dispatcher, launch."""
+    collective: float = DEFAULT_DISPATCH_US["collective"] * US
+    """A collective or p2p call: Python, c10d, NCCL kernel launch."""
+    wait: float = DEFAULT_DISPATCH_US["wait"] * US
+    """``Work.wait()`` of an async collective (a stream wait; the CPU does not block)."""
+
+    def seconds(self) -> dict[str, float]:
+        """Class -> seconds."""
+        return {k: getattr(self, k) for k in DISPATCH_CLASSES}
+
+    @property
+    def active(self) -> bool:
+        """True when any class costs time."""
+        return any(v > 0 for v in self.seconds().values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +161,8 @@ class NodeType:
     socket_bw: float = 0.0
     """CPU-to-CPU interconnect per direction, B/s (NCCL's figure for the vendor by default)."""
     socket_latency: float = DEFAULT_LATENCY_US["cpu"] * US
+    dispatch: HostDispatch = HostDispatch()
+    """What the host CPU spends issuing each op (``cpu.dispatch_us``; replay.host)."""
     switches: tuple[PcieSwitch, ...]
     nics: tuple[NicSpec, ...] = ()
     coherent_memory: bool = False
@@ -257,7 +303,8 @@ def _node_type_dict(t: NodeType) -> dict[str, Any]:
                    "switches": [{"socket": s.socket, "gpus": list(s.gpus), "nics": list(s.nics)}
                                 for s in t.switches]}
     out["cpu"] = {"sockets": t.sockets, "vendor": t.cpu_vendor, "bw_GBps": t.socket_bw / GB,
-                  "latency_us": t.socket_latency / US}
+                  "latency_us": t.socket_latency / US,
+                  "dispatch_us": {k: v / US for k, v in t.dispatch.seconds().items()}}
     out["nics"] = [{"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)} for n in t.nics]
     out["coherent_memory"] = t.coherent_memory
     return out
