@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, NVLINK_LANE_GBPS, PCIE_LANE_GBPS
 from heterosim.cluster.gpus import GpuSpec, load_catalogue, spec_from_entry
+from heterosim.cluster.sockets import CLOUD_AUTO, MAX_THREADS, SocketSpec
 from heterosim.cluster.spec import (
     DEFAULT_DISPATCH_US,
     DEFAULT_LATENCY_US,
@@ -135,8 +136,9 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
         return ()
     if isinstance(raw, Mapping):
         # Shorthand {count, bw_Gbps}: NICs split the GPUs evenly (count | gpus or gpus | count).
-        d = _keys(raw, where, ("count", "bw_Gbps"))
+        d = _keys(raw, where, ("count", "bw_Gbps"), ("rdma", "socket"))
         count, bw = _int(d["count"], f"{where}.count", hi=MAX_PER_NODE), _num(d["bw_Gbps"], f"{where}.bw_Gbps")
+        transport = _parse_transport(d, where)
         if gpn % count and count % gpn:
             raise TopologyError(
                 f"{where}: {count} NICs cannot split {gpn} GPUs evenly; list the NICs one by one "
@@ -144,7 +146,7 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
             )
         per = max(gpn // count, 1)
         return tuple(
-            NicSpec(bw=bw * GB / 8, gpus=tuple(range((i * per) % gpn, (i * per) % gpn + per)))
+            NicSpec(bw=bw * GB / 8, gpus=tuple(range((i * per) % gpn, (i * per) % gpn + per)), **transport)
             for i in range(count)
         )
     if not isinstance(raw, list):
@@ -152,10 +154,40 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
     nics = []
     for i, item in enumerate(raw):
         w = f"{where}[{i}]"
-        d = _keys(item, w, ("bw_Gbps", "gpus"))
+        d = _keys(item, w, ("bw_Gbps", "gpus"), ("rdma", "socket"))
         nics.append(NicSpec(bw=_num(d["bw_Gbps"], f"{w}.bw_Gbps") * GB / 8,
-                            gpus=_indices(d["gpus"], f"{w}.gpus", gpn, "GPU")))
+                            gpus=_indices(d["gpus"], f"{w}.gpus", gpn, "GPU"), **_parse_transport(d, w)))
     return tuple(nics)
+
+
+_SOCKET_KEYS = ("cloud", "threads", "socks_per_thread", "stream_Gbps", "flow_Gbps", "latency_us")
+
+
+def _parse_transport(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A NIC's ``rdma`` (default true) and, without RDMA, its ``socket`` settings (NCCL's socket
+    transport, :mod:`heterosim.cluster.sockets`; ``cloud`` picks NCCL's auto-detected threads)."""
+    rdma = _bool(d.get("rdma", True), f"{where}.rdma")
+    if rdma:
+        if "socket" in d:
+            raise TopologyError(f"{where}.socket: only a NIC without RDMA uses NCCL's socket transport; "
+                                "set rdma: false or drop socket")
+        return {}
+    sw = f"{where}.socket"
+    s = _keys(d.get("socket", {}), sw, (), _SOCKET_KEYS)
+    cloud = s.get("cloud", "other")
+    if cloud not in CLOUD_AUTO:
+        raise TopologyError(f"{sw}.cloud: unknown {cloud!r}; valid: {sorted(CLOUD_AUTO)}")
+    nt, ns = CLOUD_AUTO[cloud]
+    threads = _int(s.get("threads", nt), f"{sw}.threads", positive=False, hi=MAX_THREADS)
+    kw: dict[str, Any] = {"threads": threads,
+                          "socks_per_thread": _int(s.get("socks_per_thread", ns), f"{sw}.socks_per_thread")}
+    if "stream_Gbps" in s:
+        kw["stream_bw"] = _num(s["stream_Gbps"], f"{sw}.stream_Gbps") * GB / 8
+    if "flow_Gbps" in s:
+        kw["flow_bw"] = _num(s["flow_Gbps"], f"{sw}.flow_Gbps") * GB / 8
+    if "latency_us" in s:
+        kw["latency"] = _num(s["latency_us"], f"{sw}.latency_us", positive=False) * US
+    return {"rdma": False, "socket": SocketSpec(**kw)}
 
 
 def _default_switches(gpn: int, sockets: int, nics: tuple[NicSpec, ...]) -> tuple[PcieSwitch, ...]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, Mapping
 
+from heterosim.cluster.sockets import SocketSpec, socket_rate
 from heterosim.errors import TopologyError
 
 __all__ = [
@@ -100,6 +101,16 @@ class NicSpec:
     bw: float
     """Line rate per direction, B/s."""
     gpus: tuple[int, ...]
+    rdma: bool = True
+    """InfiniBand or RoCE with GPUDirect RDMA; False: Ethernet, NCCL's socket transport."""
+    socket: SocketSpec = SocketSpec()
+    """How the socket transport runs (used when ``rdma`` is False; :mod:`heterosim.cluster.sockets`)."""
+
+    @property
+    def rate(self) -> float:
+        """What the NIC moves per direction, B/s: its line rate, or what NCCL's socket transport
+        gets through it (one connection per GPU it serves) when it has no RDMA."""
+        return self.bw if self.rdma else socket_rate(self.bw, len(self.gpus), self.socket)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -305,8 +316,20 @@ def _node_type_dict(t: NodeType) -> dict[str, Any]:
     out["cpu"] = {"sockets": t.sockets, "vendor": t.cpu_vendor, "bw_GBps": t.socket_bw / GB,
                   "latency_us": t.socket_latency / US,
                   "dispatch_us": {k: v / US for k, v in t.dispatch.seconds().items()}}
-    out["nics"] = [{"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)} for n in t.nics]
+    out["nics"] = [_nic_dict(n) for n in t.nics]
     out["coherent_memory"] = t.coherent_memory
+    return out
+
+
+def _nic_dict(n: NicSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)}
+    if not n.rdma:
+        s = n.socket
+        out["rdma"] = False
+        out["socket"] = {"threads": s.threads, "socks_per_thread": s.socks_per_thread,
+                         "stream_Gbps": s.stream_bw * 8 / GB, "latency_us": s.latency / US}
+        if s.flow_bw > 0:
+            out["socket"]["flow_Gbps"] = s.flow_bw * 8 / GB
     return out
 
 
