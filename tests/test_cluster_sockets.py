@@ -96,3 +96,4 @@ def test_all_reduce_over_sockets_by_hand():
     assert plans[False].latency_s - plans[True].latency_s == pytest.approx(2 * STACK_LATENCY_US * 1.4 * 1e-6)
     assert times[True] == pytest.approx(plans[True].time_s, rel=1e-9)
     assert times[False] == pytest.approx(plans[False].latency_s + S / (STREAM_GBPS * GB), rel=1e-9)
+    assert plans[False].flow_time_s == pytest.approx(times[False], rel=1e-9)  # time_s stays NCCL's estimate
