@@ -10,7 +10,7 @@ median over the repeats (the minimum is the figure to record: on a loaded machin
 only ever add time). Tensors are on the ``meta`` device: every layer of an eager op runs (Python
 call, argument parsing, the dispatcher, autograd recording, shape and dtype inference) but no
 kernel and no memory, which is the CPU-side work a CUDA op does before its launch. The launch
-itself (``cudaLaunchKernel``) cannot be timed without a GPU: :data:`replay.host.CUDA_LAUNCH_US`
+itself (``cudaLaunchKernel``) cannot be timed without a GPU: :data:`heterosim.cluster.spec.CUDA_LAUNCH_US`
 adds its published cost.
 
 Classes (the keys of a cluster file's ``cpu.dispatch_us``, docs/clusters.md):

@@ -42,16 +42,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from heterosim.cluster.spec import CUDA_LAUNCH_US
 from heterosim.errors import ConfigError, ReplayError
 
 __all__ = ["CUDA_LAUNCH_US", "SYNC_OPS", "host_bound_durations", "dispatch_costs", "sync_flags",
            "dispatch_by_gpu_type", "with_host", "stall_per_rank"]
-
-CUDA_LAUNCH_US = 3.8
-"""Host-side cost of one ``cudaLaunchKernel``, us: NVIDIA's *Getting Started with CUDA Graphs*
-(A. Gray, NVIDIA Technical Blog, 2019) launches a 2.9 us kernel back to back on a stream at 3.8 us
-per kernel (V100, CUDA 10.1): the CPU, not the GPU, sets that pace, so one launch costs the host
-3.8 us. Added to the framework cost that ``benchmarks/bench_dispatch.py`` measures without a GPU."""
 
 SYNC_OPS: frozenset[str] = frozenset({"_local_scalar_dense", "item", "nonzero", "masked_select",
                                       "unique", "_unique2", "repeat_interleave", "equal", "is_nonzero"})

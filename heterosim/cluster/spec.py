@@ -39,6 +39,8 @@ __all__ = [
     "FABRIC_KINDS",
     "DEFAULT_LATENCY_US",
     "DISPATCH_CLASSES",
+    "CUDA_LAUNCH_US",
+    "FRAMEWORK_US",
     "DEFAULT_DISPATCH_US",
     "HostDispatch",
     "PcieSwitch",
@@ -66,14 +68,22 @@ DISPATCH_CLASSES: tuple[str, ...] = ("fwd", "bwd", "nograd", "collective", "wait
 """Op classes the host charges for (``replay.host``): forward op with autograd, backward op, op
 outside autograd (optimizer), collective or p2p launch, wait."""
 
-# CPU time to issue one op of each class, us, when the YAML gives none (``cpu.dispatch_us``).
-# Measured: benchmarks/bench_dispatch.py, minimum of 7 x 2000 ops, torch 2.13 (CPU build), one
-# thread of an "Intel(R) Xeon(R) Processor" (cloud VM, 2 vCPUs, load 4-6): framework cost fwd 7.1,
-# bwd 6.6, nograd 1.7, collective 4.9 (c10d, fake backend), wait 0.3; every class but wait plus
-# one cudaLaunchKernel, 3.8 us (replay.host.CUDA_LAUNCH_US, NVIDIA's CUDA Graphs blog). NB: a
-# server CPU at a higher clock issues faster; measure yours and state it in the cluster file.
-DEFAULT_DISPATCH_US: dict[str, float] = {"fwd": 10.9, "bwd": 10.4, "nograd": 5.5, "collective": 8.7,
-                                         "wait": 0.3}
+CUDA_LAUNCH_US = 3.8
+"""Host-side cost of one ``cudaLaunchKernel``, us: NVIDIA's *Getting Started with CUDA Graphs*
+(A. Gray, NVIDIA Technical Blog, 2019) launches a 2.9 us kernel back to back on a stream at 3.8 us
+per kernel (V100, CUDA 10.1): the CPU, not the GPU, sets that pace, so one launch costs the host
+3.8 us. Added to the framework cost that ``benchmarks/bench_dispatch.py`` measures without a GPU."""
+
+FRAMEWORK_US: dict[str, float] = {"fwd": 7.13, "bwd": 6.59, "nograd": 1.69, "collective": 4.93, "wait": 0.29}
+"""Eager framework cost per op of each class, us, without the launch: benchmarks/bench_dispatch.py,
+minimum of 7 x 2000 ops, torch 2.13 (CPU build), one thread of an "Intel(R) Xeon(R) Processor"
+(cloud VM, 2 vCPUs, load average 4-6); the collective on torch's ``fake`` process group. NB: a
+server core at a higher clock issues faster; measure the training hosts and state them."""
+
+DEFAULT_DISPATCH_US: dict[str, float] = {
+    k: round(v + (0.0 if k == "wait" else CUDA_LAUNCH_US), 2) for k, v in FRAMEWORK_US.items()}
+"""CPU time to issue one op of each class, us, when the YAML gives none (``cpu.dispatch_us``): the
+framework cost plus one kernel launch (a wait launches nothing)."""
 
 GB = 1e9
 US = 1e-6
