@@ -105,6 +105,10 @@ def test_cluster_file_states_dispatch_per_node_type():
     spec["node_types"]["box"]["cpu"] = {"dispatch_us": 0}
     assert not parse_spec(spec).node_types[0].dispatch.active
     assert HostDispatch().active  # the default charges the host
+    spec["node_types"]["box"]["cpu"] = {"dispatch_us": {"bwd": 2e6}}
+    with pytest.raises(TopologyError, match=r"node_types.box.cpu.dispatch_us.bwd: 2000000.0 us per op is more "
+                                            r"than a second; give microseconds"):
+        parse_spec(spec)
     spec["node_types"]["box"]["cpu"] = {"dispatch_us": {"launch": 3}}
     with pytest.raises(TopologyError, match=r"node_types.box.cpu.dispatch_us: unknown key 'launch'; valid keys: "
                                             r"\['bwd', 'collective', 'fwd', 'nograd', 'wait'\]"):

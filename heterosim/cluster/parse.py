@@ -204,12 +204,18 @@ def _default_switches(gpn: int, sockets: int, nics: tuple[NicSpec, ...]) -> tupl
 
 def _parse_dispatch(raw: Any, where: str) -> HostDispatch:
     """``cpu.dispatch_us``: one number for every class, or {class: us}; missing classes default."""
+
+    def us(v: Any, w: str) -> float:
+        v = _num(v, w, positive=False)
+        if v > 1e6:  # a second per op is a typo (ms or ns for us), not a host
+            raise TopologyError(f"{w}: {v!r} us per op is more than a second; give microseconds")
+        return v * US
+
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        v = _num(raw, where, positive=False)
-        return HostDispatch(**{k: v * US for k in DISPATCH_CLASSES})
+        v = us(raw, where)
+        return HostDispatch(**{k: v for k in DISPATCH_CLASSES})
     d = _keys(raw, where, (), DISPATCH_CLASSES)
-    return HostDispatch(**{k: _num(d.get(k, DEFAULT_DISPATCH_US[k]), f"{where}.{k}", positive=False) * US
-                           for k in DISPATCH_CLASSES})
+    return HostDispatch(**{k: us(d.get(k, DEFAULT_DISPATCH_US[k]), f"{where}.{k}") for k in DISPATCH_CLASSES})
 
 
 def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
