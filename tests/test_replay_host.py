@@ -125,3 +125,36 @@ def test_one_gpu_type_needs_one_host_figure():
     c = load_cluster(spec, num_gpus=4)
     with pytest.raises(ConfigError, match="GPU type A100-SXM4-80GB sits in node types with different cpu.dispatch_us"):
         dispatch_by_gpu_type(c, ["A100-SXM4-80GB"])
+
+
+def _one_gpu(name: str, bf16_TFLOPs: float) -> dict:
+    """One node, one accelerator defined in the file, a host that issues a forward op in 20 us."""
+    acme = {"name": name, "vendor": "acme", "arch": "acme1", "compute_capability": 0,
+            "peak_TFLOPs": {"fp32": 10.0, "tf32": 20.0, "bf16": bf16_TFLOPs, "fp16": bf16_TFLOPs, "fp8": 100.0},
+            "hbm_bw_GBps": 800, "memory_GiB": 32, "sm_count": 64, "l2_MiB": 16, "nvlink_bw_GBps": 0,
+            "pcie_bw_GBps": 32, "tdp_W": 300, "sources": "a test accelerator: figures chosen by hand"}
+    return {"schema_version": 1, "name": "one", "gpus": [acme],
+            "node_types": {"box": {"gpus_per_node": 1, "pcie": {"gen": 4}, "cpu": {"dispatch_us": {"fwd": 20}}}},
+            "node_groups": [{"name": "g", "gpu": name, "node_type": "box", "nodes": 1}]}
+
+
+def test_simulate_reads_the_host_from_the_cluster_file():
+    """10 GEMMs of 1 GFLOP on a 50 TFLOP/s accelerator (GPU-bound: 20 us + 10 d) and on a 5000 TFLOP/s
+    one (host-bound: 10 x 20 us + d), d the op's price on that accelerator; host=False gives 10 d."""
+    from heterosim.trace.ir import Op
+    from kernel_db import Pricer
+    from replay.simulate import simulate
+
+    trace = make_trace(1, {}, [((0,), {"f": [comp(1e9) for _ in range(10)]}, [("f", 0)])])
+    got = {}
+    for name, peak in (("ACME-SLOW", 50.0), ("ACME-FAST", 5000.0)):
+        spec = _one_gpu(name, peak)
+        c = load_cluster(spec, num_gpus=1)
+        d = Pricer(None, c.catalogue).price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm",
+                                               phase="fwd", flops=1e9, flops_full=1e9, dtype="bf16"), name).seconds
+        r = simulate(trace, spec, overlap_slowdown=0.0)
+        got[name] = (d, r.iteration_time_s, simulate(trace, spec, host=False).iteration_time_s)
+    d, t, off = got["ACME-SLOW"]
+    assert d > 20 * US and t == pytest.approx(20 * US + 10 * d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
+    d, t, off = got["ACME-FAST"]
+    assert d < 20 * US and t == pytest.approx(10 * 20 * US + d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
