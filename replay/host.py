@@ -34,6 +34,8 @@ Known limitations:
   Python cost is not charged; nor are data loading, logging, or a CUDA-graph replay (one launch
   for many kernels, Megatron's ``--enable-cuda-graph``), which is not captured.
 - NB: the collective's own start is not delayed by its launch cost (only the ops after it are).
+- NB: the idle gap is part of the op's duration, so the engines' compute slowdown under
+  communication (``overlap_slowdown``) stretches it too while a comm op is in flight.
 """
 
 from __future__ import annotations
