@@ -23,7 +23,9 @@ same line rate (``tuning.cc``'s NET latencies). What differs is how the transfer
 
 NB: the rate is per NIC from one connection per GPU it serves (the proxy thread drives all of a
 GPU's channels when there are no helper threads; with helper threads several channels would open
-several connections, which this ignores: conservative by up to the channel count). The extra PCIe
+several connections, which this ignores: conservative by up to the channel count). Without helper
+threads one proxy thread serves both directions of every channel; each direction is still given
+the full stream rate (optimistic by up to 2x when a GPU sends and receives at once). The extra PCIe
 crossing of staging through host memory is ignored (PCIe is far faster than the Ethernet links
 that take this path). The stack latency sits on the NIC's cables, so it reaches NCCL's latency
 model as any stated cable latency does (:func:`ncclshim.graph.extra_latency_us`) and can tip
