@@ -72,7 +72,9 @@ CUDA_LAUNCH_US = 3.8
 """Host-side cost of one ``cudaLaunchKernel``, us: NVIDIA's *Getting Started with CUDA Graphs*
 (A. Gray, NVIDIA Technical Blog, 2019) launches a 2.9 us kernel back to back on a stream at 3.8 us
 per kernel (V100, CUDA 10.1): the CPU, not the GPU, sets that pace, so one launch costs the host
-3.8 us. Added to the framework cost that ``benchmarks/bench_dispatch.py`` measures without a GPU."""
+3.8 us. A replication of that experiment on an RTX 5070 Ti with CUDA 13.0 (*pegainfer (3): From
+Launch Overhead to CUDA Graph*, susun-blog.com, 2025) puts a launch at about 4-6 us. Added to the
+framework cost that ``benchmarks/bench_dispatch.py`` measures without a GPU."""
 
 FRAMEWORK_US: dict[str, float] = {"fwd": 7.13, "bwd": 6.59, "nograd": 1.69, "collective": 4.93, "wait": 0.29}
 """Eager framework cost per op of each class, us, without the launch: benchmarks/bench_dispatch.py,
