@@ -97,3 +97,26 @@ def test_all_reduce_over_sockets_by_hand():
     assert times[True] == pytest.approx(plans[True].time_s, rel=1e-9)
     assert times[False] == pytest.approx(plans[False].latency_s + S / (STREAM_GBPS * GB), rel=1e-9)
     assert plans[False].flow_time_s == pytest.approx(times[False], rel=1e-9)  # time_s stays NCCL's estimate
+
+
+def test_v100_t4_pipeline_over_ethernet_without_rdma():
+    """The 16-stage V100 + T4 pipeline over 25 Gb/s Ethernet (tests/test_replay_cli.py) replays with
+    socket NICs. One NIC serves 8 GPUs: 8 x 2.3 GB/s > 3.125, so the line rate still binds; a
+    send from stage 7 to stage 8 pays one network step's stack latency more: 2 cables x 2 us."""
+    import copy
+
+    import ncclshim
+    from ncclshim.view import topology_view
+    from replay.simulate import simulate
+    from test_replay_cli import _mixed_ethernet
+    from test_replay_reference import one_f_one_b
+
+    rdma = _mixed_ethernet("T4")
+    socket = copy.deepcopy(rdma)
+    socket["node_types"]["box"]["nics"]["rdma"] = False
+    c = load_cluster(socket, num_gpus=16)
+    assert c.spec.node_types[0].nics[0].rate == pytest.approx(25 / 8 * GB)
+    assert simulate(one_f_one_b(16, 4), c).iteration_time_s > 0
+    lat = [ncclshim.plan("send", 1 << 20, [7, 8], topology_view(load_cluster(s, num_gpus=16))).latency_s
+           for s in (rdma, socket)]
+    assert lat[1] - lat[0] == pytest.approx(STACK_LATENCY_US * 1e-6)
