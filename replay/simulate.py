@@ -81,8 +81,10 @@ def _pricer(kernel_db: Any, catalogue: Any = None):
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
                    nccl_env: Mapping[str, str] | None = None,
-                   sources_out: dict | None = None, overlap_slowdown: float = 0.0) -> Workload:
-    """The :class:`Workload` of ``trace`` placed on ``cluster``, priced by ``pricer``."""
+                   sources_out: dict | None = None, overlap_slowdown: float = 0.0,
+                   host: bool = True) -> Workload:
+    """The :class:`Workload` of ``trace`` placed on ``cluster``, priced by ``pricer``; with ``host``,
+    op durations are host-bound by the node types' ``cpu.dispatch_us`` (:mod:`replay.host`)."""
     world = trace.world_size
     if cluster.num_ranks != world:
         raise ConfigError(
@@ -103,6 +105,12 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
             sources_out[(role_id, block, gpu)] = (np.asarray(secs, dtype=np.float64), list(srcs))
         return secs
 
+    stall: dict = {}
+    if host:
+        from .host import dispatch_by_gpu_type, with_host
+
+        durations = with_host(durations, trace, dispatch_by_gpu_type(cluster, gpu_type), stall)
+
     def transfer(inst: CommInstance) -> TransferSpec:
         import ncclshim
 
@@ -118,6 +126,7 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
     w = Workload(trace=trace, gpu_type=gpu_type, node=node, durations=durations, transfer=transfer,
                  capacity_Bps=capacity, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     w._cache["labels"] = _labels
+    w._cache["host_stall"] = stall
     return w
 
 
@@ -255,7 +264,8 @@ MI250 / MI210; 1 - 1/1.189 = 0.16. Ignores: which collective, which kernel, how 
 def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = None, *,
              backend: str = "numpy", link_sharing: bool = True, nccl_env: Mapping[str, str] | None = None,
              placement: Any = None, engine: str = "fast", symmetry: str = "auto",
-             overlap_slowdown: float = OVERLAP_SLOWDOWN, progress: Callable[[int], None] | None = None) -> Result:
+             overlap_slowdown: float = OVERLAP_SLOWDOWN, progress: Callable[[int], None] | None = None,
+             host: bool = True) -> Result:
     """Simulate one training iteration of ``trace`` on ``cluster``.
 
     Args:
@@ -275,6 +285,8 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
             flight (SM and HBM contention with NCCL kernels); default :data:`OVERLAP_SLOWDOWN`
             (0.16, measured), 0 turns it off. The stretch counts as compute time in the
             breakdown (see docs/replay.md).
+        host: the GPU waits for its CPU to issue every op (:mod:`replay.host`, the node types'
+            ``cpu.dispatch_us``; docs/host.md); False: the host is never the bottleneck.
     """
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
@@ -284,7 +296,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     pricer = _pricer(kernel_db, cluster.catalogue)
     sources: dict = {}
     w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources,
-                       overlap_slowdown=overlap_slowdown)
+                       overlap_slowdown=overlap_slowdown, host=host)
     if engine == "fast":
         run = run_fast(w, xp=xp, progress=progress, symmetry=symmetry)
     elif engine == "reference":
@@ -296,8 +308,11 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     res = summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
                     dtype=dtype, sources=sources,
                     options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
-                             "symmetry": symmetry, "overlap_slowdown": overlap_slowdown,
+                             "symmetry": symmetry, "overlap_slowdown": overlap_slowdown, "host": host,
                              "nccl_env": dict(nccl_env or {})})
+    from .host import stall_per_rank
+
+    res = dataclasses.replace(res, stats={**res.stats, "host_stall_s": stall_per_rank(w)})
     return dataclasses.replace(res, memory=memory_report(trace, w.gpu_type, cluster.catalogue.get))
 
 

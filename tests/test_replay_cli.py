@@ -144,12 +144,13 @@ def _mixed_ethernet(second_gpu: str, gpus: list | None = None) -> dict:
 @pytest.mark.parametrize("second, gpus", [("T4", None), ("ACME-X1", [ACME])])
 def test_pipeline_across_gpu_types_on_ethernet(second, gpus):
     """A 16-stage 1F1B pipeline, stages 0-7 on V100, 8-15 on T4 or on an accelerator defined only
-    in the cluster file: each stage computes at its own GPU's price (hand check: m x (fwd + bwd))."""
+    in the cluster file: each stage computes at its own GPU's price (hand check: m x (fwd + bwd));
+    host=False: the host's dispatch (tests/test_replay_host.py) would add its first-op stall."""
     from test_replay_reference import one_f_one_b
 
     m = 4
     spec = _mixed_ethernet(second, gpus)
-    r = simulate(one_f_one_b(16, m), spec, overlap_slowdown=0.0)
+    r = simulate(one_f_one_b(16, m), spec, overlap_slowdown=0.0, host=False)
     assert r.gpu_counts == {"V100-SXM2-32GB": 8, second: 8}
     cluster = load_cluster(spec, num_gpus=16)
     from kernel_db import Pricer

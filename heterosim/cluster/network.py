@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, nccl_nvlink_bw, nccl_pcie_bw
-from heterosim.cluster.spec import Fabric, NodeType
+from heterosim.cluster.spec import Fabric, NicSpec, NodeType
 from heterosim.errors import TopologyError
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ class Network:
         bw.append(self._fab.bw)
         lat.append(self._fab.lat)
         kind.append([LINK_KINDS.index("net")] * len(self._fab.src))
-        nccl.append(self._fab.bw)  # NCCL sees a NIC as speed/8000 GB/s = its line rate
+        nccl.append(self._fab.nccl)  # NCCL sees a NIC as speed/8000 GB/s = its line rate
         self.vertices: tuple[str, ...] = tuple(names)
         self.links = LinkTable(
             src=np.concatenate(src).astype(np.int64), dst=np.concatenate(dst).astype(np.int64),
@@ -345,6 +345,7 @@ class _FabricBuilder:
         self.src: list[int] = []
         self.dst: list[int] = []
         self.bw: list[float] = []
+        self.nccl: list[float] = []
         self.lat: list[float] = []
         self._vbase = int(net.vertex_base[-1])
         self.up: dict[int, int] = {}  # NIC vertex -> link id NIC->switch
@@ -365,32 +366,42 @@ class _FabricBuilder:
         self.names.append(name)
         return self._vbase + len(self.names) - 1
 
-    def _cable(self, a: int, b: int, bw: float, lat: float) -> int:
-        """Add a->b then b->a; return the id of a->b (b->a is id + 1)."""
+    def _cable(self, a: int, b: int, bw: float, lat: float, nic: NicSpec | None = None) -> int:
+        """Add a->b then b->a; return the id of a->b (b->a is id + 1).
+
+        A cable from a NIC without RDMA moves what NCCL's socket transport gets through it
+        (``NicSpec.rate``) and each crossing adds half a message's trip through the two TCP stacks
+        (:mod:`heterosim.cluster.sockets`); NCCL's model still sees the cable's line rate.
+        """
         lid = self.base + len(self.src)
+        hw = bw
+        if nic is not None and not nic.rdma:
+            hw, lat = min(bw, nic.rate), lat + nic.socket.latency / 2
         self.src += [a, b]
         self.dst += [b, a]
-        self.bw += [bw, bw]
+        self.bw += [hw, hw]
+        self.nccl += [bw, bw]
         self.lat += [lat, lat]
         return lid
 
     def _build_tree(self, nics: list[tuple[tuple[int, int], int]]) -> None:
         f = self.f
-        keys: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        keys: dict[tuple[int, int], list[tuple[int, NicSpec]]] = {}
         per_node: dict[tuple[int, int], dict[int, float]] = {}
         for (node, k), v in nics:
             pod = node // f.nodes_per_leaf
             key = (k, pod) if f.kind == "rail_optimized" else (0, pod)
-            bw = self.net.node_type(node).nics[k].bw
-            keys.setdefault(key, []).append((v, bw))
+            nic = self.net.node_type(node).nics[k]
+            bw = nic.bw
+            keys.setdefault(key, []).append((v, nic))
             slot = per_node.setdefault(key, {})
             slot[node] = slot.get(node, 0.0) + bw
         self.leaves = sorted(keys)
         leaf_v = [self._vertex(f"leaf{r}.{p}" if f.kind == "rail_optimized" else f"leaf{p}")
                   for r, p in self.leaves]
         for i, key in enumerate(self.leaves):
-            for v, bw in keys[key]:
-                self.up[v] = self._cable(v, leaf_v[i], bw, f.latency)
+            for v, nic in keys[key]:
+                self.up[v] = self._cable(v, leaf_v[i], nic.bw, f.latency, nic)
                 self.leaf_of[v] = i
         self.nspines = 0
         if len(self.leaves) > 1:
@@ -412,6 +423,7 @@ class _FabricBuilder:
         import networkx as nx
 
         named = {f"n{node}.nic{k}": v for (node, k), v in nics}
+        spec_of = {v: self.net.node_type(node).nics[k] for (node, k), v in nics}
         for s in self.f.switches:
             head = s.partition(".")[0]
             if (head[:1] == "n" and head[1:].isdigit()) or self.f.switches.count(s) > 1:
@@ -435,7 +447,7 @@ class _FabricBuilder:
                         f"{list(self.f.switches)}"
                     )
                 ends.append(named.get(end, sw.get(end)))
-            lid = self._cable(ends[0], ends[1], e.bw, e.latency)
+            lid = self._cable(ends[0], ends[1], e.bw, e.latency, spec_of.get(ends[0], spec_of.get(ends[1])))
             g.add_edge(ends[0], ends[1], id=lid)
             g.add_edge(ends[1], ends[0], id=lid + 1)
         if self.net.num_nodes > 1:

@@ -17,8 +17,11 @@ from typing import Any, Mapping
 
 from heterosim.cluster.bandwidth import NCCL_CPU_GBPS, NVLINK_LANE_GBPS, PCIE_LANE_GBPS
 from heterosim.cluster.gpus import GpuSpec, load_catalogue, spec_from_entry
+from heterosim.cluster.sockets import CLOUD_AUTO, MAX_THREADS, SocketSpec
 from heterosim.cluster.spec import (
+    DEFAULT_DISPATCH_US,
     DEFAULT_LATENCY_US,
+    DISPATCH_CLASSES,
     FABRIC_KINDS,
     GB,
     SCHEMA_VERSION,
@@ -26,6 +29,7 @@ from heterosim.cluster.spec import (
     ClusterSpec,
     Fabric,
     FabricEdge,
+    HostDispatch,
     NicSpec,
     NodeGroup,
     NodeType,
@@ -132,8 +136,9 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
         return ()
     if isinstance(raw, Mapping):
         # Shorthand {count, bw_Gbps}: NICs split the GPUs evenly (count | gpus or gpus | count).
-        d = _keys(raw, where, ("count", "bw_Gbps"))
+        d = _keys(raw, where, ("count", "bw_Gbps"), ("rdma", "socket"))
         count, bw = _int(d["count"], f"{where}.count", hi=MAX_PER_NODE), _num(d["bw_Gbps"], f"{where}.bw_Gbps")
+        transport = _parse_transport(d, where)
         if gpn % count and count % gpn:
             raise TopologyError(
                 f"{where}: {count} NICs cannot split {gpn} GPUs evenly; list the NICs one by one "
@@ -141,7 +146,7 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
             )
         per = max(gpn // count, 1)
         return tuple(
-            NicSpec(bw=bw * GB / 8, gpus=tuple(range((i * per) % gpn, (i * per) % gpn + per)))
+            NicSpec(bw=bw * GB / 8, gpus=tuple(range((i * per) % gpn, (i * per) % gpn + per)), **transport)
             for i in range(count)
         )
     if not isinstance(raw, list):
@@ -149,10 +154,40 @@ def _parse_nics(raw: Any, where: str, gpn: int) -> tuple[NicSpec, ...]:
     nics = []
     for i, item in enumerate(raw):
         w = f"{where}[{i}]"
-        d = _keys(item, w, ("bw_Gbps", "gpus"))
+        d = _keys(item, w, ("bw_Gbps", "gpus"), ("rdma", "socket"))
         nics.append(NicSpec(bw=_num(d["bw_Gbps"], f"{w}.bw_Gbps") * GB / 8,
-                            gpus=_indices(d["gpus"], f"{w}.gpus", gpn, "GPU")))
+                            gpus=_indices(d["gpus"], f"{w}.gpus", gpn, "GPU"), **_parse_transport(d, w)))
     return tuple(nics)
+
+
+_SOCKET_KEYS = ("cloud", "threads", "socks_per_thread", "stream_Gbps", "flow_Gbps", "latency_us")
+
+
+def _parse_transport(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A NIC's ``rdma`` (default true) and, without RDMA, its ``socket`` settings (NCCL's socket
+    transport, :mod:`heterosim.cluster.sockets`; ``cloud`` picks NCCL's auto-detected threads)."""
+    rdma = _bool(d.get("rdma", True), f"{where}.rdma")
+    if rdma:
+        if "socket" in d:
+            raise TopologyError(f"{where}.socket: only a NIC without RDMA uses NCCL's socket transport; "
+                                "set rdma: false or drop socket")
+        return {}
+    sw = f"{where}.socket"
+    s = _keys(d.get("socket", {}), sw, (), _SOCKET_KEYS)
+    cloud = s.get("cloud", "other")
+    if cloud not in CLOUD_AUTO:
+        raise TopologyError(f"{sw}.cloud: unknown {cloud!r}; valid: {sorted(CLOUD_AUTO)}")
+    nt, ns = CLOUD_AUTO[cloud]
+    threads = _int(s.get("threads", nt), f"{sw}.threads", positive=False, hi=MAX_THREADS)
+    kw: dict[str, Any] = {"threads": threads,
+                          "socks_per_thread": _int(s.get("socks_per_thread", ns), f"{sw}.socks_per_thread")}
+    if "stream_Gbps" in s:
+        kw["stream_bw"] = _num(s["stream_Gbps"], f"{sw}.stream_Gbps") * GB / 8
+    if "flow_Gbps" in s:
+        kw["flow_bw"] = _num(s["flow_Gbps"], f"{sw}.flow_Gbps") * GB / 8
+    if "latency_us" in s:
+        kw["latency"] = _num(s["latency_us"], f"{sw}.latency_us", positive=False) * US
+    return {"rdma": False, "socket": SocketSpec(**kw)}
 
 
 def _default_switches(gpn: int, sockets: int, nics: tuple[NicSpec, ...]) -> tuple[PcieSwitch, ...]:
@@ -165,6 +200,22 @@ def _default_switches(gpn: int, sockets: int, nics: tuple[NicSpec, ...]) -> tupl
         nic_ids = tuple(i for i, n in enumerate(nics) if n.gpus and n.gpus[0] in gpus)
         out.append(PcieSwitch(socket=j * sockets // nsw, gpus=gpus, nics=nic_ids))
     return tuple(out)
+
+
+def _parse_dispatch(raw: Any, where: str) -> HostDispatch:
+    """``cpu.dispatch_us``: one number for every class, or {class: us}; missing classes default."""
+
+    def us(v: Any, w: str) -> float:
+        v = _num(v, w, positive=False)
+        if v > 1e6:  # a second per op is a typo (ms or ns for us), not a host
+            raise TopologyError(f"{w}: {v!r} us per op is more than a second; give microseconds")
+        return v * US
+
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        v = us(raw, where)
+        return HostDispatch(**{k: v for k in DISPATCH_CLASSES})
+    d = _keys(raw, where, (), DISPATCH_CLASSES)
+    return HostDispatch(**{k: us(d.get(k, DEFAULT_DISPATCH_US[k]), f"{where}.{k}") for k in DISPATCH_CLASSES})
 
 
 def _parse_nvlink(raw: Any, where: str, gpn: int) -> dict[str, Any]:
@@ -202,7 +253,7 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
     nics = _parse_nics(d.get("nics"), f"{where}.nics", gpn)
 
     cw = f"{where}.cpu"
-    c = _keys(d.get("cpu", {}), cw, (), ("sockets", "vendor", "bw_GBps", "latency_us"))
+    c = _keys(d.get("cpu", {}), cw, (), ("sockets", "vendor", "bw_GBps", "latency_us", "dispatch_us"))
     sockets = _int(c.get("sockets", 1), f"{cw}.sockets", hi=MAX_PER_NODE)
     vendor = c.get("vendor", "intel")
     if not isinstance(vendor, str) or vendor not in NCCL_CPU_GBPS:
@@ -212,6 +263,8 @@ def _parse_node_type(name: str, raw: Any) -> NodeType:
                                             f"{cw}.bw_GBps") * GB}
     if "latency_us" in c:
         kw["socket_latency"] = _num(c["latency_us"], f"{cw}.latency_us", positive=False) * US
+    if "dispatch_us" in c:
+        kw["dispatch"] = _parse_dispatch(c["dispatch_us"], f"{cw}.dispatch_us")
 
     pw = f"{where}.pcie"
     p = _keys(d["pcie"], pw, ("gen",), ("width", "bw_GBps", "latency_us", "switches"))

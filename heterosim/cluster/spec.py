@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, Mapping
 
+from heterosim.cluster.sockets import SocketSpec, socket_rate
 from heterosim.errors import TopologyError
 
 __all__ = [
@@ -37,6 +38,11 @@ __all__ = [
     "INTRA_KINDS",
     "FABRIC_KINDS",
     "DEFAULT_LATENCY_US",
+    "DISPATCH_CLASSES",
+    "CUDA_LAUNCH_US",
+    "FRAMEWORK_US",
+    "DEFAULT_DISPATCH_US",
+    "HostDispatch",
     "PcieSwitch",
     "NicSpec",
     "NodeType",
@@ -57,6 +63,29 @@ FABRIC_KINDS: tuple[str, ...] = ("rail_optimized", "leaf_spine", "explicit", "no
 # GPU->sw->NIC->leaf->NIC->sw->GPU six 0.5 us hops (3.0 us, near NCCL's 2.7). Switch-internal
 # forwarding, cable length and queueing are ignored.
 DEFAULT_LATENCY_US: dict[str, float] = {"nvlink": 0.3, "pcie": 0.5, "cpu": 1.0, "net": 0.5}
+
+DISPATCH_CLASSES: tuple[str, ...] = ("fwd", "bwd", "nograd", "collective", "wait")
+"""Op classes the host charges for (``replay.host``): forward op with autograd, backward op, op
+outside autograd (optimizer), collective or p2p launch, wait."""
+
+CUDA_LAUNCH_US = 3.8
+"""Host-side cost of one ``cudaLaunchKernel``, us: NVIDIA's *Getting Started with CUDA Graphs*
+(A. Gray, NVIDIA Technical Blog, 2019) launches a 2.9 us kernel back to back on a stream at 3.8 us
+per kernel (V100, CUDA 10.1): the CPU, not the GPU, sets that pace, so one launch costs the host
+3.8 us. A replication of that experiment on an RTX 5070 Ti with CUDA 13.0 (*pegainfer (3): From
+Launch Overhead to CUDA Graph*, susun-blog.com, 2025) puts a launch at about 4-6 us. Added to the
+framework cost that ``benchmarks/bench_dispatch.py`` measures without a GPU."""
+
+FRAMEWORK_US: dict[str, float] = {"fwd": 7.13, "bwd": 6.59, "nograd": 1.69, "collective": 4.93, "wait": 0.29}
+"""Eager framework cost per op of each class, us, without the launch: benchmarks/bench_dispatch.py,
+minimum of 7 x 2000 ops, torch 2.13 (CPU build), one thread of an "Intel(R) Xeon(R) Processor"
+(cloud VM, 2 vCPUs, load average 4-6); the collective on torch's ``fake`` process group. NB: a
+server core at a higher clock issues faster; measure the training hosts and state them."""
+
+DEFAULT_DISPATCH_US: dict[str, float] = {
+    k: round(v + (0.0 if k == "wait" else CUDA_LAUNCH_US), 2) for k, v in FRAMEWORK_US.items()}
+"""CPU time to issue one op of each class, us, when the YAML gives none (``cpu.dispatch_us``): the
+framework cost plus one kernel launch (a wait launches nothing)."""
 
 GB = 1e9
 US = 1e-6
@@ -84,6 +113,44 @@ class NicSpec:
     bw: float
     """Line rate per direction, B/s."""
     gpus: tuple[int, ...]
+    rdma: bool = True
+    """InfiniBand or RoCE with GPUDirect RDMA; False: Ethernet, NCCL's socket transport."""
+    socket: SocketSpec = SocketSpec()
+    """How the socket transport runs (used when ``rdma`` is False; :mod:`heterosim.cluster.sockets`)."""
+
+    @property
+    def rate(self) -> float:
+        """What the NIC moves per direction, B/s: its line rate, or what NCCL's socket transport
+        gets through it (one connection per GPU it serves) when it has no RDMA."""
+        return self.bw if self.rdma else socket_rate(self.bw, len(self.gpus), self.socket)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostDispatch:
+    """CPU seconds one rank's host spends issuing an op, per class (:data:`DISPATCH_CLASSES`).
+
+    All zero: the host is never the bottleneck (what the simulator assumed before it had a host).
+    """
+
+    fwd: float = DEFAULT_DISPATCH_US["fwd"] * US
+    """A forward (or recomputed) op: Python call, dispatcher, autograd recording, launch."""
+    bwd: float = DEFAULT_DISPATCH_US["bwd"] * US
+    """A backward op: the C++ autograd engine's node, dispatcher, launch."""
+    nograd: float = DEFAULT_DISPATCH_US["nograd"] * US
+    """An op outside autograd (optimizer, gradient scaling): Python call, dispatcher, launch."""
+    collective: float = DEFAULT_DISPATCH_US["collective"] * US
+    """A collective or p2p call: Python, c10d, NCCL kernel launch."""
+    wait: float = DEFAULT_DISPATCH_US["wait"] * US
+    """``Work.wait()`` of an async collective (a stream wait; the CPU does not block)."""
+
+    def seconds(self) -> dict[str, float]:
+        """Class -> seconds."""
+        return {k: getattr(self, k) for k in DISPATCH_CLASSES}
+
+    @property
+    def active(self) -> bool:
+        """True when any class costs time."""
+        return any(v > 0 for v in self.seconds().values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +184,8 @@ class NodeType:
     socket_bw: float = 0.0
     """CPU-to-CPU interconnect per direction, B/s (NCCL's figure for the vendor by default)."""
     socket_latency: float = DEFAULT_LATENCY_US["cpu"] * US
+    dispatch: HostDispatch = HostDispatch()
+    """What the host CPU spends issuing each op (``cpu.dispatch_us``; replay.host)."""
     switches: tuple[PcieSwitch, ...]
     nics: tuple[NicSpec, ...] = ()
     coherent_memory: bool = False
@@ -257,9 +326,22 @@ def _node_type_dict(t: NodeType) -> dict[str, Any]:
                    "switches": [{"socket": s.socket, "gpus": list(s.gpus), "nics": list(s.nics)}
                                 for s in t.switches]}
     out["cpu"] = {"sockets": t.sockets, "vendor": t.cpu_vendor, "bw_GBps": t.socket_bw / GB,
-                  "latency_us": t.socket_latency / US}
-    out["nics"] = [{"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)} for n in t.nics]
+                  "latency_us": t.socket_latency / US,
+                  "dispatch_us": {k: v / US for k, v in t.dispatch.seconds().items()}}
+    out["nics"] = [_nic_dict(n) for n in t.nics]
     out["coherent_memory"] = t.coherent_memory
+    return out
+
+
+def _nic_dict(n: NicSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"bw_Gbps": n.bw * 8 / GB, "gpus": list(n.gpus)}
+    if not n.rdma:
+        s = n.socket
+        out["rdma"] = False
+        out["socket"] = {"threads": s.threads, "socks_per_thread": s.socks_per_thread,
+                         "stream_Gbps": s.stream_bw * 8 / GB, "latency_us": s.latency / US}
+        if s.flow_bw > 0:
+            out["socket"]["flow_Gbps"] = s.flow_bw * 8 / GB
     return out
 
 

@@ -1,0 +1,160 @@
+"""The host dispatch model (replay.host): the max-plus scan by hand, and a job that turns host-bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heterosim.cluster import load_cluster
+from heterosim.cluster.parse import parse_spec
+from heterosim.cluster.spec import DEFAULT_DISPATCH_US, HostDispatch
+from heterosim.errors import ConfigError, ReplayError, TopologyError
+from replay.engine import run_fast
+from replay.host import dispatch_by_gpu_type, dispatch_costs, host_bound_durations, sync_flags, with_host
+from replay.reference import run_reference
+from tests.cluster_specs import tiny
+from tests.test_replay_engine import comp, make_trace, toy_workload
+
+US = 1e-6
+
+
+def test_scan_gpu_bound_and_host_bound():
+    """Two 10 us kernels: dispatched at 4 us each the GPU runs 4..14, 14..24; at 30 us, 30..40, 60..70."""
+    d = np.array([10, 10]) * US
+    assert host_bound_durations(d, np.full(2, 4 * US), np.zeros(2, bool)) == pytest.approx([14 * US, 10 * US])
+    assert host_bound_durations(d, np.full(2, 30 * US), np.zeros(2, bool)) == pytest.approx([40 * US, 30 * US])
+
+
+def test_scan_zero_dispatch_is_identity():
+    """With no host cost the GPU durations come back unchanged."""
+    d = np.array([3.0, 0.0, 5.0, 1.0]) * US
+    assert host_bound_durations(d, np.zeros(4), np.zeros(4, bool)).tolist() == d.tolist()
+
+
+def test_sync_makes_the_cpu_wait_for_the_gpu():
+    """A 100 us kernel, then a sync op: the CPU issues the 3rd op only after the GPU ends at 101 us.
+
+    c = 1 us each. Without the sync the 3rd op starts at 101 (queued); with it, the CPU reads the
+    result at 101 and issues op 3 at 102 (its own dispatch) and op 2 (the sync, 0 us) at 101+1."""
+    d = np.array([100, 0, 1]) * US
+    c = np.full(3, 1 * US)
+    free = host_bound_durations(d, c, np.zeros(3, bool))
+    assert free.sum() == pytest.approx(102 * US)
+    synced = host_bound_durations(d, c, np.array([False, True, False]))
+    # op 1 (sync) issued at max(2, 101) + 1 = 102, ends at 102; op 2 issued at 103, ends at 104
+    assert synced.tolist() == pytest.approx([101 * US, 1 * US, 2 * US])
+
+
+def test_gap_before_a_comm_op_lands_on_the_next_compute_op():
+    """Comm ops keep 0 (the engine ignores them); their dispatch delays the next compute op."""
+    d = np.array([10, 0, 10]) * US
+    c = np.array([1, 20, 1]) * US
+    eff = host_bound_durations(d, c, np.zeros(3, bool), np.array([True, False, True]))
+    # op0 1..11; comm issued at 21; op2 issued at 22, runs 22..32
+    assert eff.tolist() == pytest.approx([11 * US, 0.0, 21 * US])
+
+
+def test_bad_input_is_one_clear_error():
+    with pytest.raises(ReplayError, match="one GPU time, dispatch cost, sync flag and compute flag per op"):
+        host_bound_durations(np.zeros(2), np.zeros(3), np.zeros(2, bool))
+    with pytest.raises(ReplayError, match="must be >= 0 seconds"):
+        host_bound_durations(np.array([-1.0]), np.zeros(1), np.zeros(1, bool))
+
+
+def test_classes_and_sync_names():
+    per = {"fwd": 1.0, "bwd": 2.0, "nograd": 3.0, "collective": 4.0, "wait": 5.0}
+    got = dispatch_costs(["compute", "compute", "compute", "compute", "collective", "p2p", "wait"],
+                         ["fwd", "recompute", "bwd", "optimizer", "grad_sync", "fwd", "fwd"], per)
+    assert got.tolist() == [1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 5.0]
+    assert sync_flags(["aten._local_scalar_dense.default", "aten.nonzero.default", "aten.mm.default"]).tolist() \
+        == [True, True, False]
+
+
+def _chain_trace(n: int):
+    return make_trace(1, {}, [((0,), {"f": [comp(1e6) for _ in range(n)]}, [("f", 0), ("f", 1)])])
+
+
+@pytest.mark.parametrize("speed,expect_us", [
+    # GPU op = 1e6 FLOP / speed. Per block of 10 ops with c = 10 us: GPU-bound when d >= c:
+    # block = c + 10 d (only the first dispatch shows); host-bound when d < c: block = 10 c + d.
+    (1e10, 2 * (10 + 10 * 100)),  # d = 100 us: GPU-bound, 2020 us
+    (1e11, 2 * (10 + 10 * 10)),  # d = 10 us: the turning point, 220 us
+    (1e12, 2 * (10 * 10 + 1)),  # d = 1 us: host-bound, 202 us
+    (1e13, 2 * (10 * 10 + 0.1)),  # d = 0.1 us: host-bound, 200.2 us: a faster GPU buys nothing
+])
+def test_small_model_turns_host_bound_as_the_gpu_gets_faster(speed, expect_us):
+    """Two blocks of 10 forward ops; the host issues each at 10 us (both engines agree)."""
+    trace = _chain_trace(10)
+    w = toy_workload(trace, speed={"A": speed})
+    w.durations = with_host(w.durations, trace, {"A": {"fwd": 10 * US, "bwd": 0.0, "nograd": 0.0,
+                                                       "collective": 0.0, "wait": 0.0}})
+    fast = max(t.finish_s for t in run_fast(w).times)
+    assert fast == pytest.approx(expect_us * US, rel=1e-9)
+    assert run_reference(w)[0].finish_s == pytest.approx(fast, rel=1e-12)
+
+
+def test_cluster_file_states_dispatch_per_node_type():
+    """cpu.dispatch_us: a number for all classes or a per-class map; missing classes default; it
+    round-trips through to_dict."""
+    spec = tiny()
+    spec["node_types"]["box"]["cpu"] = {"dispatch_us": {"fwd": 20}}
+    s = parse_spec(spec)
+    got = s.node_types[0].dispatch
+    assert got.fwd == pytest.approx(20 * US) and got.bwd == pytest.approx(DEFAULT_DISPATCH_US["bwd"] * US)
+    assert parse_spec(s.to_dict()) == s
+    spec["node_types"]["box"]["cpu"] = {"dispatch_us": 0}
+    assert not parse_spec(spec).node_types[0].dispatch.active
+    assert HostDispatch().active  # the default charges the host
+    spec["node_types"]["box"]["cpu"] = {"dispatch_us": {"bwd": 2e6}}
+    with pytest.raises(TopologyError, match=r"node_types.box.cpu.dispatch_us.bwd: 2000000.0 us per op is more "
+                                            r"than a second; give microseconds"):
+        parse_spec(spec)
+    spec["node_types"]["box"]["cpu"] = {"dispatch_us": {"launch": 3}}
+    with pytest.raises(TopologyError, match=r"node_types.box.cpu.dispatch_us: unknown key 'launch'; valid keys: "
+                                            r"\['bwd', 'collective', 'fwd', 'nograd', 'wait'\]"):
+        parse_spec(spec)
+
+
+def test_one_gpu_type_needs_one_host_figure():
+    """Two node types holding the same GPU type with different dispatch figures are refused."""
+    spec = tiny()
+    box2 = {**spec["node_types"]["box"], "cpu": {"dispatch_us": 1}}
+    spec["node_types"]["box2"] = box2
+    spec["node_groups"] = [{"name": "a", "gpu": "A100", "node_type": "box", "nodes": 1},
+                           {"name": "b", "gpu": "A100", "node_type": "box2", "nodes": 1}]
+    c = load_cluster(spec, num_gpus=4)
+    with pytest.raises(ConfigError, match="GPU type A100-SXM4-80GB sits in node types with different cpu.dispatch_us"):
+        dispatch_by_gpu_type(c, ["A100-SXM4-80GB"])
+
+
+def _one_gpu(name: str, bf16_TFLOPs: float) -> dict:
+    """One node, one accelerator defined in the file, a host that issues a forward op in 20 us."""
+    acme = {"name": name, "vendor": "acme", "arch": "acme1", "compute_capability": 0,
+            "peak_TFLOPs": {"fp32": 10.0, "tf32": 20.0, "bf16": bf16_TFLOPs, "fp16": bf16_TFLOPs, "fp8": 100.0},
+            "hbm_bw_GBps": 800, "memory_GiB": 32, "sm_count": 64, "l2_MiB": 16, "nvlink_bw_GBps": 0,
+            "pcie_bw_GBps": 32, "tdp_W": 300, "sources": "a test accelerator: figures chosen by hand"}
+    return {"schema_version": 1, "name": "one", "gpus": [acme],
+            "node_types": {"box": {"gpus_per_node": 1, "pcie": {"gen": 4}, "cpu": {"dispatch_us": {"fwd": 20}}}},
+            "node_groups": [{"name": "g", "gpu": name, "node_type": "box", "nodes": 1}]}
+
+
+def test_simulate_reads_the_host_from_the_cluster_file():
+    """10 GEMMs of 1 GFLOP on a 50 TFLOP/s accelerator (GPU-bound: 20 us + 10 d) and on a 5000 TFLOP/s
+    one (host-bound: 10 x 20 us + d), d the op's price on that accelerator; host=False gives 10 d."""
+    from heterosim.trace.ir import Op
+    from kernel_db import Pricer
+    from replay.simulate import simulate
+
+    trace = make_trace(1, {}, [((0,), {"f": [comp(1e9) for _ in range(10)]}, [("f", 0)])])
+    got = {}
+    for name, peak in (("ACME-SLOW", 50.0), ("ACME-FAST", 5000.0)):
+        spec = _one_gpu(name, peak)
+        c = load_cluster(spec, num_gpus=1)
+        d = Pricer(None, c.catalogue).price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm",
+                                               phase="fwd", flops=1e9, flops_full=1e9, dtype="bf16"), name).seconds
+        r = simulate(trace, spec, overlap_slowdown=0.0)
+        got[name] = (d, r.iteration_time_s, simulate(trace, spec, host=False).iteration_time_s)
+    d, t, off = got["ACME-SLOW"]
+    assert d > 20 * US and t == pytest.approx(20 * US + 10 * d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
+    d, t, off = got["ACME-FAST"]
+    assert d < 20 * US and t == pytest.approx(10 * 20 * US + d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
