@@ -109,6 +109,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "no_align_grad_reduce": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
+    "overlap_p2p_communication": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
-              "--grad-reduce-in-bf16", "--tp-comm-overlap"):
+              "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication"):
         add(f)
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
@@ -241,6 +242,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
     if a["bf16"] and a["fp16"]:
         raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+    if a["overlap_p2p_communication"] and a["scatter_gather_tensors_in_pipeline"]:
+        raise ConfigError("--overlap-p2p-communication and --scatter-gather-tensors-in-pipeline are "
+                          "exclusive (Megatron-core, which overlaps p2p, has no scatter/gather); pick one")
     if a["tp_comm_overlap"] and not a["sequence_parallel"]:
         raise ConfigError("--tp-comm-overlap needs --sequence-parallel (Megatron asserts it: the "
                           "overlapped collectives are sequence parallelism's all-gathers and reduce-scatters)")
@@ -279,7 +283,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
-        tp_comm_overlap=a["tp_comm_overlap"])
+        tp_comm_overlap=a["tp_comm_overlap"],
+        # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
+        overlap_p2p_comm=a["overlap_p2p_communication"])
     pcfg.check()
     ffn = a["ffn_hidden_size"]
     if ffn is None and a["swiglu"]:

@@ -115,6 +115,9 @@ class ParallelConfig:
     """Pipeline p2p sends 1/tp of each tensor per TP rank, all-gathered after (Megatron-LM before
     Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.p2p.PipelineComm``).
     Meaningless with sequence parallelism, whose tensors are already split."""
+    overlap_p2p_comm: bool = False
+    """Interleaved pipeline p2p left in flight under the next step (``--overlap-p2p-communication``;
+    :class:`models.schedules._InterleavedOverlap`)."""
     tp_comm_overlap: bool = False
     """TP all-gathers / reduce-scatters of the transformer layers' linears overlapped with their
     GEMMs as Transformer Engine's userbuffers do it (``--tp-comm-overlap``; needs sequence

@@ -40,6 +40,9 @@ class PipelineComm:
     ``tp`` ranks of this tensor-parallel group sends only its 1/tp slice of the (replicated)
     tensor over the network, and the receivers all-gather the slices over their NVLink. None: every
     rank sends the whole tensor (Megatron-core)."""
+    overlap: bool = False
+    """``--overlap-p2p-communication``: the interleaved schedule leaves exchanges in flight under
+    the next step (:mod:`models.schedules`)."""
 
     @property
     def is_first(self) -> bool:
@@ -56,11 +59,14 @@ class PipelineComm:
         send_prev: Tensor | None = None,
         recv_prev: bool = False,
         recv_next: bool = False,
-    ) -> tuple[Tensor | None, Tensor | None]:
+        wait: bool = True,
+    ) -> Any:
         """Megatron ``_communicate`` (batched path): returns (tensor from prev, tensor from next).
 
         Op order is Megatron's ``_batched_p2p_ops``: send prev, recv prev, send next, recv next;
         all requests are waited at once (``batch_p2p_sync``). Peers are group-relative ranks.
+        ``wait=False`` (``--overlap-p2p-communication``): nothing is waited and the requests come
+        back as a third element, to be waited where the received tensor is needed.
         """
         prev, nxt = (self.rank - 1) % self.size, (self.rank + 1) % self.size
         sg = self.scatter_gather_group
@@ -88,9 +94,13 @@ class PipelineComm:
             ops.append(dist.P2POp(dist.isend, send_next, group=self.group, group_peer=nxt))
         if from_next is not None:
             ops.append(dist.P2POp(dist.irecv, from_next, group=self.group, group_peer=nxt))
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
+        reqs = dist.batch_isend_irecv(ops) if ops else []
+        if not wait:
+            if tp > 1:
+                raise ValueError("overlapped p2p has no scatter/gather path (Megatron-core has neither)")
+            return from_prev, from_next, reqs
+        for req in reqs:
+            req.wait()
         if tp > 1:  # Megatron gather_split_1d_tensor: all-gather the slices over the TP group
             def gather(t: Tensor | None) -> Tensor | None:
                 if t is None:

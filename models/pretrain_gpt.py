@@ -120,7 +120,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
         comm = PipelineComm(group=ps.pp_group, rank=ps.pp_rank, size=ps.pp_size,
                             shape=chunks[0].hidden_shape(tcfg.micro_batch_size),
                             dtype=torch_dtype(tcfg.params_dtype),
-                            scatter_gather_group=ps.tp_group if pcfg.scatter_gather_p2p else None)
+                            scatter_gather_group=ps.tp_group if pcfg.scatter_gather_p2p else None,
+                            overlap=pcfg.overlap_p2p_comm)
     history: list[float] = []
     for it in range(tcfg.train_iters):
         ann.iteration(it)

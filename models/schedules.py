@@ -24,8 +24,14 @@ Example::
                         shape=model.hidden_shape(mbs), dtype=torch.bfloat16)
     losses = forward_backward(step, num_microbatches=8, num_chunks=1, comm=comm, grad_sync=gs)
 
-Known limitations: no forward-only (evaluation) mode, no ``--overlap-p2p-communication`` (p2p
-is waited right after issue, Megatron's ``batch_p2p_sync`` default), no variable sequence lengths.
+``--overlap-p2p-communication`` (``PipelineComm.overlap``) runs the interleaved schedule's
+overlapped path (:class:`_InterleavedOverlap`); otherwise each p2p exchange is waited right after
+it is issued (Megatron's ``batch_p2p_sync``).
+
+Known limitations: no forward-only (evaluation) mode; 1F1B has no overlapped p2p path (Megatron's
+non-interleaved schedule has none either); p2p ops keep the batched order (Megatron's overlapped
+path issues them one by one, even and odd stages in opposite orders: the same pairs); no variable
+sequence lengths.
 """
 
 from __future__ import annotations
@@ -235,6 +241,15 @@ class _Runner:
         if self.gs is not None:
             with self.ann.scope(phase="grad_sync"):
                 self.gs.finalize()
+
+    def wait(self, reqs: list | None, phase: str, mb: int, chunk: int) -> None:
+        """Wait for overlapped p2p requests (a block of its own: it waits for what another issued)."""
+        if reqs:
+            def run() -> None:
+                for req in reqs:
+                    req.wait()
+            with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
+                self.ann.block(("p2p-wait", phase, len(reqs)), run)
 
     def p2p(self, phase: str, mb: int, chunk: int, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         # A block: every exchange of one kind (helper, which tensors are present, their shapes)
@@ -447,6 +462,69 @@ class _Interleaved:
                 self.grads[next_b].append(dy)
 
 
+class _InterleavedOverlap(_Interleaved):
+    """The same schedule with ``--overlap-p2p-communication`` (Megatron's ``overlap_p2p_comm``
+    path): a forward's send/receive runs under the following backward and a backward's under
+    the next forward; each is waited right before the step that needs what it receives. The
+    cool-down exchanges synchronously, as Megatron's does."""
+
+    fwd_reqs: list | None = None
+    bwd_reqs: list | None = None
+
+    def _wait(self, attr: str, k: int, forward: bool) -> None:
+        self.r.wait(getattr(self, attr), "fwd" if forward else "bwd", *self.tag(k, forward))
+        setattr(self, attr, None)
+
+    def warmup_phase(self) -> None:
+        r, c = self.r, self.c
+        for k in range(self.warmup):
+            self._wait("fwd_reqs", k, True)
+            y = self.forward(k)
+            next_chunk = self.chunk(k + 1, True)
+            recv_prev = not (c.is_first and next_chunk == 0) and k != self.total - 1
+            if r.last_virtual(self.chunk(k, True)):
+                y = None
+            x, _, self.fwd_reqs = r.p2p("fwd", *self.tag(k, True), c.communicate, send_next=y,
+                                        recv_prev=recv_prev, wait=False)
+            if k == self.warmup - 1 and not self.all_warmup:
+                _, dy, self.bwd_reqs = r.p2p("bwd", *self.tag(k, True), c.communicate,
+                                             recv_next=not c.is_last, wait=False)
+                self.grads[self.vpp - 1].append(dy)
+            if recv_prev:
+                self.inputs[next_chunk].append(x)
+
+    def steady_phase(self) -> None:
+        r, c = self.r, self.c
+        for k in range(self.remaining):
+            fk, bk = k + self.warmup, k
+            self._wait("fwd_reqs", fk, True)
+            y = self.forward(fk)
+            if r.last_virtual(self.chunk(fk, True)):
+                y = None
+            recv_prev, next_f = self.next_forward_chunk(fk)
+            if k == self.remaining - 1:
+                recv_prev = False
+            x, _, self.fwd_reqs = r.p2p("fwd", *self.tag(fk, True), c.communicate, send_next=y,
+                                        recv_prev=recv_prev, wait=False)
+            if recv_prev:
+                self.inputs[next_f].append(x)
+            self._wait("bwd_reqs", bk, False)
+            dx = self.backward(bk)
+            if r.first_virtual(self.chunk(bk, False)):
+                dx = None
+            recv_next, next_b = self.next_backward_chunk(bk)
+            _, dy, self.bwd_reqs = r.p2p("bwd", *self.tag(bk, False), c.communicate, send_prev=dx,
+                                         recv_next=recv_next, wait=False)
+            if recv_next:
+                self.grads[next_b].append(dy)
+
+    def cooldown_phase(self) -> None:
+        k = self.remaining
+        self._wait("fwd_reqs", max(k - 1 + self.warmup, 0), True)
+        self._wait("bwd_reqs", min(k, self.total - 1), False)
+        super().cooldown_phase()
+
+
 def forward_backward(
     forward_step: ForwardStep,
     *,
@@ -484,6 +562,6 @@ def forward_backward(
     elif num_chunks == 1:
         _one_f_one_b(runner)
     else:
-        _Interleaved(runner).run()
+        (_InterleavedOverlap if comm is not None and comm.overlap else _Interleaved)(runner).run()
     runner.finalize()
     return runner.losses
