@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-j", "--jobs", type=int, help="worker processes in parallel (default: CPU cores)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="seconds one rank may run before the capture stops with an error (default 1800)")
+    ap.add_argument("--gpu", default="H100",
+                    help="GPU the fake CUDA device reports to the script (torch.cuda.get_device_properties); default H100")
     ap.add_argument("-o", "--output", help="trace directory to write (new, empty, or a previous trace)")
     ap.add_argument("--force", action="store_true",
                     help="let -o replace a regular file (never a device or a directory that is not a trace)")
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
-                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force,
+                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force, gpu=a.gpu,
                            **({} if a.timeout is None else {"timeout": a.timeout}))
         finally:
             bar.close()

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from heterosim.trace.store import check_trace_output, write_trace
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
-from capture.runner import RankCapture, run_rank
+from capture.runner import DEFAULT_GPU, RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
 from heterosim.forkpool import run_forked
 
@@ -39,23 +39,23 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
-def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int) -> str:
+def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int, gpu: str = DEFAULT_GPU) -> str:
     """Capture one rank; its ``RankCapture`` as the JSON text traces are merged from.
 
     Text, not the object, crosses the worker's pipe, so the parent rebuilds exactly what
     ``python -m capture.worker`` writes to ``rank_R.json``.
     """
-    cap = run_rank(script, list(args), rank, world, nproc)
+    cap = run_rank(script, list(args), rank, world, nproc, gpu)
     return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int]) -> str:
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str]) -> str:
     """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
-    script, args, rank, world, nproc = job
+    script, args, rank, world, nproc, gpu = job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
     try:
-        return rank_json(script, args, rank, world, nproc)
+        return rank_json(script, args, rank, world, nproc, gpu)
     except ScriptError as e:
         raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
@@ -69,6 +69,7 @@ def _run_ranks(
     jobs: int,
     on_done: Callable[[], None] | None,
     timeout: float | None = None,
+    gpu: str = DEFAULT_GPU,
 ) -> list[RankCapture]:
     """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
 
@@ -76,7 +77,7 @@ def _run_ranks(
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
     """
     rs = list(ranks)
-    texts = run_forked([(script, tuple(args), r, world, nproc) for r in rs], _capture_rank, jobs=jobs,
+    texts = run_forked([(script, tuple(args), r, world, nproc, gpu) for r in rs], _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
                        error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
@@ -94,6 +95,7 @@ def capture(
     on_rank_done: Callable[[int, int], None] | None = None,
     force: bool = False,
     timeout: float | None = DEFAULT_RANK_TIMEOUT_S,
+    gpu: str = DEFAULT_GPU,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
@@ -103,6 +105,7 @@ def capture(
     be new, an empty directory or a previous trace (``force``: also a regular file); anything else
     is refused before the script runs (:func:`heterosim.trace.store.check_trace_output`). ``timeout``:
     seconds one rank may run (None: no limit); a rank over it stops the capture with an error.
+    ``gpu``: the GPU the fake CUDA device reports to the script (a GPU catalogue name).
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ConfigError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} ranks, got {world_size}")
@@ -116,6 +119,9 @@ def capture(
             f"world size {world_size} is not a multiple of --nproc-per-node {nproc}; "
             "pass --nnodes N --nproc-per-node G or a world size that divides"
         )
+    from heterosim.cluster.gpus import get_gpu
+
+    get_gpu(gpu)  # an unknown name fails here, once, with the catalogue's list
     if not os.path.isfile(script):
         raise CaptureError(f"script {script!r} does not exist")
     check_trace_output(out, force=force)
@@ -132,7 +138,7 @@ def capture(
             on_rank_done(done[0], done[1])
 
     def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout)
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu)
 
     if ranks == "all":
         done[1] = world_size

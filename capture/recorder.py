@@ -21,14 +21,14 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.fakeworld import FakeWorld
 from capture.memory import MemoryTracker
+from capture.modpaths import ModulePaths
+from capture.streams import RecWork, StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
 from capture.opinfo import describe
@@ -53,38 +53,6 @@ _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
 def _skey(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
-
-
-class _RecWork(dist.Work):
-    """Python Work handed to the script in place of the fake backend's, so ``wait()`` is recorded."""
-
-    def __init__(self, rec: "Recorder", comm_id: int, result: Any) -> None:
-        super().__init__()
-        self.rec, self.comm_id, self.waited = rec, comm_id, False
-        self._fut: Future = Future()
-        self._fut.set_result(result)
-
-    def wait(self, timeout: Any = None) -> bool:
-        if not self.waited:
-            self.waited = True
-            self.rec._record_wait(self.comm_id)
-            # Completed: NCCL lets go of the buffers, and so do we (the recorder keeps its works
-            # for the whole iteration; holding results would keep every all-gather buffer alive).
-            self._fut = Future()
-            self._fut.set_result(None)
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def get_future(self) -> Future:
-        return self._fut
-
-    def synchronize(self) -> None:
-        self.wait()
 
 
 @dataclass(slots=True)
@@ -119,12 +87,9 @@ class Recorder(TorchDispatchMode, Annotator):
         self.tags = _Tags()
         self.suppress = 0
         self.iterations_seen = 0
+        self.paths = ModulePaths()
+        self.streams = StreamTracker(self._emit_wait)
         self._reset_iteration()
-        self._mod_names: dict[int, str] = {}
-        self._param_names: dict[int, str] = {}
-        self._mod_stack: list[Any] = []
-        self._hooks: list[Any] = []
-        self._keep: dict[int, Any] = {}
         # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
         # the block being recorded (``block_mem``) or between segments (``gaps``).
         self.mem = MemoryTracker(on_free=self._storage_died)
@@ -142,8 +107,10 @@ class Recorder(TorchDispatchMode, Annotator):
         self.seg_key: tuple[int, int] | None = None
         self.in_block: str | None = None
         self.writers: dict[int, list[int]] = {}
-        self.seq2mod: dict[int, str] = {}
-        self.works: dict[int, _RecWork] = {}
+        self.paths.seq2mod = {}
+        self.streams.reset()
+        self.works: dict[int, RecWork] = {}
+        self.unwaited: dict[int, int] = {}
         self.pending_funcol: dict[int, tuple[int, ...]] = {}
         self.batch_first: int | None = None
         self.in_batch = False
@@ -304,53 +271,9 @@ class Recorder(TorchDispatchMode, Annotator):
         self.in_batch = entering
         self.batch_first = None
 
-    # ---- module attribution --------------------------------------------------------------------
-    def _name_module(self, mod: Any) -> str:
-        name = self._mod_names.get(id(mod))
-        if name is None:
-            parent = self._mod_stack[-1] if self._mod_stack else None
-            name = ""
-            if parent is not None:
-                pname = self._mod_names.get(id(parent), "")
-                # Direct child, or deeper (a layer of a ModuleList the parent iterates itself).
-                for child_name, child in parent.named_modules(remove_duplicate=False):
-                    if child is mod and child_name:
-                        name = f"{pname}.{child_name}" if pname else child_name
-                        break
-                else:
-                    name = f"{pname}.{type(mod).__name__}" if pname else type(mod).__name__
-            self._mod_names[id(mod)] = name
-            self._keep[id(mod)] = mod
-            for pn, p in mod.named_parameters(recurse=False):
-                self._param_names[id(p)] = f"{name}.{pn}" if name else pn
-        return name
-
-    def _pre(self, mod: Any, args: Any) -> None:
-        self._name_module(mod)
-        self._mod_stack.append(mod)
-
-    def _post(self, mod: Any, args: Any, out: Any) -> None:
-        if self._mod_stack:
-            self._mod_stack.pop()
-
-    def _module_path(self, in_backward: bool) -> str:
-        if in_backward:
-            node = torch._C._current_autograd_node()
-            if node is None:
-                return ""
-            var = getattr(node, "variable", None)
-            if var is not None:  # AccumulateGrad: the parameter being accumulated
-                return self._param_names.get(id(var), "")
-            return self.seq2mod.get(node._sequence_nr(), "")
-        if not self._mod_stack:
-            return ""
-        return self._mod_names.get(id(self._mod_stack[-1]), "")
-
     def __enter__(self) -> "Recorder":
-        self._hooks = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post, always_call=True),
-        ]
+        self.paths.install()
+        self.streams.activate()
         self._sp = None
         try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -371,8 +294,8 @@ class Recorder(TorchDispatchMode, Annotator):
         return super().__enter__()
 
     def __exit__(self, *a: Any) -> Any:
-        for h in self._hooks:
-            h.remove()
+        self.paths.uninstall()
+        self.streams.deactivate()
         if self._sp is not None:
             self._sp[0]._fake_mode_lock = self._sp[1]
         return super().__exit__(*a)
@@ -414,21 +337,28 @@ class Recorder(TorchDispatchMode, Annotator):
         else:
             self.writers[k] = [oid]
 
-    def _flush_funcol(self, tensors: list, phase: str, module: str) -> None:
+    def _flush_funcol(self, tensors: list) -> None:
         for t in tensors:
             target = self.pending_funcol.pop(_skey(t), None)
             if target is not None:
                 for k in [k for k, v in self.pending_funcol.items() if v == target]:
                     del self.pending_funcol[k]
-                self._record_wait(target[0], phase=phase, module=module)
+                self.streams.wait(target[0])
 
-    def _map_sequence(self, in_bwd: bool, module: str) -> None:
-        # The autograd node of the running forward op (or custom Function) has the sequence number
-        # just issued; its backward ops look the module up by it (``docs/capture.md``, "Interception", item 5).
-        if not in_bwd:
-            seq = torch.autograd._get_sequence_nr() - 1
-            if seq >= 0 and seq not in self.seq2mod:
-                self.seq2mod[seq] = module
+    def _flush_unwaited(self, tensors: list) -> None:
+        # A read or write of a buffer an asynchronous c10d op is still writing waits for it first
+        # (what DDP's reducer does through futures in C++, which no Python hook sees).
+        for t in tensors:
+            target = self.unwaited.get(_skey(t))
+            if target is not None:
+                self._work_waited(target, self.streams.epoch)
+
+    def _work_waited(self, target: int, epoch: int) -> None:
+        if epoch != self.streams.epoch:
+            return  # issued in an earlier (discarded) iteration
+        for k in [k for k, v in self.unwaited.items() if v == target]:
+            del self.unwaited[k]
+        self.streams.wait(target)
 
     def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         if func in _ALLOC or func in _SKIP:
@@ -446,12 +376,14 @@ class Recorder(TorchDispatchMode, Annotator):
         if not outs and not mutated:
             return out  # metadata queries
         phase, in_bwd = self._phase()
-        module = self._module_path(in_bwd)
+        module = self.paths.path(in_bwd)
         if self.pending_funcol:
-            self._flush_funcol(ins, phase, module)
+            self._flush_funcol(ins)
+        if self.unwaited:
+            self._flush_unwaited(ins)
         if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
             return out  # views move no data; deps flow through the shared storage
-        self._map_sequence(in_bwd, module)
+        self.paths.map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
         oid = self._append(
             {
@@ -481,7 +413,7 @@ class Recorder(TorchDispatchMode, Annotator):
 
     def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         phase, in_bwd = self._phase()
-        module = self._module_path(in_bwd)
+        module = self.paths.path(in_bwd)
         ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         if func is _c10d_functional.wait_tensor.default:
             src = self.writers.get(_skey(ins[0]), [])
@@ -491,8 +423,10 @@ class Recorder(TorchDispatchMode, Annotator):
                     self._set_writer(t, src[-1])
             return out
         if self.pending_funcol:
-            self._flush_funcol(ins, phase, module)
-        self._map_sequence(in_bwd, module)
+            self._flush_funcol(ins)
+        if self.unwaited:
+            self._flush_unwaited(ins)
+        self.paths.map_sequence(in_bwd, module)
         info = comm_info.describe_comm(func, args, kwargs, out)
         pg = comm_info.find_group(func, args, kwargs)
         gid = self.world.gid_of(pg)
@@ -515,6 +449,7 @@ class Recorder(TorchDispatchMode, Annotator):
                 "deps": self._deps(ins),
             }
         )
+        self.streams.issue(oid)
         for t in info.written:
             self._set_writer(t, oid)
         if func.namespace == "_c10d_functional":
@@ -522,7 +457,10 @@ class Recorder(TorchDispatchMode, Annotator):
                 if isinstance(t, torch.Tensor):
                     self._set_writer(t, oid)
             return out
-        work = _RecWork(self, oid, out[0] if isinstance(out, tuple) else None)
+        for t in info.written:
+            self.unwaited[_skey(t)] = oid
+        work = RecWork(lambda cid, e=self.streams.epoch: self._work_waited(cid, e), oid,
+                       out[0] if isinstance(out, tuple) else None)
         self.works[oid] = work
         if out is None or isinstance(out, torch.ScriptObject):
             return work.boxed()
@@ -530,12 +468,12 @@ class Recorder(TorchDispatchMode, Annotator):
             return (out[0], work.boxed())
         return out
 
-    def _record_wait(self, target: int, phase: str | None = None, module: str | None = None) -> None:
+    def _emit_wait(self, target: int) -> None:
+        """A ``wait`` op: the compute stream waits for communication op ``target``."""
         if target >= self.next_id or target < 0:
             return  # issued in an earlier (discarded) iteration
-        if phase is None:
-            phase, in_bwd = self._phase()
-            module = self._module_path(in_bwd)
+        phase, in_bwd = self._phase()
+        module = self.paths.path(in_bwd)
         oid = self.next_id
         self._append(
             {

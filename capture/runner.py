@@ -19,14 +19,20 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchrun_env
+from capture.fakecuda import FakeCuda
+from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
+from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
 from heterosim.trace.memory import RoleMemory
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
 from heterosim.annotate import set_annotator
 
-__all__ = ["RankCapture", "run_rank"]
+__all__ = ["RankCapture", "run_rank", "DEFAULT_GPU"]
+
+DEFAULT_GPU = "H100"
+"""The GPU the fake CUDA device reports unless ``--gpu`` names another (its properties only: the
+trace is priced for any GPU at replay)."""
 
 
 @dataclass(slots=True)
@@ -122,13 +128,19 @@ class _StderrTail:
         return "; its last error output:\n" + "\n".join(f"  {x}" for x in lines) if lines else ""
 
 
-def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int) -> RankCapture:
-    """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure."""
+def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
+             gpu: str = DEFAULT_GPU) -> RankCapture:
+    """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
+
+    ``gpu`` names the GPU the fake CUDA device reports (``torch.cuda.get_device_properties``).
+    """
+    spec = get_gpu(gpu)
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
     world = FakeWorld(rank=rank, world_size=world_size)
     world.install()
-    undo_cuda = install_cuda_shims()
     recorder = Recorder(world)
+    cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
+    cuda.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
@@ -151,7 +163,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
-        undo_cuda()
+        cuda.uninstall()
         world.uninstall()
     return RankCapture(
         rank=rank,
