@@ -39,23 +39,24 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
-def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int, gpu: str = DEFAULT_GPU) -> str:
+def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int, gpu: str = DEFAULT_GPU,
+              iterations: int | None = None) -> str:
     """Capture one rank; its ``RankCapture`` as the JSON text traces are merged from.
 
     Text, not the object, crosses the worker's pipe, so the parent rebuilds exactly what
     ``python -m capture.worker`` writes to ``rank_R.json``.
     """
-    cap = run_rank(script, list(args), rank, world, nproc, gpu)
+    cap = run_rank(script, list(args), rank, world, nproc, gpu, iterations)
     return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str]) -> str:
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None]) -> str:
     """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
-    script, args, rank, world, nproc, gpu = job
+    script, args, rank, world, nproc, gpu, iterations = job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
     try:
-        return rank_json(script, args, rank, world, nproc, gpu)
+        return rank_json(script, args, rank, world, nproc, gpu, iterations)
     except ScriptError as e:
         raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
@@ -70,6 +71,7 @@ def _run_ranks(
     on_done: Callable[[], None] | None,
     timeout: float | None = None,
     gpu: str = DEFAULT_GPU,
+    iterations: int | None = None,
 ) -> list[RankCapture]:
     """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
 
@@ -77,7 +79,7 @@ def _run_ranks(
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
     """
     rs = list(ranks)
-    texts = run_forked([(script, tuple(args), r, world, nproc, gpu) for r in rs], _capture_rank, jobs=jobs,
+    texts = run_forked([(script, tuple(args), r, world, nproc, gpu, iterations) for r in rs], _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
                        error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
@@ -96,6 +98,7 @@ def capture(
     force: bool = False,
     timeout: float | None = DEFAULT_RANK_TIMEOUT_S,
     gpu: str = DEFAULT_GPU,
+    iterations: int | None = None,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
@@ -106,11 +109,15 @@ def capture(
     is refused before the script runs (:func:`heterosim.trace.store.check_trace_output`). ``timeout``:
     seconds one rank may run (None: no limit); a rank over it stops the capture with an error.
     ``gpu``: the GPU the fake CUDA device reports to the script (a GPU catalogue name).
+    ``iterations``: stop the script once that many training iterations are complete (None: let it
+    run to its end); the trace holds the last complete one (:mod:`capture.iterations`).
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ConfigError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} ranks, got {world_size}")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 worker process, got {jobs}")
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be >= 1 training iteration, got {iterations}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ConfigError(f"--timeout must be a positive number of seconds per rank, got {timeout}")
     nproc = nproc_per_node or min(world_size, 8)
@@ -124,6 +131,7 @@ def capture(
     get_gpu(gpu)  # an unknown name fails here, once, with the catalogue's list
     if not os.path.isfile(script):
         raise CaptureError(f"script {script!r} does not exist")
+    listed = parse_rank_list(ranks, world_size) if ranks not in ("auto", "all") else None  # checked before any work
     check_trace_output(out, force=force)
     jobs = jobs or max(1, os.cpu_count() or 1)
     # Load what every worker needs before forking them (FakeTensorMode imports dynamo lazily).
@@ -138,7 +146,7 @@ def capture(
             on_rank_done(done[0], done[1])
 
     def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu)
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations)
 
     if ranks == "all":
         done[1] = world_size
@@ -149,7 +157,7 @@ def capture(
         done[1] = 1
         first = run([0])[0]
         roles = roles_from_groups(first.groups, world_size)
-        reps = [r[0] for r in roles] if ranks == "auto" else parse_rank_list(ranks, world_size)
+        reps = [r[0] for r in roles] if listed is None else listed
         rest = [r for r in reps if r != 0]
         done[1] = 1 + len(rest)
         caps = [first, *run(rest)]

@@ -221,11 +221,29 @@ class FakeWorld:
 
         self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
         # After its first backward the reducer re-buckets parameters in the order their gradients
-        # became ready, agreeing on that order through a broadcast whose data it reads back (fake
-        # tensors have none). Kept: the initial buckets, parameters in reverse registration order
-        # (the ready order of a model whose layers run in registration order; the first bucket
-        # is 1 MiB, the rest bucket_cap_mb, as after a rebuild).
+        # became ready (first bucket 1 MiB, then bucket_cap_mb), agreeing on that order through a
+        # broadcast whose data it reads back (fake tensors have none). Instead the initial buckets
+        # get the rebuilt sizes (torch 2.13 starts with one bucket of every parameter), in reverse
+        # registration order: the ready order of a model whose layers run in registration order.
         self._patch(dist.Reducer, "_rebuild_buckets", lambda reducer_self: False)
+        config = ddp_mod._BucketCapacityConfig
+        orig_limits = config.compute_bucket_size_limits
+
+        def limits(cfg: Any, static_graph: bool, find_unused_parameters: bool) -> Any:
+            return orig_limits(cfg, static_graph=False, find_unused_parameters=True)
+
+        self._patch(config, "compute_bucket_size_limits", limits)
+        orig_assign = dist._compute_bucket_assignment_by_size
+
+        def assign(params: Any, size_limits: Any, *args: Any, **kwargs: Any) -> Any:
+            # Fill buckets from the last parameter (ready first in backward), as the rebuild does;
+            # DDP reverses the list it gets, so hand it the buckets last-ready first.
+            n = len(params)
+            buckets, caps = orig_assign(list(reversed(params)), size_limits, *args, **kwargs)
+            buckets = [sorted(n - 1 - i for i in b) for b in buckets]
+            return buckets[::-1], list(caps)[::-1]
+
+        self._patch(dist, "_compute_bucket_assignment_by_size", assign)
 
     def uninstall(self) -> None:
         """Undo every patch (in reverse order) and tear down the process group."""

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.fakeworld import FakeWorld
+from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
 from capture.modpaths import ModulePaths
 from capture.streams import RecWork, StreamTracker
@@ -74,9 +75,12 @@ class _Tags:
 class Recorder(TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
-    def __init__(self, world: FakeWorld) -> None:
+    def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
         super().__init__()
         self.world = world
+        self.clock = IterationClock(stop_after)
+        self.kept: tuple[list[Segment], list[int], list] | None = None
+        """The last complete iteration (program, baseline, gaps) when optimizer steps delimit them."""
         world.batch_hook = self._batch
         world.quiet = self.quiet
         self.layout: dict[str, Any] = {}
@@ -169,6 +173,20 @@ class Recorder(TorchDispatchMode, Annotator):
         self.world.label(group, dim)
 
     def iteration(self, index: int) -> None:
+        self.clock.annotated()
+        if self.clock.annotated_stop_due():
+            self.clock.stopped = True
+            raise StopCapture
+        self._start_iteration()
+
+    def _step_boundary(self) -> None:
+        """An optimizer step ended the iteration: keep it, start the next (or stop the script)."""
+        self._close_segment()
+        self.kept = (list(self.program), list(self.baseline), list(self.gaps))
+        self.clock.end_by_step()
+        self._start_iteration()
+
+    def _start_iteration(self) -> None:
         self.iterations_seen += 1
         self._close_segment()
         self.program = []
@@ -274,6 +292,7 @@ class Recorder(TorchDispatchMode, Annotator):
     def __enter__(self) -> "Recorder":
         self.paths.install()
         self.streams.activate()
+        self.clock.install()
         self._sp = None
         try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -296,6 +315,7 @@ class Recorder(TorchDispatchMode, Annotator):
     def __exit__(self, *a: Any) -> Any:
         self.paths.uninstall()
         self.streams.deactivate()
+        self.clock.uninstall()
         if self._sp is not None:
             self._sp[0]._fake_mode_lock = self._sp[1]
         return super().__exit__(*a)
@@ -307,12 +327,16 @@ class Recorder(TorchDispatchMode, Annotator):
             out = func(*args, **kwargs)
             self.mem.note(out, OTHER, counted=False)
             return out
+        if self.clock.stopped:  # the script's own cleanup after --iterations stopped it
+            return func(*args, **kwargs)
+        if self.clock.step_ended and self.in_block is None and self.clock.step_boundary_due():
+            self._step_boundary()
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         out = func(*args, **kwargs)
-        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION else ACTIVATIONS)
+        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
             return self._record_comm(func, args, kwargs, out)
         return self._record_compute(func, args, kwargs, out)
@@ -321,6 +345,8 @@ class Recorder(TorchDispatchMode, Annotator):
         in_bwd = torch._C._current_graph_task_id() != -1
         if self.tags.phase is not None:
             return self.tags.phase, in_bwd
+        if self.clock.in_step:
+            return "optimizer", in_bwd
         return ("bwd" if in_bwd else "fwd"), in_bwd
 
     def _deps(self, tensors: list) -> list[int]:
@@ -489,9 +515,15 @@ class Recorder(TorchDispatchMode, Annotator):
 
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
-        """Close the open segment; return the blocks the last iteration's program uses, renumbered."""
+        """Close the open segment; return the blocks the kept iteration's program uses, renumbered.
+
+        The kept iteration is the last one; with optimizer-step boundaries, the last complete one
+        (what ran after its step is dropped).
+        """
         self.mem.take()  # after the last op: the script's teardown, not the iteration
         self._close_segment()
+        if self.kept is not None:
+            self.program, self.baseline, self.gaps = self.kept
         used: dict[str, str] = {}
         program = []
         blocks: dict[str, Block] = {}

@@ -146,5 +146,6 @@ def merge_captures(
         model=dict(ref.model),
         command=command,
         torch_version=ref.torch_version,
-        meta={"iterations_run": ref.iterations, "captured_ranks": sorted(r.captured_rank for r in out_roles)},
+        meta={"iterations_run": ref.iterations, "captured_ranks": sorted(r.captured_rank for r in out_roles),
+              **({"iterations": ref.iteration_info} if ref.iteration_info is not None else {})},
     )

@@ -24,6 +24,7 @@ from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
 from heterosim.trace.memory import RoleMemory
+from capture.iterations import StopCapture
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
 from heterosim.annotate import set_annotator
@@ -49,6 +50,8 @@ class RankCapture:
     iterations: int
     torch_version: str
     memory: RoleMemory | None = None
+    iteration_info: dict[str, Any] | None = None
+    """:meth:`capture.iterations.IterationClock.describe` of the run."""
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +65,7 @@ class RankCapture:
             "model": self.model,
             "iterations": self.iterations,
             "torch_version": self.torch_version,
+            "iteration_info": self.iteration_info,
         }
 
     @staticmethod
@@ -77,6 +81,7 @@ class RankCapture:
             iterations=d["iterations"],
             torch_version=d["torch_version"],
             memory=_memory(d.get("memory"), d["blocks"], len(d["program"])),
+            iteration_info=d.get("iteration_info"),
         )
 
 
@@ -129,16 +134,17 @@ class _StderrTail:
 
 
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
-             gpu: str = DEFAULT_GPU) -> RankCapture:
+             gpu: str = DEFAULT_GPU, iterations: int | None = None) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
 
-    ``gpu`` names the GPU the fake CUDA device reports (``torch.cuda.get_device_properties``).
+    ``gpu`` names the GPU the fake CUDA device reports (``torch.cuda.get_device_properties``);
+    ``iterations``: stop the script once that many iterations are complete (:mod:`capture.iterations`).
     """
     spec = get_gpu(gpu)
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
     world = FakeWorld(rank=rank, world_size=world_size)
     world.install()
-    recorder = Recorder(world)
+    recorder = Recorder(world, stop_after=iterations)
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
     cuda.install()
     previous = set_annotator(recorder)
@@ -150,6 +156,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         with FakeTensorMode(allow_non_fake_inputs=True), recorder:
             try:
                 runpy.run_path(script, run_name="__main__")
+            except StopCapture:
+                pass  # --iterations reached: the rest of the script is not needed
             except SystemExit as e:
                 if e.code not in (None, 0):
                     raise ScriptError(
@@ -174,6 +182,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         layout=_jsonable(recorder.layout),
         model=_jsonable(recorder.model),
         iterations=recorder.iterations_seen,
+        iteration_info=recorder.clock.describe(),
         torch_version=torch.__version__,
         memory=recorder.memory,
     )
