@@ -101,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _what_was_recorded(path: object) -> str:
     from heterosim.trace.store import load_trace
-    from capture.summary import describe_iterations
+    from capture.summary import describe_iterations, describe_roles
 
-    return describe_iterations(load_trace(path).meta)
+    t = load_trace(path)
+    return f"{describe_iterations(t.meta)}; {describe_roles(t.meta, len(t.roles))}"
 
 
 def _quiet_stdout() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from heterosim.trace.store import check_trace_output, write_trace
+from capture.rolecheck import check_roles, comm_signature
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
 from capture.runner import DEFAULT_GPU, RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
@@ -161,5 +162,55 @@ def capture(
         rest = [r for r in reps if r != 0]
         done[1] = 1 + len(rest)
         caps = [first, *run(rest)]
+
+    def run_more(rs: Sequence[int]) -> list[RankCapture]:
+        done[1] += len(rs)
+        return run(rs)
+
+    caps, roles, reps, check = prove_roles(caps, roles, reps, run_more)
     trace = merge_captures(caps, roles, command, representatives=reps)
+    trace.meta["roles_check"] = check
     return write_trace(trace, out, force=force)
+
+
+def prove_roles(
+    caps: list[RankCapture],
+    roles: list[tuple[int, ...]],
+    reps: Sequence[int] | None,
+    run: Callable[[Sequence[int]], list[RankCapture]],
+) -> tuple[list[RankCapture], list[tuple[int, ...]], list[int] | None, dict]:
+    """Check that ``roles`` replay consistently (:func:`capture.rolecheck.check_roles`); where they
+    do not, capture every rank of the roles involved (``run``) and split them by identical programs.
+
+    Returns the captures, the roles, their representatives and what was done (for the trace
+    header). A mismatch that remains once every rank involved is captured is the script's own:
+    a CaptureError says where (replay would deadlock there).
+    """
+    by_rank = {c.rank: c for c in caps}
+    allowed = set(reps) if reps is not None else set(by_rank)
+    rep_of = [next((r for r in rs if r in by_rank and r in allowed), None) for rs in roles]
+    if None in rep_of:
+        return caps, roles, reps, {}  # merge_captures names the role without a captured rank
+    sigs = {r: comm_signature(by_rank[r]) for r in rep_of}
+    bad, problems = check_roles(caps[0].groups, roles, [sigs[r] for r in rep_of])
+    if not bad:
+        return caps, roles, reps, {"result": "communication matches", "extra_ranks_captured": 0}
+    more = sorted({r for i in bad for r in roles[i]} - set(by_rank))
+    caps = [*caps, *run(more)]
+    by_rank = {c.rank: c for c in caps}
+    split: list[tuple[tuple[int, ...], int]] = []
+    for i, rs in enumerate(roles):
+        if i in bad:
+            split += [(sub, sub[0]) for sub in group_by_program([by_rank[r] for r in rs])]
+        else:
+            split.append((rs, rep_of[i]))
+    split.sort(key=lambda x: x[0][0])
+    roles, reps = [s for s, _ in split], [r for _, r in split]
+    for r in reps:
+        sigs.setdefault(r, comm_signature(by_rank[r]))
+    bad, left = check_roles(caps[0].groups, roles, [sigs[r] for r in reps])
+    if bad:
+        raise CaptureError("the script's ranks do not communicate consistently (replay would deadlock): "
+                           + "; ".join(left))
+    return caps, roles, reps, {"result": "communication matches once roles were split by program",
+                               "mismatch_first_seen": problems[:3], "extra_ranks_captured": len(more)}

@@ -13,7 +13,18 @@ from typing import Any
 from heterosim.trace.ir import Trace, flop_totals
 from heterosim.trace.memory import memory_peak
 
-__all__ = ["summarize", "format_summary", "describe_iterations"]
+__all__ = ["summarize", "format_summary", "describe_iterations", "describe_roles"]
+
+
+def describe_roles(meta: dict[str, Any], nroles: int) -> str:
+    """One sentence: how the roles were checked (``--ranks auto`` and lists)."""
+    check = meta.get("roles_check")
+    if not check:
+        return f"{nroles} roles"
+    if not check["extra_ranks_captured"]:
+        return f"{nroles} roles; their communication matches across every group and peer"
+    return (f"{nroles} roles; the ranks' communication did not match one program per role, so "
+            f"{check['extra_ranks_captured']} more ranks were captured and split by program")
 
 
 def describe_iterations(meta: dict[str, Any]) -> str:
@@ -26,7 +37,8 @@ def describe_iterations(meta: dict[str, Any]) -> str:
         return ("no iteration boundary found (no optimizer.step, no annotate iteration()): the trace holds "
                 "the whole script as one iteration")
     how = "optimizer.step boundaries" if it["source"] == "optimizer.step" else "the script's iteration() marks"
-    return f"ran {it['seen']} iterations ({how}{stop}); the trace holds iteration {it['kept']}, the last complete one"
+    runs = f"{it['seen']} iteration" + ("s" if it["seen"] != 1 else "")
+    return f"ran {runs} ({how}{stop}); the trace holds iteration {it['kept']}, the last complete one"
 
 
 def _role_totals(trace: Trace, role: Any) -> dict[str, Any]:
