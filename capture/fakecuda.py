@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -40,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 from capture.memory import MemoryTracker
 from capture.streams import FakeEvent, FakeStream, StreamTracker
 
-__all__ = ["FakeCuda", "DeviceProperties"]
+__all__ = ["FakeCuda", "DeviceProperties", "Dispatching"]
 
 _CPU = torch.device("cpu")
 
@@ -77,9 +78,9 @@ class DeviceProperties:
 class _DeviceMode(TorchFunctionMode):
     """Maps CUDA devices to the CPU in every torch call; reports CUDA where the script asks."""
 
-    def __init__(self, fake: "FakeCuda", spoof: bool = True) -> None:
+    def __init__(self, fake: "FakeCuda") -> None:
         super().__init__()
-        self.fake, self.spoof = fake, spoof
+        self.fake = fake
         T = torch.Tensor
         self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
                         T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward"}
@@ -96,8 +97,6 @@ class _DeviceMode(TorchFunctionMode):
                 return args[0]
             if special == "backward":
                 return self._backward(func, args, kwargs)
-            if not self.spoof:
-                return func(*args, **kwargs)
             t = args[0]
             if not isinstance(t, FakeTensor) or t.fake_device.type != "cpu":
                 return func(*args)  # real tensors (DeviceMesh's rank map) and meta ones say what they are
@@ -123,19 +122,34 @@ class _DeviceMode(TorchFunctionMode):
         create = a.get("create_graph", False)
         retain = a.get("retain_graph")
         # The engine reads tensors' devices from C++, which for a FakeTensor calls its Python
-        # ``device`` property: a mode that reports CUDA there would send the engine to CUDA's
-        # streams. So backward runs under a mode that maps devices but reports what they are.
-        with _DeviceMode(self.fake, spoof=False):
+        # ``device`` property: that call (made from _engine_run_backward's frame) sees the CPU,
+        # hooks and custom backward code (their own frames) see CUDA (_fake_device).
+        with self:
             grads = torch.autograd._make_grads(
                 tensors, torch.autograd._tensor_or_tensors_to_tuple(grads, len(tensors)), is_grads_batched=False)
             torch.autograd.graph._engine_run_backward(tensors, grads, create if retain is None else retain, create,
                                                       inputs, allow_unreachable=True, accumulate_grad=True)
 
 
+class Dispatching:
+    """How deep the aten dispatch of the capture is (the recorder counts its handler): torch's own
+    kernels and FakeTensorMode must see the CPU device, whatever mode is on the stack."""
+
+    depth = 0
+
+
 def _fake_device(orig: Any, mode: _DeviceMode) -> property:
+    # C++ that reads a FakeTensor's device calls this property too: the autograd engine (from
+    # _engine_run_backward's frame) and custom Function node creation (from Function.apply's)
+    # must see the CPU, or they look for CUDA streams.
+    from torch.autograd.function import Function
+
+    cpp_callers = {torch.autograd.graph._engine_run_backward.__code__, Function.apply.__func__.__code__}
+
     def device(self: FakeTensor) -> torch.device:
         d = orig.fget(self)
-        if d.type == "cpu" and torch._C._len_torch_function_stack() and mode.active():
+        if (d.type == "cpu" and not Dispatching.depth and torch._C._len_torch_function_stack() and mode.active()
+                and sys._getframe(1).f_code not in cpp_callers):
             return torch.device("cuda", mode.fake.device)
         return d
 

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
+from capture.fakecuda import Dispatching
 from capture.fakeworld import FakeWorld
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
@@ -322,7 +323,13 @@ class Recorder(TorchDispatchMode, Annotator):
 
     # ---- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        Dispatching.depth += 1  # torch's kernels see tensors on the CPU (capture/fakecuda.py)
+        try:
+            return self._dispatch(func, types, args, kwargs or {})
+        finally:
+            Dispatching.depth -= 1
+
+    def _dispatch(self, func: Any, types: Any, args: Any, kwargs: dict) -> Any:
         if self.suppress:
             out = func(*args, **kwargs)
             self.mem.note(out, OTHER, counted=False)
