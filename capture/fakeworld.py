@@ -117,6 +117,14 @@ class FakeWorld:
             if g.family == fam:
                 g.dim = dim
 
+    def label_mesh(self, mesh: Any) -> None:
+        """Label a DeviceMesh's dimension groups by their names (``dp_shard`` -> dp, ``tp``, ``pp``,
+        ``cp``, ``ep``; torchtitan's names), so roles and breakdowns know them."""
+        for name in mesh.mesh_dim_names or ():
+            dim = next((d for d in ("dp", "tp", "pp", "cp", "ep") if name == d or name.startswith(d + "_")), None)
+            if dim is not None:
+                self.label(mesh.get_group(name), dim)
+
     # ---- patching ----------------------------------------------------------------------------
     def _patch(self, obj: Any, name: str, value: Any) -> None:
         self._saved.append((obj, name, getattr(obj, name)))
@@ -183,11 +191,16 @@ class FakeWorld:
 
         def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
             with unset_fake_temporarily(), world.quiet():
-                return orig_init_mesh(*args, **kwargs)
+                mesh = orig_init_mesh(*args, **kwargs)
+            world.label_mesh(mesh)
+            return mesh
 
         self._patch_ddp()
         self._patch(device_mesh.DeviceMesh, "__init__", mesh_init)
         self._patch(device_mesh, "init_device_mesh", init_device_mesh)
+        # DeviceMesh imported these by name: its per-dimension groups must be ours too.
+        self._patch(device_mesh, "new_group", new_group)
+        self._patch(device_mesh, "init_process_group", init_process_group)
         self._patch(dist, "init_process_group", init_process_group)
         self._patch(dist, "new_group", new_group)
         self._patch(dist, "batch_isend_irecv", batch_isend_irecv)

@@ -460,9 +460,36 @@ class Recorder(TorchDispatchMode, Annotator):
         if self.unwaited:
             self._flush_unwaited(ins)
         self.paths.map_sequence(in_bwd, module)
-        info = comm_info.describe_comm(func, args, kwargs, out)
         pg = comm_info.find_group(func, args, kwargs)
         gid = self.world.gid_of(pg)
+        infos = comm_info.describe_comms(func, args, kwargs, out, pg)
+        grouped = len(infos) > 1 and not self.in_batch
+        if grouped:  # a rooted gather / scatter: NCCL's grouped sends and receives
+            self._batch(True)
+        try:
+            oids = [self._append_comm(func, info, gid, module, phase, ins) for info in infos]
+        finally:
+            if grouped:
+                self._batch(False)
+        if func.namespace == "_c10d_functional":
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._set_writer(t, oids[0])
+            return out
+        for info, oid in zip(infos, oids):
+            for t in info.written:
+                self.unwaited[_skey(t)] = oid
+        epoch = self.streams.epoch
+        work = RecWork(lambda cid: self._work_waited(cid, epoch), tuple(oids),
+                       out[0] if isinstance(out, tuple) else None)
+        self.works[oids[0]] = work
+        if out is None or isinstance(out, torch.ScriptObject):
+            return work.boxed()
+        if isinstance(out, tuple) and len(out) == 2:
+            return (out[0], work.boxed())
+        return out
+
+    def _append_comm(self, func: Any, info: Any, gid: str, module: str, phase: str, ins: list) -> int:
         stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
         oid = self._append(
             {
@@ -485,21 +512,7 @@ class Recorder(TorchDispatchMode, Annotator):
         self.streams.issue(oid)
         for t in info.written:
             self._set_writer(t, oid)
-        if func.namespace == "_c10d_functional":
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self._set_writer(t, oid)
-            return out
-        for t in info.written:
-            self.unwaited[_skey(t)] = oid
-        work = RecWork(lambda cid, e=self.streams.epoch: self._work_waited(cid, e), oid,
-                       out[0] if isinstance(out, tuple) else None)
-        self.works[oid] = work
-        if out is None or isinstance(out, torch.ScriptObject):
-            return work.boxed()
-        if isinstance(out, tuple) and len(out) == 2:
-            return (out[0], work.boxed())
-        return out
+        return oid
 
     def _emit_wait(self, target: int) -> None:
         """A ``wait`` op: the compute stream waits for communication op ``target``."""

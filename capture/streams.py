@@ -197,14 +197,15 @@ class StreamTracker:
 class RecWork(dist.Work):
     """Python Work handed to the script in place of the fake backend's, so ``wait()`` is recorded."""
 
-    def __init__(self, wait: Callable[[int], None], comm_id: int, result: Any) -> None:
+    def __init__(self, wait: Callable[[int], None], comm_ids: tuple[int, ...], result: Any) -> None:
         super().__init__()
-        self._wait, self.comm_id, self.waited = wait, comm_id, False
+        self._wait, self.comm_ids, self.waited = wait, comm_ids, False
         self._fut: Future = Future()
         self._fut.set_result(result)
 
     def wait(self, timeout: Any = None) -> bool:
-        self._wait(self.comm_id)
+        for cid in self.comm_ids:  # a grouped launch (gather, scatter) completes with all its ops
+            self._wait(cid)
         if not self.waited:
             self.waited = True
             # Completed: NCCL lets go of the buffers, and so do we (the recorder keeps its works
