@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.fakecuda import Dispatching
+from capture.hoist import hoist
 from capture.fakeworld import FakeWorld
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
@@ -93,7 +94,7 @@ class Recorder(TorchDispatchMode, Annotator):
         self.suppress = 0
         self.iterations_seen = 0
         self.paths = ModulePaths()
-        self.streams = StreamTracker(self._emit_wait)
+        self.streams = StreamTracker(self._emit_wait, lambda: self.next_id)
         self._reset_iteration()
         # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
         # the block being recorded (``block_mem``) or between segments (``gaps``).
@@ -120,11 +121,18 @@ class Recorder(TorchDispatchMode, Annotator):
         self.batch_first: int | None = None
         self.in_batch = False
 
-    def _close_segment(self) -> None:
+    def _close_segment(self, final: bool = False) -> None:
+        """Turn the open segment into a block; ``final``: no later op refers to its ops by id (an
+        iteration ends), so side-stream work may move up to where a GPU starts it (capture/hoist.py)."""
         if self.in_block is None and self.rows:
             bid = f"i{len(self.blocks)}"
-            self.blocks[bid] = Block.from_rows(self.rows)
             self._file_events(self.seg_mem, len(self.rows))
+            if final:
+                self.rows, self.seg_mem = hoist(self.rows, self.seg_mem, self.seg_start)
+            else:
+                for r in self.rows:
+                    r.pop("_after", None)
+            self.blocks[bid] = Block.from_rows(self.rows)
             self.block_mem[bid] = self.seg_mem
             self.program.append(Segment(bid, self.seg_key[0], self.seg_key[1]))
         if self.in_block is None:
@@ -157,6 +165,10 @@ class Recorder(TorchDispatchMode, Annotator):
                 self.batch_first = oid
             elif row["kind"] in ("p2p", "collective"):
                 row["coalesced"] = oid - self.batch_first
+        if row["kind"] != "wait" and self.in_block is None:
+            after = self.streams.side_after(oid)
+            if after is not None:
+                row["_after"] = after
         self.rows.append(row)
         self.next_id += 1
         return oid
@@ -182,14 +194,14 @@ class Recorder(TorchDispatchMode, Annotator):
 
     def _step_boundary(self) -> None:
         """An optimizer step ended the iteration: keep it, start the next (or stop the script)."""
-        self._close_segment()
+        self._close_segment(final=True)
         self.kept = (list(self.program), list(self.baseline), list(self.gaps))
         self.clock.end_by_step()
         self._start_iteration()
 
     def _start_iteration(self) -> None:
         self.iterations_seen += 1
-        self._close_segment()
+        self._close_segment(final=True)
         self.program = []
         self._reset_iteration()
         self.mem.take()  # already in the live set the baseline is taken from
@@ -541,7 +553,7 @@ class Recorder(TorchDispatchMode, Annotator):
         (what ran after its step is dropped).
         """
         self.mem.take()  # after the last op: the script's teardown, not the iteration
-        self._close_segment()
+        self._close_segment(final=True)
         if self.kept is not None:
             self.program, self.baseline, self.gaps = self.kept
         used: dict[str, str] = {}

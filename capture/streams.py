@@ -44,6 +44,11 @@ class FakeStream:
         self.device = "cuda"
         self.device_index = 0
         self.cuda_stream = self.stream_id
+        self.after: set[int] = set()
+        """Ops (program positions) its next op must follow: what the stream synchronized with since."""
+        self.last = -1
+        """Position of the last op issued on this stream."""
+        self._tracker._all.append(self)
 
     def wait_stream(self, stream: "FakeStream") -> None:
         self._tracker.wait_stream(self, stream)
@@ -90,6 +95,7 @@ class FakeEvent:
                  **_: Any) -> None:
         self._targets: frozenset[int] = frozenset()
         self._epoch = -1
+        self._after: frozenset[int] = frozenset()
 
     @property
     def targets(self) -> frozenset[int]:
@@ -101,10 +107,14 @@ class FakeEvent:
         stream = stream if stream is not None else tracker.current
         self._epoch = tracker.epoch
         self._targets = frozenset(tracker.pending_of(stream))
+        self._after = tracker.covered(stream)
 
     def wait(self, stream: FakeStream | None = None) -> None:
         tracker = _active()
-        tracker.stream_waits(stream if stream is not None else tracker.current, self.targets)
+        stream = stream if stream is not None else tracker.current
+        tracker.stream_waits(stream, self.targets)
+        if self._epoch == tracker.epoch:
+            tracker.follow(stream, self._after)
 
     def synchronize(self) -> None:
         _active().host_wait(self.targets)
@@ -131,8 +141,10 @@ class StreamTracker:
     ``emit(target)`` records a ``wait`` op of the compute stream on communication op ``target``.
     """
 
-    def __init__(self, emit: Callable[[int], None]) -> None:
+    def __init__(self, emit: Callable[[int], None], position: Callable[[], int]) -> None:
         self.emit = emit
+        self.position = position
+        self._all: list[FakeStream] = []
         self._streams = 0
         self.issued: list[int] = []
         self.default = FakeStream(_tracker=self)
@@ -153,6 +165,8 @@ class StreamTracker:
         self.waited: set[int] = set()
         self.issued = []
         self.epoch += 1
+        for s in self._all:
+            s.after, s.last = set(), -1
 
     def next_stream_id(self) -> int:
         self._streams += 1
@@ -185,6 +199,28 @@ class StreamTracker:
 
     def wait_stream(self, waiter: FakeStream, waitee: FakeStream) -> None:
         self.stream_waits(waiter, set(self.pending_of(waitee)))
+        self.follow(waiter, self.covered(waitee))
+
+    def covered(self, stream: FakeStream) -> frozenset[int]:
+        """The ops that ``stream``'s work so far stands for (what an event recorded on it now
+        covers): the last op issued, for the default stream (program order covers the rest)."""
+        if stream.stream_id == 0:
+            return frozenset({self.position() - 1})
+        return frozenset(stream.after | {stream.last})
+
+    def follow(self, stream: FakeStream, ops: frozenset[int]) -> None:
+        if stream.stream_id != 0:
+            stream.after |= ops
+
+    def side_after(self, op: int) -> tuple[int, ...] | None:
+        """Op ``op`` is being issued: the ops it must follow on its side stream (its previous op
+        and what the stream synchronized with); None on the default stream."""
+        s = self.current
+        if s.stream_id == 0:
+            return None
+        after = tuple(sorted(a for a in s.after | {s.last} if a >= 0))
+        s.after, s.last = set(), op
+        return after
 
     def host_wait(self, targets: Any) -> None:
         """The compute stream waits for every op of ``targets`` (once each)."""
