@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
 __all__ = ["GroupRecord", "FakeWorld", "torchrun_env"]

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
+from capture.commrec import CommRecorder, _skey
 from capture.fakecuda import Dispatching
 from capture.hoist import hoist
 from capture.fakeworld import FakeWorld
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
 from capture.modpaths import ModulePaths
-from capture.streams import RecWork, StreamTracker
+from capture.streams import StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
 from capture.opinfo import describe
@@ -40,7 +40,6 @@ from heterosim.annotate import Annotator
 __all__ = ["Recorder"]
 
 aten = torch.ops.aten
-_c10d_functional = torch.ops._c10d_functional
 
 _ALLOC = {
     aten.empty.memory_format,
@@ -52,10 +51,6 @@ _ALLOC = {
 _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
-
-
-def _skey(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
 
 
 @dataclass(slots=True)
@@ -74,7 +69,7 @@ class _Tags:
     gemm_dtype: str | None = None
 
 
-class Recorder(TorchDispatchMode, Annotator):
+class Recorder(CommRecorder, TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
     def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
@@ -115,7 +110,7 @@ class Recorder(TorchDispatchMode, Annotator):
         self.writers: dict[int, list[int]] = {}
         self.paths.seq2mod = {}
         self.streams.reset()
-        self.works: dict[int, RecWork] = {}
+        self.works: dict[int, Any] = {}  # first op id -> capture.streams.RecWork
         self.unwaited: dict[int, int] = {}
         self.pending_funcol: dict[int, tuple[int, ...]] = {}
         self.batch_first: int | None = None
@@ -382,29 +377,6 @@ class Recorder(TorchDispatchMode, Annotator):
         else:
             self.writers[k] = [oid]
 
-    def _flush_funcol(self, tensors: list) -> None:
-        for t in tensors:
-            target = self.pending_funcol.pop(_skey(t), None)
-            if target is not None:
-                for k in [k for k, v in self.pending_funcol.items() if v == target]:
-                    del self.pending_funcol[k]
-                self.streams.wait(target[0])
-
-    def _flush_unwaited(self, tensors: list) -> None:
-        # A read or write of a buffer an asynchronous c10d op is still writing waits for it first
-        # (what DDP's reducer does through futures in C++, which no Python hook sees).
-        for t in tensors:
-            target = self.unwaited.get(_skey(t))
-            if target is not None:
-                self._work_waited(target, self.streams.epoch)
-
-    def _work_waited(self, target: int, epoch: int) -> None:
-        if epoch != self.streams.epoch:
-            return  # issued in an earlier (discarded) iteration
-        for k in [k for k, v in self.unwaited.items() if v == target]:
-            del self.unwaited[k]
-        self.streams.wait(target)
-
     def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         if func in _ALLOC or func in _SKIP:
             return out
@@ -455,95 +427,6 @@ class Recorder(TorchDispatchMode, Annotator):
             whole = t.numel() * t.element_size() >= t.untyped_storage().nbytes()
             self._set_writer(t, oid, partial=not whole)
         return out
-
-    def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
-        phase, in_bwd = self._phase()
-        module = self.paths.path(in_bwd)
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        if func is _c10d_functional.wait_tensor.default:
-            src = self.writers.get(_skey(ins[0]), [])
-            if src:  # eager semantics: the wait lands at the first use of the result
-                for t in [ins[0], *[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]]:
-                    self.pending_funcol[_skey(t)] = (src[-1],)
-                    self._set_writer(t, src[-1])
-            return out
-        if self.pending_funcol:
-            self._flush_funcol(ins)
-        if self.unwaited:
-            self._flush_unwaited(ins)
-        self.paths.map_sequence(in_bwd, module)
-        pg = comm_info.find_group(func, args, kwargs)
-        gid = self.world.gid_of(pg)
-        infos = comm_info.describe_comms(func, args, kwargs, out, pg)
-        grouped = len(infos) > 1 and not self.in_batch
-        if grouped:  # a rooted gather / scatter: NCCL's grouped sends and receives
-            self._batch(True)
-        try:
-            oids = [self._append_comm(func, info, gid, module, phase, ins) for info in infos]
-        finally:
-            if grouped:
-                self._batch(False)
-        if func.namespace == "_c10d_functional":
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self._set_writer(t, oids[0])
-            return out
-        for info, oid in zip(infos, oids):
-            for t in info.written:
-                self.unwaited[_skey(t)] = oid
-        epoch = self.streams.epoch
-        work = RecWork(lambda cid: self._work_waited(cid, epoch), tuple(oids),
-                       out[0] if isinstance(out, tuple) else None)
-        self.works[oids[0]] = work
-        if out is None or isinstance(out, torch.ScriptObject):
-            return work.boxed()
-        if isinstance(out, tuple) and len(out) == 2:
-            return (out[0], work.boxed())
-        return out
-
-    def _append_comm(self, func: Any, info: Any, gid: str, module: str, phase: str, ins: list) -> int:
-        stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
-        oid = self._append(
-            {
-                "kind": info.kind,
-                "name": str(func),
-                "kernel_class": "comm",
-                "module": module,
-                "phase": phase,
-                "bytes_read": info.nbytes,
-                "dtype": info.dtype,
-                "signature": f"{info.collective}:{info.dtype}:{info.nbytes}",
-                "stream": stream,
-                "collective": info.collective,
-                "group": gid,
-                "comm_bytes": info.nbytes,
-                "peer": info.peer,
-                "deps": self._deps(ins),
-            }
-        )
-        self.streams.issue(oid)
-        for t in info.written:
-            self._set_writer(t, oid)
-        return oid
-
-    def _emit_wait(self, target: int) -> None:
-        """A ``wait`` op: the compute stream waits for communication op ``target``."""
-        if target >= self.next_id or target < 0:
-            return  # issued in an earlier (discarded) iteration
-        phase, in_bwd = self._phase()
-        module = self.paths.path(in_bwd)
-        oid = self.next_id
-        self._append(
-            {
-                "kind": "wait",
-                "name": "wait",
-                "kernel_class": "comm",
-                "module": module or "",
-                "phase": phase,
-                "target": oid - target,
-                "deps": [target],
-            }
-        )
 
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
