@@ -133,6 +133,17 @@ class _StderrTail:
         return "; its last error output:\n" + "\n".join(f"  {x}" for x in lines) if lines else ""
 
 
+def _hint(e: Exception) -> str:
+    """A fix for the failures every new script meets."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+        return ("\nTensors hold no data during capture: the script read a value (.item(), .tolist(), "
+                "print of a tensor, nonzero, boolean indexing). Skip that code while capturing, e.g. "
+                "`if not heterosim.annotate.get_annotator().active: print(loss.item())`.")
+    return ""
+
+
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
              gpu: str = DEFAULT_GPU, iterations: int | None = None) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
@@ -166,7 +177,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
                     ) from None
             except Exception as e:
                 tb = traceback.format_exc()
-                raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}") from e
+                raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}{_hint(e)}") from e
         blocks, program = recorder.finish()
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
