@@ -27,6 +27,16 @@ def _skey(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor (view) spans: [offset, offset + extent)."""
+    size = t.element_size()
+    lo = t.storage_offset() * size
+    if t.numel() == 0:
+        return lo, lo
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return lo, lo + extent * size
+
+
 class CommRecorder:
     """Collective / p2p recording and wait placement (mixed into the Recorder)."""
 
@@ -39,18 +49,27 @@ class CommRecorder:
                 self.streams.wait(target[0])
 
     def _flush_unwaited(self, tensors: list) -> None:
-        # A read or write of a buffer an asynchronous c10d op is still writing waits for it first
-        # (what DDP's reducer does through futures in C++, which no Python hook sees).
+        # A read or write of bytes an asynchronous c10d op is still writing waits for it first
+        # (what DDP's reducer does through futures in C++, which no Python hook sees). Bytes, not
+        # storages: Megatron's buckets are slices of one gradient buffer, and accumulating into
+        # one bucket must not wait for another's reduce-scatter.
         for t in tensors:
-            target = self.unwaited.get(_skey(t))
-            if target is not None:
-                self._work_waited(target, self.streams.epoch)
+            pending = self.unwaited.get(_skey(t))
+            if pending:
+                lo, hi = _byte_range(t)
+                for target, a, b in list(pending):
+                    if a < hi and lo < b:
+                        self._work_waited(target, self.streams.epoch)
 
     def _work_waited(self, target: int, epoch: int) -> None:
         if epoch != self.streams.epoch:
             return  # issued in an earlier (discarded) iteration
-        for k in [k for k, v in self.unwaited.items() if v == target]:
-            del self.unwaited[k]
+        for k in list(self.unwaited):
+            left = [e for e in self.unwaited[k] if e[0] != target]
+            if left:
+                self.unwaited[k] = left
+            else:
+                del self.unwaited[k]
         self.streams.wait(target)
 
     def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
@@ -87,7 +106,7 @@ class CommRecorder:
             return out
         for info, oid in zip(infos, oids):
             for t in info.written:
-                self.unwaited[_skey(t)] = oid
+                self.unwaited.setdefault(_skey(t), []).append((oid, *_byte_range(t)))
         epoch = self.streams.epoch
         work = RecWork(lambda cid: self._work_waited(cid, epoch), tuple(oids),
                        out[0] if isinstance(out, tuple) else None)

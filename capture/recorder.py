@@ -111,7 +111,8 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         self.paths.seq2mod = {}
         self.streams.reset()
         self.works: dict[int, Any] = {}  # first op id -> capture.streams.RecWork
-        self.unwaited: dict[int, int] = {}
+        self.unwaited: dict[int, list[tuple[int, int, int]]] = {}
+        """storage -> (comm op, first byte, end byte) an async c10d op writes and nobody waited for."""
         self.pending_funcol: dict[int, tuple[int, ...]] = {}
         self.batch_first: int | None = None
         self.in_batch = False
@@ -143,6 +144,7 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         # A storage's address may be reused by a new one: forget what the dead one held.
         self.writers.pop(key, None)
         self.pending_funcol.pop(key, None)
+        self.unwaited.pop(key, None)
 
     def _append(self, row: dict) -> int:
         if self.in_block is None:
@@ -396,10 +398,10 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         module = self.paths.path(in_bwd)
         if self.pending_funcol:
             self._flush_funcol(ins)
-        if self.unwaited:
-            self._flush_unwaited(ins)
         if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
             return out  # views move no data; deps flow through the shared storage
+        if self.unwaited:
+            self._flush_unwaited(ins)
         self.paths.map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
         oid = self._append(

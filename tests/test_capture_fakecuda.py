@@ -49,7 +49,15 @@ def test_synchronize_waits_for_outstanding_work(ops):
 
 def test_read_of_an_unwaited_buffer_waits_first(ops):
     """Reading k while its async all_reduce is in flight waits for it (as DDP's C++ futures do)."""
-    assert _shape(ops)[6:] == ["c10d.allreduce_.default", ("wait", 6), "aten.mul.Tensor"]
+    assert _shape(ops)[6:9] == ["c10d.allreduce_.default", ("wait", 6), "aten.mul.Tensor"]
+
+
+def test_only_the_bytes_in_flight_wait(ops):
+    """Accumulating into another slice of the buffer does not wait; reading the slice in flight does."""
+    tail = _shape(ops)[9:]
+    ar = tail.index("c10d.allreduce_.default")
+    assert tail[ar:] == ["c10d.allreduce_.default", "aten.add_.Tensor", ("wait", 9 + ar), "aten.sum.default"]
+    assert ops[9 + ar].comm_bytes == 64 * 4
 
 
 def test_unknown_gpu_is_one_clear_error(tmp_path):

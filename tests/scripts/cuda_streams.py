@@ -5,7 +5,9 @@ recorder placed the compute stream's waits:
   1. all_reduce(g) issued on a side stream, its event waited by the default stream after x @ w:
      all_reduce, mm, wait, add;
   2. all_reduce(h, async_op=True) never waited, then torch.cuda.synchronize(): a wait there;
-  3. all_reduce(k, async_op=True), then a read of k without work.wait(): a wait before the read.
+  3. all_reduce(k, async_op=True), then a read of k without work.wait(): a wait before the read;
+  4. an async all_reduce of one slice of a buffer: a write to another slice does not wait, a read
+     of the slice does.
 """
 import os
 
@@ -52,3 +54,10 @@ torch.cuda.synchronize()
 k = torch.randn(64, device="cuda")
 dist.all_reduce(k, async_op=True)
 k2 = k * 2
+
+# 4. Two buckets of one buffer: an async all_reduce of the first; accumulating into the second
+#    does not wait for it, reading the first does.
+buf = torch.zeros(128, device="cuda")
+dist.all_reduce(buf[:64], async_op=True)
+buf[64:].add_(1.0)
+total = buf[:64].sum()
