@@ -19,11 +19,12 @@ __all__ = ["summarize", "format_summary", "describe_iterations", "describe_roles
 def describe_roles(meta: dict[str, Any], nroles: int) -> str:
     """One sentence: how the roles were checked (``--ranks auto`` and lists)."""
     check = meta.get("roles_check")
+    roles = f"{nroles} role" + ("s" if nroles != 1 else "")
     if not check:
-        return f"{nroles} roles"
+        return roles
     if not check["extra_ranks_captured"]:
-        return f"{nroles} roles; their communication matches across every group and peer"
-    return (f"{nroles} roles; the ranks' communication did not match one program per role, so "
+        return f"{roles}; their communication matches across every group and peer"
+    return (f"{roles}; the ranks' communication did not match one program per role, so "
             f"{check['extra_ranks_captured']} more ranks were captured and split by program")
 
 
