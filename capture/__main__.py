@@ -25,6 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-j", "--jobs", type=int, help="worker processes in parallel (default: CPU cores)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="seconds one rank may run before the capture stops with an error (default 1800)")
+    ap.add_argument("--gpu", default="H100",
+                    help="GPU the fake CUDA device reports to the script (torch.cuda.get_device_properties); default H100")
+    ap.add_argument("--iterations", type=int, metavar="K",
+                    help="stop the script once K training iterations are complete (optimizer steps or the "
+                         "annotate API); the trace holds the last complete one (default: run to the end)")
     ap.add_argument("-o", "--output", help="trace directory to write (new, empty, or a previous trace)")
     ap.add_argument("--force", action="store_true",
                     help="let -o replace a regular file (never a device or a directory that is not a trace)")
@@ -73,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
-                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force,
+                           ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force, gpu=a.gpu,
+                           iterations=a.iterations,
                            **({} if a.timeout is None else {"timeout": a.timeout}))
         finally:
             bar.close()
-        print(f"wrote {path}", file=sys.stderr)
+        print(f"wrote {path}: {_what_was_recorded(path)}", file=sys.stderr)
         return 0
     except ScriptError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -91,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of our output went away (``--inspect | head``)
         _quiet_stdout()
         return 0
+
+
+def _what_was_recorded(path: object) -> str:
+    from heterosim.trace.store import load_trace
+    from capture.summary import describe_iterations, describe_roles
+
+    t = load_trace(path)
+    return f"{describe_iterations(t.meta)}; {describe_roles(t.meta, len(t.roles))}"
 
 
 def _quiet_stdout() -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from heterosim.trace.store import check_trace_output, write_trace
+from capture.rolecheck import check_roles, comm_signature
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
-from capture.runner import RankCapture, run_rank
+from capture.runner import DEFAULT_GPU, RankCapture, run_rank
 from heterosim.errors import CaptureError, ConfigError, ScriptError
 from heterosim.forkpool import run_forked
 
@@ -39,23 +40,24 @@ def capture_command(script: str, script_args: Sequence[str], world_size: int, np
     ]
 
 
-def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int) -> str:
+def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int, gpu: str = DEFAULT_GPU,
+              iterations: int | None = None) -> str:
     """Capture one rank; its ``RankCapture`` as the JSON text traces are merged from.
 
     Text, not the object, crosses the worker's pipe, so the parent rebuilds exactly what
     ``python -m capture.worker`` writes to ``rank_R.json``.
     """
-    cap = run_rank(script, list(args), rank, world, nproc)
+    cap = run_rank(script, list(args), rank, world, nproc, gpu, iterations)
     return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int]) -> str:
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None]) -> str:
     """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
-    script, args, rank, world, nproc = job
+    script, args, rank, world, nproc, gpu, iterations = job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
     try:
-        return rank_json(script, args, rank, world, nproc)
+        return rank_json(script, args, rank, world, nproc, gpu, iterations)
     except ScriptError as e:
         raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
@@ -69,6 +71,8 @@ def _run_ranks(
     jobs: int,
     on_done: Callable[[], None] | None,
     timeout: float | None = None,
+    gpu: str = DEFAULT_GPU,
+    iterations: int | None = None,
 ) -> list[RankCapture]:
     """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
 
@@ -76,7 +80,7 @@ def _run_ranks(
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
     """
     rs = list(ranks)
-    texts = run_forked([(script, tuple(args), r, world, nproc) for r in rs], _capture_rank, jobs=jobs,
+    texts = run_forked([(script, tuple(args), r, world, nproc, gpu, iterations) for r in rs], _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
                        error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
@@ -94,6 +98,8 @@ def capture(
     on_rank_done: Callable[[int, int], None] | None = None,
     force: bool = False,
     timeout: float | None = DEFAULT_RANK_TIMEOUT_S,
+    gpu: str = DEFAULT_GPU,
+    iterations: int | None = None,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
@@ -103,11 +109,16 @@ def capture(
     be new, an empty directory or a previous trace (``force``: also a regular file); anything else
     is refused before the script runs (:func:`heterosim.trace.store.check_trace_output`). ``timeout``:
     seconds one rank may run (None: no limit); a rank over it stops the capture with an error.
+    ``gpu``: the GPU the fake CUDA device reports to the script (a GPU catalogue name).
+    ``iterations``: stop the script once that many training iterations are complete (None: let it
+    run to its end); the trace holds the last complete one (:mod:`capture.iterations`).
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ConfigError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} ranks, got {world_size}")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 worker process, got {jobs}")
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be >= 1 training iteration, got {iterations}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ConfigError(f"--timeout must be a positive number of seconds per rank, got {timeout}")
     nproc = nproc_per_node or min(world_size, 8)
@@ -116,8 +127,12 @@ def capture(
             f"world size {world_size} is not a multiple of --nproc-per-node {nproc}; "
             "pass --nnodes N --nproc-per-node G or a world size that divides"
         )
+    from heterosim.cluster.gpus import get_gpu
+
+    get_gpu(gpu)  # an unknown name fails here, once, with the catalogue's list
     if not os.path.isfile(script):
         raise CaptureError(f"script {script!r} does not exist")
+    listed = parse_rank_list(ranks, world_size) if ranks not in ("auto", "all") else None  # checked before any work
     check_trace_output(out, force=force)
     jobs = jobs or max(1, os.cpu_count() or 1)
     # Load what every worker needs before forking them (FakeTensorMode imports dynamo lazily).
@@ -132,7 +147,7 @@ def capture(
             on_rank_done(done[0], done[1])
 
     def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout)
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations)
 
     if ranks == "all":
         done[1] = world_size
@@ -143,9 +158,59 @@ def capture(
         done[1] = 1
         first = run([0])[0]
         roles = roles_from_groups(first.groups, world_size)
-        reps = [r[0] for r in roles] if ranks == "auto" else parse_rank_list(ranks, world_size)
+        reps = [r[0] for r in roles] if listed is None else listed
         rest = [r for r in reps if r != 0]
         done[1] = 1 + len(rest)
         caps = [first, *run(rest)]
+
+    def run_more(rs: Sequence[int]) -> list[RankCapture]:
+        done[1] += len(rs)
+        return run(rs)
+
+    caps, roles, reps, check = prove_roles(caps, roles, reps, run_more)
     trace = merge_captures(caps, roles, command, representatives=reps)
+    trace.meta["roles_check"] = check
     return write_trace(trace, out, force=force)
+
+
+def prove_roles(
+    caps: list[RankCapture],
+    roles: list[tuple[int, ...]],
+    reps: Sequence[int] | None,
+    run: Callable[[Sequence[int]], list[RankCapture]],
+) -> tuple[list[RankCapture], list[tuple[int, ...]], list[int] | None, dict]:
+    """Check that ``roles`` replay consistently (:func:`capture.rolecheck.check_roles`); where they
+    do not, capture every rank of the roles involved (``run``) and split them by identical programs.
+
+    Returns the captures, the roles, their representatives and what was done (for the trace
+    header). A mismatch that remains once every rank involved is captured is the script's own:
+    a CaptureError says where (replay would deadlock there).
+    """
+    by_rank = {c.rank: c for c in caps}
+    allowed = set(reps) if reps is not None else set(by_rank)
+    rep_of = [next((r for r in rs if r in by_rank and r in allowed), None) for rs in roles]
+    if None in rep_of:
+        return caps, roles, reps, {}  # merge_captures names the role without a captured rank
+    sigs = {r: comm_signature(by_rank[r]) for r in rep_of}
+    bad, problems = check_roles(caps[0].groups, roles, [sigs[r] for r in rep_of])
+    if not bad:
+        return caps, roles, reps, {"result": "communication matches", "extra_ranks_captured": 0}
+    more = sorted({r for i in bad for r in roles[i]} - set(by_rank))
+    caps = [*caps, *run(more)]
+    by_rank = {c.rank: c for c in caps}
+    split: list[tuple[tuple[int, ...], int]] = []
+    for i, rs in enumerate(roles):
+        if i in bad:
+            split += [(sub, sub[0]) for sub in group_by_program([by_rank[r] for r in rs])]
+        else:
+            split.append((rs, rep_of[i]))
+    split.sort(key=lambda x: x[0][0])
+    roles, reps = [s for s, _ in split], [r for _, r in split]
+    for r in reps:
+        sigs.setdefault(r, comm_signature(by_rank[r]))
+    bad, left = check_roles(caps[0].groups, roles, [sigs[r] for r in reps])
+    if bad:
+        raise CaptureError("the script's ranks do not communicate consistently (replay would deadlock): "
+                           + "; ".join(left))
+    return caps, roles, reps, {"result": "communication matches once roles were split by program",
+                               "mismatch_first_seen": problems[:3], "extra_ranks_captured": len(more)}

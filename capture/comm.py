@@ -18,7 +18,7 @@ from capture.opinfo import dtype_name
 from heterosim.errors import CaptureError
 from heterosim.trace.vocab import COLLECTIVES, P2P
 
-__all__ = ["CommInfo", "describe_comm", "find_group", "NO_FAKE_IMPL"]
+__all__ = ["CommInfo", "describe_comm", "describe_comms", "find_group", "NO_FAKE_IMPL"]
 
 c10d = torch.ops.c10d
 fc = torch.ops._c10d_functional
@@ -108,6 +108,33 @@ def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
         nbytes = _nb(out) if out is not None else nbytes * int(args[1])
     data = _tensors(args[0])
     return CommInfo("collective", coll, nbytes, dtype_name(data[0].dtype) if data else "", -1, ())
+
+
+_ROOTED = {"gather_": "gather", "scatter_": "scatter"}
+
+
+def describe_comms(func: Any, args: Any, kwargs: dict, out: Any, pg: Any) -> list[CommInfo]:
+    """The ops ``func`` is recorded as: one, or for a rooted gather / scatter the point-to-point
+    messages ProcessGroupNCCL sends for it (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:
+    ``gather`` and ``scatter`` are a group of ncclSend / ncclRecv between the root and each other
+    rank; the root's own piece is a local copy, not recorded)."""
+    packet = func._overloadpacket.__name__
+    if func.namespace != "c10d" or packet not in _ROOTED:
+        return [describe_comm(func, args, kwargs, out)]
+    me = pg.rank()
+    if packet == "gather_":  # gather_(output_tensors[][], input_tensors[], pg, root, timeout)
+        outputs, inputs, root = args[0], args[1], int(args[3])
+        if me != root:
+            return [_p2p("send", inputs[0], root, ())]
+        return [_p2p("recv", t, peer, (t,)) for peer, t in enumerate(outputs[0]) if peer != me]
+    outputs, inputs, root = args[0], args[1], int(args[3])  # scatter_(outputs[], inputs[][], pg, root, ...)
+    if me != root:
+        return [_p2p("recv", outputs[0], root, (outputs[0],))]
+    return [_p2p("send", t, peer, ()) for peer, t in enumerate(inputs[0]) if peer != me]
+
+
+def _p2p(coll: str, t: torch.Tensor, peer: int, written: tuple) -> CommInfo:
+    return CommInfo("p2p", coll, t.numel() * t.element_size(), dtype_name(t.dtype), peer, written)
 
 
 def find_group(func: Any, args: Any, kwargs: dict) -> Any:

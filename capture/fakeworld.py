@@ -1,4 +1,4 @@
-"""The fake world: what torchrun would set, torch's ``fake`` process group, and torch.cuda shims.
+"""The fake world: what torchrun would set and torch's ``fake`` process group at the full world size.
 
 One CPU process plays rank ``r`` of a ``world_size`` job. Whatever backend the script asks for
 (``nccl``, ``gloo``, ...) is routed to the built-in ``fake`` backend at the full world size, so
@@ -8,9 +8,8 @@ ranks and *family* (the groups one loop creates, e.g. all TP groups) so a captur
 can be replayed for the other ranks of its role.
 
 Known limitations: the fake backend does not coalesce (``batch_isend_irecv`` issues separate
-ops); we tag the batch so the trace keeps NCCL's grouped launch. Fake CUDA tensors abort the
-CPU wheel's autograd, so scripts run on CPU; ``torch.cuda.is_available()`` stays False and the
-shims only keep CUDA-assuming calls (streams, events, RNG state, memory stats) from raising.
+ops); we tag the batch so the trace keeps NCCL's grouped launch. The CUDA device the script
+sees is :mod:`capture.fakecuda`'s.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
-__all__ = ["GroupRecord", "FakeWorld", "torchrun_env", "install_cuda_shims"]
+__all__ = ["GroupRecord", "FakeWorld", "torchrun_env"]
 
 
 def torchrun_env(rank: int, world_size: int, nproc_per_node: int) -> dict[str, str]:
@@ -118,6 +116,14 @@ class FakeWorld:
             if g.family == fam:
                 g.dim = dim
 
+    def label_mesh(self, mesh: Any) -> None:
+        """Label a DeviceMesh's dimension groups by their names (``dp_shard`` -> dp, ``tp``, ``pp``,
+        ``cp``, ``ep``; torchtitan's names), so roles and breakdowns know them."""
+        for name in mesh.mesh_dim_names or ():
+            dim = next((d for d in ("dp", "tp", "pp", "cp", "ep") if name == d or name.startswith(d + "_")), None)
+            if dim is not None:
+                self.label(mesh.get_group(name), dim)
+
     # ---- patching ----------------------------------------------------------------------------
     def _patch(self, obj: Any, name: str, value: Any) -> None:
         self._saved.append((obj, name, getattr(obj, name)))
@@ -184,10 +190,16 @@ class FakeWorld:
 
         def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
             with unset_fake_temporarily(), world.quiet():
-                return orig_init_mesh(*args, **kwargs)
+                mesh = orig_init_mesh(*args, **kwargs)
+            world.label_mesh(mesh)
+            return mesh
 
+        self._patch_ddp()
         self._patch(device_mesh.DeviceMesh, "__init__", mesh_init)
         self._patch(device_mesh, "init_device_mesh", init_device_mesh)
+        # DeviceMesh imported these by name: its per-dimension groups must be ours too.
+        self._patch(device_mesh, "new_group", new_group)
+        self._patch(device_mesh, "init_process_group", init_process_group)
         self._patch(dist, "init_process_group", init_process_group)
         self._patch(dist, "new_group", new_group)
         self._patch(dist, "batch_isend_irecv", batch_isend_irecv)
@@ -197,6 +209,54 @@ class FakeWorld:
         self._patch(c10d_mod, "new_group", new_group)
         self._patch(c10d_mod, "batch_isend_irecv", batch_isend_irecv)
 
+    def _patch_ddp(self) -> None:
+        """DistributedDataParallel: skip its cross-rank parameter-shape check, label its group ``dp``.
+
+        The check all-gathers real shape metadata in C++ (it reads tensor data, which fake tensors
+        do not have); every rank of a capture runs the same model code, and a rank whose shapes
+        differed would show as a collective size mismatch in replay anyway.
+        """
+        from torch.distributed import utils as dist_utils
+        from torch.nn.parallel import distributed as ddp_mod
+
+        def no_check(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        self._patch(dist_utils, "_verify_param_shape_across_processes", no_check)
+        self._patch(ddp_mod, "_verify_param_shape_across_processes", no_check)
+        orig_init = ddp_mod.DistributedDataParallel.__init__
+        world = self
+
+        def ddp_init(ddp_self: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(ddp_self, *args, **kwargs)
+            world.label(ddp_self.process_group, "dp")
+
+        self._patch(ddp_mod.DistributedDataParallel, "__init__", ddp_init)
+        # After its first backward the reducer re-buckets parameters in the order their gradients
+        # became ready (first bucket 1 MiB, then bucket_cap_mb), agreeing on that order through a
+        # broadcast whose data it reads back (fake tensors have none). Instead the initial buckets
+        # get the rebuilt sizes (torch 2.13 starts with one bucket of every parameter), in reverse
+        # registration order: the ready order of a model whose layers run in registration order.
+        self._patch(dist.Reducer, "_rebuild_buckets", lambda reducer_self: False)
+        config = ddp_mod._BucketCapacityConfig
+        orig_limits = config.compute_bucket_size_limits
+
+        def limits(cfg: Any, static_graph: bool, find_unused_parameters: bool) -> Any:
+            return orig_limits(cfg, static_graph=False, find_unused_parameters=True)
+
+        self._patch(config, "compute_bucket_size_limits", limits)
+        orig_assign = dist._compute_bucket_assignment_by_size
+
+        def assign(params: Any, size_limits: Any, *args: Any, **kwargs: Any) -> Any:
+            # Fill buckets from the last parameter (ready first in backward), as the rebuild does;
+            # DDP reverses the list it gets, so hand it the buckets last-ready first.
+            n = len(params)
+            buckets, caps = orig_assign(list(reversed(params)), size_limits, *args, **kwargs)
+            buckets = [sorted(n - 1 - i for i in b) for b in buckets]
+            return buckets[::-1], list(caps)[::-1]
+
+        self._patch(dist, "_compute_bucket_assignment_by_size", assign)
+
     def uninstall(self) -> None:
         """Undo every patch (in reverse order) and tear down the process group."""
         for obj, name, value in reversed(self._saved):
@@ -205,87 +265,3 @@ class FakeWorld:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-
-class _DummyStream:
-    def __init__(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def wait_stream(self, *a: Any) -> None:
-        pass
-
-    def wait_event(self, *a: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def record_event(self, *a: Any) -> "_DummyEvent":
-        return _DummyEvent()
-
-    def __enter__(self) -> "_DummyStream":
-        return self
-
-    def __exit__(self, *a: Any) -> bool:
-        return False
-
-
-class _DummyEvent:
-    def __init__(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def record(self, *a: Any) -> None:
-        pass
-
-    def wait(self, *a: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
-
-
-def install_cuda_shims() -> Callable[[], None]:
-    """Make common ``torch.cuda`` calls harmless on the CPU wheel; returns an undo function.
-
-    ``is_available()`` stays False so device choices fall back to the CPU. Streams and events are
-    dummies (stream semantics come from the trace, not from them); RNG state maps to the CPU's.
-    """
-    c = torch.cuda
-    shims: dict[str, Any] = {
-        "current_device": lambda: 0,
-        "device_count": lambda: 1,
-        "set_device": lambda *a, **k: None,
-        "synchronize": lambda *a, **k: None,
-        "Stream": _DummyStream,
-        "Event": _DummyEvent,
-        "current_stream": lambda *a, **k: _DummyStream(),
-        "default_stream": lambda *a, **k: _DummyStream(),
-        "stream": lambda s=None: contextlib.nullcontext(),
-        "get_rng_state": lambda *a, **k: torch.get_rng_state(),
-        "set_rng_state": lambda *a, **k: None,
-        "manual_seed": lambda *a, **k: None,
-        "manual_seed_all": lambda *a, **k: None,
-        "memory_allocated": lambda *a, **k: 0,
-        "max_memory_allocated": lambda *a, **k: 0,
-        "reset_peak_memory_stats": lambda *a, **k: None,
-        "empty_cache": lambda: None,
-    }
-    saved = {k: getattr(c, k) for k in shims if hasattr(c, k)}
-    for k, v in shims.items():
-        setattr(c, k, v)
-
-    def undo() -> None:
-        for k in shims:
-            if k in saved:
-                setattr(c, k, saved[k])
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(c, k)
-
-    return undo

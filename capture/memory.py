@@ -47,6 +47,10 @@ class MemoryTracker:
         self.events: list[tuple[int, int]] = []
         self.on_free = on_free
         self.block_allocs: set[int] | None = None  # keys allocated while a block is recorded
+        self.allocated = 0
+        """Counted bytes live now (allocator-rounded): what ``torch.cuda.memory_allocated()`` answers."""
+        self.peak = 0
+        """The largest :attr:`allocated` since the last :meth:`reset_peak`."""
 
     # ---- events ----------------------------------------------------------------------------------
     def note(self, out: Any, category: int, counted: bool = True) -> None:
@@ -72,6 +76,8 @@ class MemoryTracker:
         self.live[key] = [category, nbytes, slack, counted]
         self._refs[key] = weakref.ref(s, partial(self._died, key))
         if counted and nbytes:
+            self.allocated += nbytes
+            self.peak = max(self.peak, self.allocated)
             self.events.append((category, nbytes))
             if slack:
                 self.events.append((SLACK, slack))
@@ -82,6 +88,7 @@ class MemoryTracker:
         entry = self.live.pop(key, None)
         self._refs.pop(key, None)
         if entry is not None and entry[3] and entry[1]:
+            self.allocated -= entry[1]
             self.events.append((entry[0], -entry[1]))
             if entry[2]:
                 self.events.append((SLACK, -entry[2]))
@@ -98,6 +105,10 @@ class MemoryTracker:
             else:
                 out.append((cat, b))
         return out
+
+    def reset_peak(self) -> None:
+        """Start a new peak from what is live now (``torch.cuda.reset_peak_memory_stats``)."""
+        self.peak = self.allocated
 
     def counted_in_block(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage was allocated (and counted) by the block being recorded."""
@@ -150,4 +161,7 @@ class MemoryTracker:
         """Count ``t``'s storage from now on without an allocation event (a block's events made it)."""
         entry = self.live.get(_key(t))
         if entry is not None:
+            if not entry[3]:
+                self.allocated += entry[1]
+                self.peak = max(self.peak, self.allocated)
             entry[0], entry[3] = category, True

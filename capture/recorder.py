@@ -20,15 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
-import torch.distributed as dist
-from torch.futures import Future
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
+from capture.commrec import CommRecorder, _skey
+from capture.fakecuda import Dispatching
+from capture.hoist import hoist
 from capture.fakeworld import FakeWorld
+from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
+from capture.modpaths import ModulePaths
+from capture.streams import StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
 from capture.opinfo import describe
@@ -37,7 +40,6 @@ from heterosim.annotate import Annotator
 __all__ = ["Recorder"]
 
 aten = torch.ops.aten
-_c10d_functional = torch.ops._c10d_functional
 
 _ALLOC = {
     aten.empty.memory_format,
@@ -49,42 +51,6 @@ _ALLOC = {
 _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
-
-
-def _skey(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
-class _RecWork(dist.Work):
-    """Python Work handed to the script in place of the fake backend's, so ``wait()`` is recorded."""
-
-    def __init__(self, rec: "Recorder", comm_id: int, result: Any) -> None:
-        super().__init__()
-        self.rec, self.comm_id, self.waited = rec, comm_id, False
-        self._fut: Future = Future()
-        self._fut.set_result(result)
-
-    def wait(self, timeout: Any = None) -> bool:
-        if not self.waited:
-            self.waited = True
-            self.rec._record_wait(self.comm_id)
-            # Completed: NCCL lets go of the buffers, and so do we (the recorder keeps its works
-            # for the whole iteration; holding results would keep every all-gather buffer alive).
-            self._fut = Future()
-            self._fut.set_result(None)
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def get_future(self) -> Future:
-        return self._fut
-
-    def synchronize(self) -> None:
-        self.wait()
 
 
 @dataclass(slots=True)
@@ -103,12 +69,15 @@ class _Tags:
     gemm_dtype: str | None = None
 
 
-class Recorder(TorchDispatchMode, Annotator):
+class Recorder(CommRecorder, TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
-    def __init__(self, world: FakeWorld) -> None:
+    def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
         super().__init__()
         self.world = world
+        self.clock = IterationClock(stop_after)
+        self.kept: tuple[list[Segment], list[int], list] | None = None
+        """The last complete iteration (program, baseline, gaps) when optimizer steps delimit them."""
         world.batch_hook = self._batch
         world.quiet = self.quiet
         self.layout: dict[str, Any] = {}
@@ -119,12 +88,9 @@ class Recorder(TorchDispatchMode, Annotator):
         self.tags = _Tags()
         self.suppress = 0
         self.iterations_seen = 0
+        self.paths = ModulePaths()
+        self.streams = StreamTracker(self._emit_wait, lambda: self.next_id)
         self._reset_iteration()
-        self._mod_names: dict[int, str] = {}
-        self._param_names: dict[int, str] = {}
-        self._mod_stack: list[Any] = []
-        self._hooks: list[Any] = []
-        self._keep: dict[int, Any] = {}
         # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
         # the block being recorded (``block_mem``) or between segments (``gaps``).
         self.mem = MemoryTracker(on_free=self._storage_died)
@@ -142,17 +108,27 @@ class Recorder(TorchDispatchMode, Annotator):
         self.seg_key: tuple[int, int] | None = None
         self.in_block: str | None = None
         self.writers: dict[int, list[int]] = {}
-        self.seq2mod: dict[int, str] = {}
-        self.works: dict[int, _RecWork] = {}
+        self.paths.seq2mod = {}
+        self.streams.reset()
+        self.works: dict[int, Any] = {}  # first op id -> capture.streams.RecWork
+        self.unwaited: dict[int, list[tuple[int, int, int]]] = {}
+        """storage -> (comm op, first byte, end byte) an async c10d op writes and nobody waited for."""
         self.pending_funcol: dict[int, tuple[int, ...]] = {}
         self.batch_first: int | None = None
         self.in_batch = False
 
-    def _close_segment(self) -> None:
+    def _close_segment(self, final: bool = False) -> None:
+        """Turn the open segment into a block; ``final``: no later op refers to its ops by id (an
+        iteration ends), so side-stream work may move up to where a GPU starts it (capture/hoist.py)."""
         if self.in_block is None and self.rows:
             bid = f"i{len(self.blocks)}"
-            self.blocks[bid] = Block.from_rows(self.rows)
             self._file_events(self.seg_mem, len(self.rows))
+            if final:
+                self.rows, self.seg_mem = hoist(self.rows, self.seg_mem, self.seg_start)
+            else:
+                for r in self.rows:
+                    r.pop("_after", None)
+            self.blocks[bid] = Block.from_rows(self.rows)
             self.block_mem[bid] = self.seg_mem
             self.program.append(Segment(bid, self.seg_key[0], self.seg_key[1]))
         if self.in_block is None:
@@ -168,6 +144,7 @@ class Recorder(TorchDispatchMode, Annotator):
         # A storage's address may be reused by a new one: forget what the dead one held.
         self.writers.pop(key, None)
         self.pending_funcol.pop(key, None)
+        self.unwaited.pop(key, None)
 
     def _append(self, row: dict) -> int:
         if self.in_block is None:
@@ -185,6 +162,10 @@ class Recorder(TorchDispatchMode, Annotator):
                 self.batch_first = oid
             elif row["kind"] in ("p2p", "collective"):
                 row["coalesced"] = oid - self.batch_first
+        if row["kind"] != "wait" and self.in_block is None:
+            after = self.streams.side_after(oid)
+            if after is not None:
+                row["_after"] = after
         self.rows.append(row)
         self.next_id += 1
         return oid
@@ -202,8 +183,22 @@ class Recorder(TorchDispatchMode, Annotator):
         self.world.label(group, dim)
 
     def iteration(self, index: int) -> None:
+        self.clock.annotated()
+        if self.clock.annotated_stop_due():
+            self.clock.stopped = True
+            raise StopCapture
+        self._start_iteration()
+
+    def _step_boundary(self) -> None:
+        """An optimizer step ended the iteration: keep it, start the next (or stop the script)."""
+        self._close_segment(final=True)
+        self.kept = (list(self.program), list(self.baseline), list(self.gaps))
+        self.clock.end_by_step()
+        self._start_iteration()
+
+    def _start_iteration(self) -> None:
         self.iterations_seen += 1
-        self._close_segment()
+        self._close_segment(final=True)
         self.program = []
         self._reset_iteration()
         self.mem.take()  # already in the live set the baseline is taken from
@@ -304,53 +299,10 @@ class Recorder(TorchDispatchMode, Annotator):
         self.in_batch = entering
         self.batch_first = None
 
-    # ---- module attribution --------------------------------------------------------------------
-    def _name_module(self, mod: Any) -> str:
-        name = self._mod_names.get(id(mod))
-        if name is None:
-            parent = self._mod_stack[-1] if self._mod_stack else None
-            name = ""
-            if parent is not None:
-                pname = self._mod_names.get(id(parent), "")
-                # Direct child, or deeper (a layer of a ModuleList the parent iterates itself).
-                for child_name, child in parent.named_modules(remove_duplicate=False):
-                    if child is mod and child_name:
-                        name = f"{pname}.{child_name}" if pname else child_name
-                        break
-                else:
-                    name = f"{pname}.{type(mod).__name__}" if pname else type(mod).__name__
-            self._mod_names[id(mod)] = name
-            self._keep[id(mod)] = mod
-            for pn, p in mod.named_parameters(recurse=False):
-                self._param_names[id(p)] = f"{name}.{pn}" if name else pn
-        return name
-
-    def _pre(self, mod: Any, args: Any) -> None:
-        self._name_module(mod)
-        self._mod_stack.append(mod)
-
-    def _post(self, mod: Any, args: Any, out: Any) -> None:
-        if self._mod_stack:
-            self._mod_stack.pop()
-
-    def _module_path(self, in_backward: bool) -> str:
-        if in_backward:
-            node = torch._C._current_autograd_node()
-            if node is None:
-                return ""
-            var = getattr(node, "variable", None)
-            if var is not None:  # AccumulateGrad: the parameter being accumulated
-                return self._param_names.get(id(var), "")
-            return self.seq2mod.get(node._sequence_nr(), "")
-        if not self._mod_stack:
-            return ""
-        return self._mod_names.get(id(self._mod_stack[-1]), "")
-
     def __enter__(self) -> "Recorder":
-        self._hooks = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post, always_call=True),
-        ]
+        self.paths.install()
+        self.streams.activate()
+        self.clock.install()
         self._sp = None
         try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -371,25 +323,36 @@ class Recorder(TorchDispatchMode, Annotator):
         return super().__enter__()
 
     def __exit__(self, *a: Any) -> Any:
-        for h in self._hooks:
-            h.remove()
+        self.paths.uninstall()
+        self.streams.deactivate()
+        self.clock.uninstall()
         if self._sp is not None:
             self._sp[0]._fake_mode_lock = self._sp[1]
         return super().__exit__(*a)
 
     # ---- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        Dispatching.depth += 1  # torch's kernels see tensors on the CPU (capture/fakecuda.py)
+        try:
+            return self._dispatch(func, types, args, kwargs or {})
+        finally:
+            Dispatching.depth -= 1
+
+    def _dispatch(self, func: Any, types: Any, args: Any, kwargs: dict) -> Any:
         if self.suppress:
             out = func(*args, **kwargs)
             self.mem.note(out, OTHER, counted=False)
             return out
+        if self.clock.stopped:  # the script's own cleanup after --iterations stopped it
+            return func(*args, **kwargs)
+        if self.clock.step_ended and self.in_block is None and self.clock.step_boundary_due():
+            self._step_boundary()
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         out = func(*args, **kwargs)
-        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION else ACTIVATIONS)
+        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
             return self._record_comm(func, args, kwargs, out)
         return self._record_compute(func, args, kwargs, out)
@@ -398,6 +361,8 @@ class Recorder(TorchDispatchMode, Annotator):
         in_bwd = torch._C._current_graph_task_id() != -1
         if self.tags.phase is not None:
             return self.tags.phase, in_bwd
+        if self.clock.in_step:
+            return "optimizer", in_bwd
         return ("bwd" if in_bwd else "fwd"), in_bwd
 
     def _deps(self, tensors: list) -> list[int]:
@@ -413,22 +378,6 @@ class Recorder(TorchDispatchMode, Annotator):
             self.writers[k] = [*self.writers[k][-3:], oid]
         else:
             self.writers[k] = [oid]
-
-    def _flush_funcol(self, tensors: list, phase: str, module: str) -> None:
-        for t in tensors:
-            target = self.pending_funcol.pop(_skey(t), None)
-            if target is not None:
-                for k in [k for k, v in self.pending_funcol.items() if v == target]:
-                    del self.pending_funcol[k]
-                self._record_wait(target[0], phase=phase, module=module)
-
-    def _map_sequence(self, in_bwd: bool, module: str) -> None:
-        # The autograd node of the running forward op (or custom Function) has the sequence number
-        # just issued; its backward ops look the module up by it (``docs/capture.md``, "Interception", item 5).
-        if not in_bwd:
-            seq = torch.autograd._get_sequence_nr() - 1
-            if seq >= 0 and seq not in self.seq2mod:
-                self.seq2mod[seq] = module
 
     def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         if func in _ALLOC or func in _SKIP:
@@ -446,12 +395,14 @@ class Recorder(TorchDispatchMode, Annotator):
         if not outs and not mutated:
             return out  # metadata queries
         phase, in_bwd = self._phase()
-        module = self._module_path(in_bwd)
+        module = self.paths.path(in_bwd)
         if self.pending_funcol:
-            self._flush_funcol(ins, phase, module)
+            self._flush_funcol(ins)
         if (func.is_view or func in _VIEWS_EXTRA) and not mutated:
             return out  # views move no data; deps flow through the shared storage
-        self._map_sequence(in_bwd, module)
+        if self.unwaited:
+            self._flush_unwaited(ins)
+        self.paths.map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
         oid = self._append(
             {
@@ -479,81 +430,17 @@ class Recorder(TorchDispatchMode, Annotator):
             self._set_writer(t, oid, partial=not whole)
         return out
 
-    def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
-        phase, in_bwd = self._phase()
-        module = self._module_path(in_bwd)
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        if func is _c10d_functional.wait_tensor.default:
-            src = self.writers.get(_skey(ins[0]), [])
-            if src:  # eager semantics: the wait lands at the first use of the result
-                for t in [ins[0], *[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]]:
-                    self.pending_funcol[_skey(t)] = (src[-1],)
-                    self._set_writer(t, src[-1])
-            return out
-        if self.pending_funcol:
-            self._flush_funcol(ins, phase, module)
-        self._map_sequence(in_bwd, module)
-        info = comm_info.describe_comm(func, args, kwargs, out)
-        pg = comm_info.find_group(func, args, kwargs)
-        gid = self.world.gid_of(pg)
-        stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
-        oid = self._append(
-            {
-                "kind": info.kind,
-                "name": str(func),
-                "kernel_class": "comm",
-                "module": module,
-                "phase": phase,
-                "bytes_read": info.nbytes,
-                "dtype": info.dtype,
-                "signature": f"{info.collective}:{info.dtype}:{info.nbytes}",
-                "stream": stream,
-                "collective": info.collective,
-                "group": gid,
-                "comm_bytes": info.nbytes,
-                "peer": info.peer,
-                "deps": self._deps(ins),
-            }
-        )
-        for t in info.written:
-            self._set_writer(t, oid)
-        if func.namespace == "_c10d_functional":
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self._set_writer(t, oid)
-            return out
-        work = _RecWork(self, oid, out[0] if isinstance(out, tuple) else None)
-        self.works[oid] = work
-        if out is None or isinstance(out, torch.ScriptObject):
-            return work.boxed()
-        if isinstance(out, tuple) and len(out) == 2:
-            return (out[0], work.boxed())
-        return out
-
-    def _record_wait(self, target: int, phase: str | None = None, module: str | None = None) -> None:
-        if target >= self.next_id or target < 0:
-            return  # issued in an earlier (discarded) iteration
-        if phase is None:
-            phase, in_bwd = self._phase()
-            module = self._module_path(in_bwd)
-        oid = self.next_id
-        self._append(
-            {
-                "kind": "wait",
-                "name": "wait",
-                "kernel_class": "comm",
-                "module": module or "",
-                "phase": phase,
-                "target": oid - target,
-                "deps": [target],
-            }
-        )
-
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
-        """Close the open segment; return the blocks the last iteration's program uses, renumbered."""
+        """Close the open segment; return the blocks the kept iteration's program uses, renumbered.
+
+        The kept iteration is the last one; with optimizer-step boundaries, the last complete one
+        (what ran after its step is dropped).
+        """
         self.mem.take()  # after the last op: the script's teardown, not the iteration
-        self._close_segment()
+        self._close_segment(final=True)
+        if self.kept is not None:
+            self.program, self.baseline, self.gaps = self.kept
         used: dict[str, str] = {}
         program = []
         blocks: dict[str, Block] = {}

@@ -1,9 +1,10 @@
 """Roles: which ranks run the same program, which rank to capture for each, and merging captures.
 
 ``--ranks auto`` captures rank 0 first. Its fake world knows every process group of the job and
-which parallel dimension each serves; ranks at the same position of their pipeline group run the
-same program (up to which TP/DP/CP/EP group they talk to), so one rank per pipeline stage is
-captured. ``--ranks all`` captures every rank and groups ranks whose programs are identical once
+which parallel dimension each serves; ranks at the same position of their pipeline group and of
+their context-parallel group run the same program (up to which TP/DP/CP/EP group they talk to), so
+one rank per such position is captured, and the communication of that grouping is then checked
+(:mod:`capture.rolecheck`, ``capture.api.prove_roles``). ``--ranks all`` captures every rank and groups ranks whose programs are identical once
 group ids are replaced by group families (:func:`canonical_program`) -- the check that ``auto`` is
 right.
 """
@@ -22,31 +23,41 @@ from heterosim.errors import CaptureError
 __all__ = ["roles_from_groups", "parse_rank_list", "canonical_program", "merge_captures", "group_by_program"]
 
 
-def roles_from_groups(groups: Sequence[GroupRecord], world_size: int) -> list[tuple[int, ...]]:
-    """Partition ``range(world_size)`` into roles: one per position in the pipeline group.
+SPLIT_DIMS = {"pp": "pipeline", "cp": "context-parallel"}
+"""Parallel dimensions whose group position sets a rank's program: a pipeline stage runs its own
+layers; a context-parallel rank its own ring order (even positions send first) and causal blocks."""
 
-    Without a group labelled ``pp`` every rank is in one role.
+
+def roles_from_groups(groups: Sequence[GroupRecord], world_size: int) -> list[tuple[int, ...]]:
+    """Partition ``range(world_size)`` into roles: ranks at the same position of their pipeline
+    group and of their context-parallel group (:data:`SPLIT_DIMS`).
+
+    Without groups labelled ``pp`` or ``cp`` every rank is in one role.
     """
-    pp = [g for g in groups if g.dim == "pp"]
-    if not pp:
-        return [tuple(range(world_size))]
-    # The pipeline family is the pp-labelled one with the largest groups (Megatron also labels
-    # the first/last-stage embedding groups as pipeline traffic).
-    fam = max(pp, key=lambda g: (len(g.ranks), -int(g.gid) if g.gid.isdigit() else 0)).family
-    members = [g for g in pp if g.family == fam]
-    size = len(members[0].ranks)
-    roles: list[list[int]] = [[] for _ in range(size)]
-    covered: set[int] = set()
-    for g in members:
-        if len(g.ranks) != size:
-            raise CaptureError(f"pipeline groups differ in size ({size} vs {len(g.ranks)}): cannot form roles")
-        for pos, r in enumerate(g.ranks):
-            roles[pos].append(r)
-            covered.add(r)
-    if covered != set(range(world_size)):
-        missing = sorted(set(range(world_size)) - covered)
-        raise CaptureError(f"ranks {missing[:8]} are in no pipeline group; cannot form roles")
-    return [tuple(sorted(r)) for r in roles]
+    key: dict[int, tuple[int, ...]] = {r: () for r in range(world_size)}
+    for dim, name in SPLIT_DIMS.items():
+        labelled = [g for g in groups if g.dim == dim]
+        if not labelled:
+            continue
+        # The family with the largest groups (Megatron also labels the first/last-stage embedding
+        # groups as pipeline traffic).
+        fam = max(labelled, key=lambda g: (len(g.ranks), -int(g.gid) if g.gid.isdigit() else 0)).family
+        members = [g for g in labelled if g.family == fam]
+        size = len(members[0].ranks)
+        pos: dict[int, int] = {}
+        for g in members:
+            if len(g.ranks) != size:
+                raise CaptureError(f"{name} groups differ in size ({size} vs {len(g.ranks)}): cannot form roles")
+            pos.update((r, i) for i, r in enumerate(g.ranks))
+        if len(pos) != world_size:
+            missing = sorted(set(range(world_size)) - set(pos))
+            raise CaptureError(f"ranks {missing[:8]} are in no {name} group; cannot form roles")
+        for r in key:
+            key[r] += (pos[r],)
+    roles: dict[tuple[int, ...], list[int]] = {}
+    for r in range(world_size):
+        roles.setdefault(key[r], []).append(r)
+    return sorted((tuple(v) for v in roles.values()), key=lambda rs: rs[0])
 
 
 def parse_rank_list(text: str, world_size: int) -> list[int]:
@@ -146,5 +157,6 @@ def merge_captures(
         model=dict(ref.model),
         command=command,
         torch_version=ref.torch_version,
-        meta={"iterations_run": ref.iterations, "captured_ranks": sorted(r.captured_rank for r in out_roles)},
+        meta={"iterations_run": ref.iterations, "captured_ranks": sorted(r.captured_rank for r in out_roles),
+              **({"iterations": ref.iteration_info} if ref.iteration_info is not None else {})},
     )

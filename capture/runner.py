@@ -19,14 +19,21 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from capture.fakeworld import FakeWorld, GroupRecord, install_cuda_shims, torchrun_env
+from capture.fakecuda import FakeCuda
+from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
+from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
 from heterosim.trace.memory import RoleMemory
+from capture.iterations import StopCapture
 from capture.recorder import Recorder
 from heterosim.errors import ScriptError
 from heterosim.annotate import set_annotator
 
-__all__ = ["RankCapture", "run_rank"]
+__all__ = ["RankCapture", "run_rank", "DEFAULT_GPU"]
+
+DEFAULT_GPU = "H100"
+"""The GPU the fake CUDA device reports unless ``--gpu`` names another (its properties only: the
+trace is priced for any GPU at replay)."""
 
 
 @dataclass(slots=True)
@@ -43,6 +50,8 @@ class RankCapture:
     iterations: int
     torch_version: str
     memory: RoleMemory | None = None
+    iteration_info: dict[str, Any] | None = None
+    """:meth:`capture.iterations.IterationClock.describe` of the run."""
 
     def to_json(self) -> dict:
         return {
@@ -56,6 +65,7 @@ class RankCapture:
             "model": self.model,
             "iterations": self.iterations,
             "torch_version": self.torch_version,
+            "iteration_info": self.iteration_info,
         }
 
     @staticmethod
@@ -71,6 +81,7 @@ class RankCapture:
             iterations=d["iterations"],
             torch_version=d["torch_version"],
             memory=_memory(d.get("memory"), d["blocks"], len(d["program"])),
+            iteration_info=d.get("iteration_info"),
         )
 
 
@@ -122,13 +133,31 @@ class _StderrTail:
         return "; its last error output:\n" + "\n".join(f"  {x}" for x in lines) if lines else ""
 
 
-def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int) -> RankCapture:
-    """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure."""
+def _hint(e: Exception) -> str:
+    """A fix for the failures every new script meets."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+        return ("\nTensors hold no data during capture: the script read a value (.item(), .tolist(), "
+                "print of a tensor, nonzero, boolean indexing). Skip that code while capturing, e.g. "
+                "`if not heterosim.annotate.get_annotator().active: print(loss.item())`.")
+    return ""
+
+
+def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
+             gpu: str = DEFAULT_GPU, iterations: int | None = None) -> RankCapture:
+    """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
+
+    ``gpu`` names the GPU the fake CUDA device reports (``torch.cuda.get_device_properties``);
+    ``iterations``: stop the script once that many iterations are complete (:mod:`capture.iterations`).
+    """
+    spec = get_gpu(gpu)
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
     world = FakeWorld(rank=rank, world_size=world_size)
     world.install()
-    undo_cuda = install_cuda_shims()
-    recorder = Recorder(world)
+    recorder = Recorder(world, stop_after=iterations)
+    cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
+    cuda.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
@@ -138,6 +167,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         with FakeTensorMode(allow_non_fake_inputs=True), recorder:
             try:
                 runpy.run_path(script, run_name="__main__")
+            except StopCapture:
+                pass  # --iterations reached: the rest of the script is not needed
             except SystemExit as e:
                 if e.code not in (None, 0):
                     raise ScriptError(
@@ -146,12 +177,12 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
                     ) from None
             except Exception as e:
                 tb = traceback.format_exc()
-                raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}") from e
+                raise ScriptError(f"{script} raised {type(e).__name__} as rank {rank}:\n{tb}{_hint(e)}") from e
         blocks, program = recorder.finish()
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
-        undo_cuda()
+        cuda.uninstall()
         world.uninstall()
     return RankCapture(
         rank=rank,
@@ -162,6 +193,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         layout=_jsonable(recorder.layout),
         model=_jsonable(recorder.model),
         iterations=recorder.iterations_seen,
+        iteration_info=recorder.clock.describe(),
         torch_version=torch.__version__,
         memory=recorder.memory,
     )

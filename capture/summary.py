@@ -13,7 +13,33 @@ from typing import Any
 from heterosim.trace.ir import Trace, flop_totals
 from heterosim.trace.memory import memory_peak
 
-__all__ = ["summarize", "format_summary"]
+__all__ = ["summarize", "format_summary", "describe_iterations", "describe_roles"]
+
+
+def describe_roles(meta: dict[str, Any], nroles: int) -> str:
+    """One sentence: how the roles were checked (``--ranks auto`` and lists)."""
+    check = meta.get("roles_check")
+    roles = f"{nroles} role" + ("s" if nroles != 1 else "")
+    if not check:
+        return roles
+    if not check["extra_ranks_captured"]:
+        return f"{roles}; their communication matches across every group and peer"
+    return (f"{roles}; the ranks' communication did not match one program per role, so "
+            f"{check['extra_ranks_captured']} more ranks were captured and split by program")
+
+
+def describe_iterations(meta: dict[str, Any]) -> str:
+    """One sentence: which training iteration the trace holds and how it was found."""
+    it = meta.get("iterations")
+    if not it:
+        return "the trace holds the last iteration the script marked"
+    stop = ", then stopped (--iterations)" if it["stopped_early"] else ""
+    if it["source"] == "none":
+        return ("no iteration boundary found (no optimizer.step, no annotate iteration()): the trace holds "
+                "the whole script as one iteration")
+    how = "optimizer.step boundaries" if it["source"] == "optimizer.step" else "the script's iteration() marks"
+    runs = f"{it['seen']} iteration" + ("s" if it["seen"] != 1 else "")
+    return f"ran {runs} ({how}{stop}); the trace holds iteration {it['kept']}, the last complete one"
 
 
 def _role_totals(trace: Trace, role: Any) -> dict[str, Any]:
@@ -66,6 +92,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "world_size": trace.world_size,
         "layout": trace.layout,
         "model": trace.model,
+        "iterations": describe_iterations(trace.meta),
         "roles": roles,
         "model_flops": flops["model"],
         "hardware_flops": flops["hardware"],
@@ -102,7 +129,7 @@ def _fmt_bytes(n: float) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Human-readable text of :func:`summarize`."""
-    lines = [f"world size {s['world_size']}  layout {s['layout']}"]
+    lines = [f"world size {s['world_size']}  layout {s['layout']}", s["iterations"]]
     lines.append(f"{'role':>4} {'captured':>8} {'ranks':>6}  {'ops':>9}  {'blocks':>6}  ranks")
     for r in s["roles"]:
         lines.append(f"{r['id']:>4} {r['captured_rank']:>8} {r['num_ranks']:>6}  {r['ops']:>9}  {r['blocks']:>6}  {r['ranks']}")

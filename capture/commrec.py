@@ -1,0 +1,162 @@
+"""Communication as the recorder records it: collectives and p2p ops, their works, and the waits.
+
+A mixin of :class:`capture.recorder.Recorder` (it uses the recorder's rows, writers and stream
+tracker). A c10d op becomes one op (a rooted gather / scatter: its grouped sends and receives,
+``capture/comm.py``); the script gets a :class:`capture.streams.RecWork` whose ``wait()`` makes the
+current stream wait (``capture/streams.py``). A functional collective's wait lands at the first use
+of its result, as eager ``AsyncCollectiveTensor`` does; a c10d op's output buffer read or written
+before its work was waited for waits first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from capture import comm as comm_info
+from capture.streams import RecWork
+
+__all__ = ["CommRecorder"]
+
+_c10d_functional = torch.ops._c10d_functional
+
+
+def _skey(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor (view) spans: [offset, offset + extent)."""
+    size = t.element_size()
+    lo = t.storage_offset() * size
+    if t.numel() == 0:
+        return lo, lo
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return lo, lo + extent * size
+
+
+class CommRecorder:
+    """Collective / p2p recording and wait placement (mixed into the Recorder)."""
+
+    def _flush_funcol(self, tensors: list) -> None:
+        for t in tensors:
+            target = self.pending_funcol.pop(_skey(t), None)
+            if target is not None:
+                for k in [k for k, v in self.pending_funcol.items() if v == target]:
+                    del self.pending_funcol[k]
+                self.streams.wait(target[0])
+
+    def _flush_unwaited(self, tensors: list) -> None:
+        # A read or write of bytes an asynchronous c10d op is still writing waits for it first
+        # (what DDP's reducer does through futures in C++, which no Python hook sees). Bytes, not
+        # storages: Megatron's buckets are slices of one gradient buffer, and accumulating into
+        # one bucket must not wait for another's reduce-scatter.
+        for t in tensors:
+            pending = self.unwaited.get(_skey(t))
+            if pending:
+                lo, hi = _byte_range(t)
+                for target, a, b in list(pending):
+                    if a < hi and lo < b:
+                        self._work_waited(target, self.streams.epoch)
+
+    def _work_waited(self, target: int, epoch: int) -> None:
+        if epoch != self.streams.epoch:
+            return  # issued in an earlier (discarded) iteration
+        for k in list(self.unwaited):
+            left = [e for e in self.unwaited[k] if e[0] != target]
+            if left:
+                self.unwaited[k] = left
+            else:
+                del self.unwaited[k]
+        self.streams.wait(target)
+
+    def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
+        phase, in_bwd = self._phase()
+        module = self.paths.path(in_bwd)
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if func is _c10d_functional.wait_tensor.default:
+            src = self.writers.get(_skey(ins[0]), [])
+            if src:  # eager semantics: the wait lands at the first use of the result
+                for t in [ins[0], *[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]]:
+                    self.pending_funcol[_skey(t)] = (src[-1],)
+                    self._set_writer(t, src[-1])
+            return out
+        if self.pending_funcol:
+            self._flush_funcol(ins)
+        if self.unwaited:
+            self._flush_unwaited(ins)
+        self.paths.map_sequence(in_bwd, module)
+        pg = comm_info.find_group(func, args, kwargs)
+        gid = self.world.gid_of(pg)
+        infos = comm_info.describe_comms(func, args, kwargs, out, pg)
+        grouped = len(infos) > 1 and not self.in_batch
+        if grouped:  # a rooted gather / scatter: NCCL's grouped sends and receives
+            self._batch(True)
+        try:
+            oids = [self._append_comm(func, info, gid, module, phase, ins) for info in infos]
+        finally:
+            if grouped:
+                self._batch(False)
+        if func.namespace == "_c10d_functional":
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._set_writer(t, oids[0])
+            return out
+        for info, oid in zip(infos, oids):
+            for t in info.written:
+                self.unwaited.setdefault(_skey(t), []).append((oid, *_byte_range(t)))
+        epoch = self.streams.epoch
+        work = RecWork(lambda cid: self._work_waited(cid, epoch), tuple(oids),
+                       out[0] if isinstance(out, tuple) else None)
+        self.works[oids[0]] = work
+        if out is None or isinstance(out, torch.ScriptObject):
+            return work.boxed()
+        if isinstance(out, tuple) and len(out) == 2:
+            return (out[0], work.boxed())
+        return out
+
+    def _append_comm(self, func: Any, info: Any, gid: str, module: str, phase: str, ins: list) -> int:
+        stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
+        oid = self._append(
+            {
+                "kind": info.kind,
+                "name": str(func),
+                "kernel_class": "comm",
+                "module": module,
+                "phase": phase,
+                "bytes_read": info.nbytes,
+                "dtype": info.dtype,
+                "signature": f"{info.collective}:{info.dtype}:{info.nbytes}",
+                "stream": stream,
+                "collective": info.collective,
+                "group": gid,
+                "comm_bytes": info.nbytes,
+                "peer": info.peer,
+                "deps": self._deps(ins),
+            }
+        )
+        self.streams.issue(oid)
+        for t in info.written:
+            self._set_writer(t, oid)
+        return oid
+
+    def _emit_wait(self, target: int) -> None:
+        """A ``wait`` op: the compute stream waits for communication op ``target``."""
+        if target >= self.next_id or target < 0:
+            return  # issued in an earlier (discarded) iteration
+        phase, in_bwd = self._phase()
+        module = self.paths.path(in_bwd)
+        oid = self.next_id
+        self._append(
+            {
+                "kind": "wait",
+                "name": "wait",
+                "kernel_class": "comm",
+                "module": module or "",
+                "phase": phase,
+                "target": oid - target,
+                "deps": [target],
+            }
+        )

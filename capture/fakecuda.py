@@ -1,0 +1,349 @@
+"""The fake CUDA device of a capture: scripts written for GPUs run unchanged on the CPU wheel.
+
+A captured rank has no GPU and may run a CPU-only torch. Its tensors are FakeTensors whose real
+device is the CPU (a fake *CUDA* tensor would abort the CPU wheel's autograd engine, which starts
+a device thread through CUDA's device guard). What the script sees is a CUDA device:
+
+- ``device="cuda"`` / ``"cuda:N"`` / ``torch.device("cuda", N)`` / an index in factory kwargs,
+  ``Tensor.to("cuda")``, ``Tensor.cuda()``, ``Tensor.pin_memory()`` all give fake tensors (a
+  ``TorchFunctionMode`` maps the device to the CPU), and ``t.device`` / ``t.is_cuda`` answer
+  ``cuda:<current device>`` / True;
+- ``torch.cuda`` answers as a node of ``--nproc-per-node`` target GPUs (``--gpu``, an entry of
+  the GPU catalogue ``heterosim/cluster/data/gpus.yaml``): ``is_available``, ``device_count``,
+  ``current_device`` / ``set_device`` / ``device(i)``, ``get_device_properties`` / ``_name`` /
+  ``_capability``, memory queries (``memory_allocated`` and its peak are the capture's own
+  storage accounting, :mod:`capture.memory`), ``synchronize``, RNG seeding, ``nvtx``;
+  ``torch.accelerator`` likewise;
+- ``torch.cuda.Stream`` / ``Event`` / ``stream(s)`` / ``current_stream`` are recorded by the
+  recorder's :class:`capture.streams.StreamTracker` (what they mean for the trace is there);
+- ``torch.autocast("cuda", dtype)`` runs as CPU autocast with the same dtype (same op list for
+  GEMMs: mm, bmm, addmm, baddbmm, linear, matmul run in the low precision);
+- ``nn.Module.to(...)`` / ``.cuda()`` / ``.half()`` on fake parameters replace each parameter's
+  data in place (``param.data = new``), as torch does for real tensors; torch itself would swap
+  the tensor objects, which fails for FakeTensors held by weak references.
+
+Known limitations: ``torch.Generator(device="cuda")``, CUDA graphs, ``torch.cuda.*Tensor``
+types and custom CUDA extensions are not faked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
+
+from capture.memory import MemoryTracker
+from capture.streams import FakeEvent, FakeStream, StreamTracker
+
+__all__ = ["FakeCuda", "DeviceProperties", "Dispatching"]
+
+_CPU = torch.device("cpu")
+
+
+def _is_cuda(d: Any) -> bool:
+    if isinstance(d, torch.device):
+        return d.type == "cuda"
+    if isinstance(d, str):
+        return d == "cuda" or d.startswith("cuda:")
+    return False
+
+
+class DeviceProperties:
+    """``torch.cuda.get_device_properties`` of the target GPU (catalogue figures)."""
+
+    def __init__(self, gpu: Any) -> None:
+        self.name = next((a for a in gpu.aliases if a.startswith("NVIDIA ")), gpu.name)
+        self.total_memory = int(gpu.hbm_bytes)
+        self.major, self.minor = divmod(gpu.compute_capability, 10)
+        self.multi_processor_count = gpu.sm_count
+        self.L2_cache_size = int(gpu.l2_bytes)
+        self.is_integrated = False
+        self.is_multi_gpu_board = False
+        self.warp_size = 32
+        self.max_threads_per_multi_processor = 2048
+        self.regs_per_multiprocessor = 65536
+        self.uuid = f"fake-{gpu.name}"
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count})")
+
+
+class _DeviceMode(TorchFunctionMode):
+    """Maps CUDA devices to the CPU in every torch call; reports CUDA where the script asks."""
+
+    def __init__(self, fake: "FakeCuda") -> None:
+        super().__init__()
+        self.fake = fake
+        T = torch.Tensor
+        self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
+                        T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward"}
+
+    def active(self) -> bool:
+        """Whether the script's code is running (this mode on the stack), not torch's dispatch."""
+        return self in torch.overrides._get_current_function_mode_stack()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        special = self.special.get(func)
+        if special is not None:
+            if special == "self":
+                return args[0]
+            if special == "backward":
+                return self._backward(func, args, kwargs)
+            t = args[0]
+            if not isinstance(t, FakeTensor) or t.fake_device.type != "cpu":
+                return func(*args)  # real tensors (DeviceMesh's rank map) and meta ones say what they are
+            return True if special == "is_cuda" else self.fake.device
+        dev = kwargs.get("device")
+        if dev is not None and (_is_cuda(dev) or isinstance(dev, int)):
+            kwargs = {**kwargs, "device": _CPU}
+        if len(args) > 1 and any(_is_cuda(a) for a in args[1:3]):
+            args = tuple(_CPU if i and _is_cuda(a) else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+    def _backward(self, func: Any, args: Any, kwargs: dict) -> None:
+        # A mode is off the stack while its handler runs, so ``backward()`` would run hooks and
+        # custom backward code (FSDP2's reduce-scatter allocations with device="cuda") without
+        # it: run the engine here, with the mode back on the stack.
+        a = inspect.signature(func).bind(*args, **kwargs).arguments
+        tensors = a["self"] if "self" in a else a["tensors"]
+        grads = a.get("gradient", a.get("grad_tensors"))
+        inputs = a.get("inputs")
+        tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+        inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        create = a.get("create_graph", False)
+        retain = a.get("retain_graph")
+        # The engine reads tensors' devices from C++, which for a FakeTensor calls its Python
+        # ``device`` property: that call (made from _engine_run_backward's frame) sees the CPU,
+        # hooks and custom backward code (their own frames) see CUDA (_fake_device).
+        with self:
+            grads = torch.autograd._make_grads(
+                tensors, torch.autograd._tensor_or_tensors_to_tuple(grads, len(tensors)), is_grads_batched=False)
+            torch.autograd.graph._engine_run_backward(tensors, grads, create if retain is None else retain, create,
+                                                      inputs, allow_unreachable=True, accumulate_grad=True)
+
+
+class Dispatching:
+    """How deep the aten dispatch of the capture is (the recorder counts its handler): torch's own
+    kernels and FakeTensorMode must see the CPU device, whatever mode is on the stack."""
+
+    depth = 0
+
+
+def _fake_device(orig: Any, mode: _DeviceMode) -> property:
+    # C++ that reads a FakeTensor's device calls this property too: the autograd engine (from
+    # _engine_run_backward's frame) and custom Function node creation (from Function.apply's)
+    # must see the CPU, or they look for CUDA streams.
+    from torch.autograd.function import Function
+
+    cpp_callers = {torch.autograd.graph._engine_run_backward.__code__, Function.apply.__func__.__code__}
+
+    def device(self: FakeTensor) -> torch.device:
+        d = orig.fget(self)
+        if (d.type == "cpu" and not Dispatching.depth and torch._C._len_torch_function_stack() and mode.active()
+                and sys._getframe(1).f_code not in cpp_callers):
+            return torch.device("cuda", mode.fake.device)
+        return d
+
+    return property(device, orig.fset)
+
+
+def _module_apply(orig: Callable) -> Callable:
+    def _apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
+        if not any(isinstance(p, FakeTensor) for p in self.parameters(recurse=False)):
+            if recurse:
+                for m in self.children():
+                    m._apply(fn)
+            return orig(self, fn, recurse=False)
+        if recurse:
+            for m in self.children():
+                m._apply(fn)
+        for p in self._parameters.values():
+            if p is None:
+                continue
+            with torch.no_grad():
+                new = fn(p)
+            if new is not p:
+                p.data = new
+            if p.grad is not None:
+                with torch.no_grad():
+                    g = fn(p.grad)
+                if g is not p.grad:
+                    p.grad.data = g
+        for k, b in self._buffers.items():
+            if b is not None:
+                self._buffers[k] = fn(b)
+        return self
+
+    return _apply
+
+
+class FakeCuda:
+    """Installs the fake CUDA device (see the module docstring); :meth:`uninstall` undoes it."""
+
+    def __init__(self, streams: StreamTracker, mem: MemoryTracker, gpu: Any, device_count: int,
+                 device: int = 0) -> None:
+        self.streams, self.mem, self.gpu = streams, mem, gpu
+        self.device_count, self.device = device_count, device
+        self.props = DeviceProperties(gpu)
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+        self._mode: _DeviceMode | None = None
+
+    # ---- torch.cuda answers ----------------------------------------------------------------------
+    def _index(self, d: Any = None) -> int:
+        if d is None:
+            return self.device
+        if isinstance(d, int):
+            return d
+        if isinstance(d, str):
+            d = torch.device(d)
+        return d.index if d.index is not None else self.device
+
+    def set_device(self, d: Any) -> None:
+        i = self._index(d)
+        if not 0 <= i < self.device_count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {i} (the fake node has "
+                               f"{self.device_count} GPUs: --nproc-per-node)")
+        self.device = i
+
+    @contextlib.contextmanager
+    def device_ctx(self, d: Any) -> Any:
+        prev = self.device
+        if d is not None and self._index(d) >= 0:
+            self.set_device(d)
+        try:
+            yield
+        finally:
+            self.device = prev
+
+    @contextlib.contextmanager
+    def stream_ctx(self, s: FakeStream | None) -> Any:
+        prev = self.streams.set_current(s) if s is not None else self.streams.current
+        try:
+            yield s
+        finally:
+            self.streams.set_current(prev)
+
+    def synchronize(self, device: Any = None) -> None:
+        """The host waits for the whole device: every communication op not yet waited for."""
+        self.streams.host_wait(self.streams.outstanding())
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        return {"allocated_bytes.all.current": self.mem.allocated, "allocated_bytes.all.peak": self.mem.peak,
+                "reserved_bytes.all.current": self.mem.allocated, "reserved_bytes.all.peak": self.mem.peak}
+
+    def _answers(self) -> dict[str, Any]:
+        mem = self.mem
+        noop = lambda *a, **k: None  # noqa: E731
+        return {
+            "is_available": lambda: True,
+            "is_initialized": lambda: True,
+            "init": noop,
+            "_lazy_init": noop,
+            "device_count": lambda: self.device_count,
+            "current_device": lambda: self.device,
+            "set_device": self.set_device,
+            "device": self.device_ctx,
+            "get_device_properties": lambda d=None: self.props,
+            "get_device_name": lambda d=None: self.props.name,
+            "get_device_capability": lambda d=None: (self.props.major, self.props.minor),
+            "get_arch_list": lambda: [f"sm_{self.gpu.compute_capability}"],
+            "is_bf16_supported": lambda *a, **k: self.gpu.compute_capability >= 80,
+            "synchronize": self.synchronize,
+            "is_current_stream_capturing": lambda: False,
+            "Stream": FakeStream,
+            "Event": FakeEvent,
+            "current_stream": lambda device=None: self.streams.current,
+            "default_stream": lambda device=None: self.streams.default,
+            "set_stream": self.streams.set_current,
+            "stream": self.stream_ctx,
+            "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+            "get_rng_state_all": lambda: [torch.get_rng_state()] * self.device_count,
+            "set_rng_state": noop,
+            "set_rng_state_all": noop,
+            "manual_seed": noop,
+            "manual_seed_all": noop,
+            "seed": noop,
+            "seed_all": noop,
+            "initial_seed": lambda: 0,
+            "memory_allocated": lambda d=None: mem.allocated,
+            "max_memory_allocated": lambda d=None: mem.peak,
+            "memory_reserved": lambda d=None: mem.allocated,
+            "max_memory_reserved": lambda d=None: mem.peak,
+            "reset_peak_memory_stats": lambda d=None: mem.reset_peak(),
+            "reset_max_memory_allocated": lambda d=None: mem.reset_peak(),
+            "reset_accumulated_memory_stats": noop,
+            "memory_stats": self.memory_stats,
+            "mem_get_info": lambda d=None: (self.props.total_memory - mem.allocated, self.props.total_memory),
+            "empty_cache": noop,
+        }
+
+    # ---- installing -------------------------------------------------------------------------------
+    def _patch(self, obj: Any, name: str, value: Any) -> None:
+        had = hasattr(obj, name)
+        self._saved.append((obj, name, getattr(obj, name, None), had))
+        setattr(obj, name, value)
+
+    def install(self) -> None:
+        # Dynamo's trace rules index torch.cuda's functions when first imported: load them from
+        # the real module, not from our answers (one function under several names trips them).
+        import torch._dynamo  # noqa: F401
+
+        c = torch.cuda
+        answers = self._answers()
+        for name, value in answers.items():
+            self._patch(c, name, value)
+        noop = lambda *a, **k: None  # noqa: E731
+        for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
+            self._patch(c.nvtx, name, noop)
+        self._patch(c.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
+        acc = torch.accelerator
+        for name, value in {
+            "is_available": lambda: True,
+            "current_accelerator": lambda check_available=False: torch.device("cuda"),
+            "device_count": lambda: self.device_count,
+            "current_device_index": lambda: self.device,
+            "current_device_idx": lambda: self.device,
+            "set_device_index": self.set_device,
+            "set_device_idx": self.set_device,
+            "synchronize": self.synchronize,
+            "current_stream": answers["current_stream"],
+            "set_stream": self.streams.set_current,
+            "memory_allocated": answers["memory_allocated"],
+            "max_memory_allocated": answers["max_memory_allocated"],
+            "empty_cache": noop,
+        }.items():
+            if hasattr(acc, name):
+                self._patch(acc, name, value)
+        autocast = torch.amp.autocast_mode.autocast
+        orig_autocast_init = autocast.__init__
+
+        def autocast_init(ac_self: Any, device_type: str = "cuda", *a: Any, **k: Any) -> None:
+            orig_autocast_init(ac_self, "cpu" if device_type == "cuda" else device_type, *a, **k)
+
+        self._patch(autocast, "__init__", autocast_init)
+        self._patch(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
+        self._mode = _DeviceMode(self)
+        self._patch(FakeTensor, "device", _fake_device(FakeTensor.__dict__["device"], self._mode))
+        self._mode.__enter__()
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(self.device_count))))
+
+    def uninstall(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        for obj, name, value, had in reversed(self._saved):
+            if had:
+                setattr(obj, name, value)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+        self._saved.clear()
