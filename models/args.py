@@ -228,18 +228,8 @@ def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | No
     return counts, (vpp if vpp > 1 else None)
 
 
-def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
-    """Parse Megatron flags and validate them for ``world_size`` ranks.
-
-    Raises:
-        ConfigError: unknown flag, missing model size, or a layout that does not fit.
-    """
-    ns = build_parser().parse_args(argv)
-    a = _merged(ns)
-    missing = [f"--{k.replace('_', '-')}" for k in ("num_layers", "hidden_size", "num_attention_heads",
-                                                    "seq_length", "vocab_size") if a[k] is None]
-    if missing:
-        raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
+def _check_exclusive(a: dict[str, Any]) -> None:
+    """Flags that exclude or need one another (Megatron's arguments.py asserts the same)."""
     if a["bf16"] and a["fp16"]:
         raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
     if a["overlap_p2p_communication"] and a["scatter_gather_tensors_in_pipeline"]:
@@ -259,6 +249,21 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
                           "--overlap-grad-reduce")
     if a["swiglu"] and a["squared_relu"]:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
+
+
+def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
+    """Parse Megatron flags and validate them for ``world_size`` ranks.
+
+    Raises:
+        ConfigError: unknown flag, missing model size, or a layout that does not fit.
+    """
+    ns = build_parser().parse_args(argv)
+    a = _merged(ns)
+    missing = [f"--{k.replace('_', '-')}" for k in ("num_layers", "hidden_size", "num_attention_heads",
+                                                    "seq_length", "vocab_size") if a[k] is None]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}; give them or a --preset NAME")
+    _check_exclusive(a)
     tp, pp = a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"]
     # World-size divisibility first: it is the mistake the other messages would hide.
     ParallelConfig(world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
