@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from replay.simulate import OVERLAP_SLOWDOWN
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     except HeteroSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (``simulate ... | head``)
+        # Point stdout at devnull so that the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

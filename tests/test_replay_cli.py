@@ -169,3 +169,15 @@ def test_a_cluster_file_cannot_redefine_a_registered_gpu():
     with pytest.raises(ConfigError, match=r"GPU name 'T4' is already in the GPU registry \(T4\); give the "
                                           r"accelerator a name of its own"):
         load_cluster(_mixed_ethernet("T4", [dict(ACME, name="T4")]), num_gpus=16)
+
+
+def test_output_into_a_closed_pipe_is_quiet(trace_dir):
+    """``replay simulate T --json | head -0``: the reader is gone before we write; no traceback, exit 0."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([sys.executable, "-m", "replay", "simulate", str(trace_dir), "--cluster", "dgx-a100",
+                        "--json", "--no-progress"], stdout=w, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    assert (p.returncode, p.stderr) == (0, "")
