@@ -191,6 +191,7 @@ def refill(flows: Mapping[int, Any], link_flows: Mapping[int, Mapping[int, None]
     increasing order, their rates, their pins)."""
     region: set[int] = set(new)
     links: set[int] = set()
+    near: set[int] = set()  # every flow on a link of ``links``
     queue = [l for l in touched if l in link_flows]
     for g in region:
         queue.extend(flows[g].links)
@@ -200,12 +201,14 @@ def refill(flows: Mapping[int, Any], link_flows: Mapping[int, Mapping[int, None]
             if l in links:
                 continue
             links.add(l)
-            for g in link_flows[l]:
+            on = link_flows[l]
+            near.update(on)
+            for g in on:
                 if g not in region and flows[g].pin == l:
                     region.add(g)
                     queue.extend(flows[g].links)
         fids = sorted(region)
-        others = sorted({g for l in links for g in link_flows[l]} - region)
+        others = sorted(near - region)
         paths = [flows[g].links for g in fids]
         paths += [tuple(l for l in flows[g].links if l in links) for g in others]
         caps = [flows[g].cap for g in fids] + [flows[g].rate for g in others]
