@@ -440,9 +440,14 @@ class FluidNetwork:
         self._next_fid += 1
         self._flows[fid] = _Flow(links, nbytes, cap, tid, now)
         self._new[fid] = None
+        link_flows = self._link_flows
         for l in links:
-            self._link_flows.setdefault(l, {})[fid] = None
-            touched.add(l)
+            on = link_flows.get(l)
+            if on is None:
+                link_flows[l] = {fid: None}
+            else:
+                on[fid] = None
+        touched.update(links)
 
     def _advance_phase(self, tid: int, tr: _Transfer, now: float, touched: set[int]) -> bool:
         """Move ``tr`` to its next phase(s); True when the transfer is complete."""
@@ -477,12 +482,16 @@ class FluidNetwork:
         heapq.heappush(self._heap, (t, self._seq, kind, ident, version))
         self._seq += 1
 
+    def _solve(self, touched: set[int]) -> tuple[list[int], list[float], list[int]]:
+        """The flows whose rate may have changed, with their rates and pins (:func:`replay.maxmin.refill`)."""
+        return refill(self._flows, self._link_flows, self.capacity, touched, self._new)
+
     def _recompute(self, touched: set[int], now: float) -> None:
         """Re-solve the rates after flows on ``touched`` links started or finished (see
         :mod:`replay.maxmin`); a flow whose rate changed is brought up to ``now`` at its old rate and
         gets a new finish event, the others keep theirs."""
         flows, new = self._flows, self._new
-        fids, rates, pins = refill(flows, self._link_flows, self.capacity, touched, new)
+        fids, rates, pins = self._solve(touched)
         if not fids:
             new.clear()
             return
