@@ -33,9 +33,9 @@ from .transfers import FlowSpec, PhaseSpec, TransferSpec, _Batch, _Flow, _Group,
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
 _SOLO_MAX_FLOWS = 4096
-"""Groups of more flows (all phases) never run solo: materializing one would replay its solo run
-(keeping the state after every step costs memory in proportion to flows x steps), while as fluid
-flows it costs only what each event changes (:func:`replay.maxmin.refill`)."""
+"""A group of more flows (all phases) keeps no per-step states of its solo run (memory in
+proportion to flows x steps): materializing it replays that run, and from then on its shape starts
+it as fluid flows, which cost only what each event changes (:func:`replay.maxmin.refill`)."""
 
 
 
@@ -308,8 +308,7 @@ class FluidNetwork:
                 ends = self._spec_info[ck] = done[0][1]
             v = (specs, ends)
             self._spec_info[k] = v
-        big = sum(len(ph.flows) for sp in specs for ph in sp.phases) > _SOLO_MAX_FLOWS
-        return _Group(members, links, v[1], specs, fluid=big)
+        return _Group(members, links, v[1], specs)
 
     def _idle_run(self, specs: Sequence[TransferSpec]) -> tuple["FluidNetwork", list]:
         """A scratch network (no solo fast path) with ``specs`` started together at 0 on idle links,
@@ -323,8 +322,16 @@ class FluidNetwork:
 
         The group's solo run is replayed once per group (by spec identity) and its state after
         every step kept: a later call takes the snapshot after the steps due by ``dt``, the same
-        state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again;
-        groups of over ``_SOLO_MAX_FLOWS`` flows never run solo)."""
+        state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again).
+        A group of over ``_SOLO_MAX_FLOWS`` flows is replayed up to ``dt`` and marked to run as
+        fluid flows from then on (its form collides: the next materialization would replay again)."""
+        if sum(len(ph.flows) for sp in g.specs for ph in sp.phases) > _SOLO_MAX_FLOWS:
+            g.fluid = True
+            g.shape.simple = False
+            scratch, _ = self._idle_run(g.specs)
+            while scratch.next_time() <= dt:
+                scratch.step()
+            return _snapshot(scratch)
         k = ("state",) + tuple(map(id, g.specs))
         run = self._spec_info.get(k)
         if run is None or any(a is not b for a, b in zip(run[0], g.specs)):

@@ -96,7 +96,7 @@ class _Batch:
 class _Group:
     """Replicas of a batch connected by shared links, run together alone from t = 0 (cached)."""
 
-    __slots__ = ("members", "links", "rel_ends", "specs", "fluid")
+    __slots__ = ("members", "links", "rel_ends", "specs", "fluid", "shape")
 
     def __init__(self, members: tuple[int, ...], links: tuple[int, ...], rel_ends: list[float],
                  specs: tuple[TransferSpec, ...], fluid: bool = False):
@@ -104,7 +104,8 @@ class _Group:
         self.links = links  # union of their links
         self.rel_ends = rel_ends  # end of each member, from the group's start
         self.specs = specs
-        self.fluid = fluid  # always run as fluid flows, never solo
+        self.fluid = fluid  # from now on run as fluid flows, never solo
+        self.shape: _ShapeInfo | None = None  # the batch shape it belongs to
 
 
 class _ShapeInfo:
@@ -114,6 +115,8 @@ class _ShapeInfo:
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
         self.groups = groups
+        for g in groups:
+            g.shape = self
         self.rel_ends = [0.0] * n  # each replica's end from the batch start when its group runs alone
         for g in groups:
             for j, e in zip(g.members, g.rel_ends):
