@@ -297,3 +297,31 @@ def test_incremental_solves_give_the_full_solves_end_times_bit_for_bit(seed):
         out.append(got)
     assert out[0].keys() == {k for _, k, _ in work}
     assert out[0] == out[1]
+
+
+def test_big_groups_run_fluid_after_their_first_materialization(monkeypatch):
+    """A group over the snapshot limit (here: any) is replayed when first hit, then its shape starts
+    it as fluid flows; every end equals the pure fluid run's."""
+    import replay.flows as flows_mod
+
+    monkeypatch.setattr(flows_mod, "_SOLO_MAX_FLOWS", 0)
+    ab = [one((0,), 1e9), one((1,), 1e9)]
+    c = [one((0, 2), 1e9)]
+    out = {}
+    for solo in (True, False):
+        net = FluidNetwork([1e9, 2e9, 1e9], solo=solo)
+        got = {}
+        for k, t0 in enumerate((0.0, 10.0)):
+            net.start(f"ab{k}", ab, t0, shape="ab")
+            while net.next_time() < t0 + 0.5:
+                got.update(dict(net.step()[1]))
+            net.start(f"c{k}", c, t0 + 0.5, shape="c")
+            while not net.idle():
+                got.update(dict(net.step()[1]))
+        out[solo] = got
+        if solo:
+            info = net._shape_info[id("ab")]
+            assert [g.fluid for g in info.groups] == [True, False] and not info.simple
+    assert out[True].keys() == out[False].keys() == {"ab0", "c0", "ab1", "c1"}
+    for k in out[True]:
+        np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
