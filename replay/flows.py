@@ -3,12 +3,13 @@
 The network runs *transfers* (:mod:`replay.transfers`: phases of flows, one transfer per
 collective or send/recv pair) and reports when each ends.
 
-Rates are max-min fair over every flow in flight (progressive filling: raise all rates together,
-freeze the flows that cross a saturated link, repeat; Bertsekas & Gallager, *Data Networks*, 2nd
-ed., section 6.5.2). Rates are recomputed at every flow start and finish, but only for the
-connected component (flows <-> shared links) that the event touched, since max-min allocations of
-disjoint components are independent. Between events every flow progresses linearly (the fluid
-approximation: it ignores packet-level effects, congestion control dynamics and queueing delay).
+Rates are max-min fair over every flow in flight (progressive filling, :mod:`replay.maxmin`).
+At every instant where flows start or finish, only the flows whose rate can change are filled
+again (:func:`replay.maxmin.refill`: the region of influence of the change, found from the link
+each flow is bottlenecked at), and only the flows whose rate did change get a new finish event;
+the rates equal a full solve bit for bit (tested). Between events every flow progresses linearly (the
+fluid approximation: it ignores packet-level effects, congestion control dynamics and queueing
+delay).
 
 The network is deterministic: events at one instant are handled together, in insertion order.
 """
@@ -26,13 +27,15 @@ import numpy as np
 from heterosim.errors import ReplayError
 
 from .holds import Holds, SoloEnds
-from .maxmin import _REL_TOL, maxmin_rates
+from .maxmin import _REL_TOL, refill
 from .transfers import FlowSpec, PhaseSpec, TransferSpec, _Batch, _Flow, _Group, _ShapeInfo, _Transfer
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
 
-_SNAPSHOT_MAX_FLOWS = 4096
-"""Groups up to this many flows keep their solo run's state after every step (memory bound)."""
+_SOLO_MAX_FLOWS = 4096
+"""A group of more flows (all phases) keeps no per-step states of its solo run (memory in
+proportion to flows x steps): materializing it replays that run, and from then on its shape starts
+it as fluid flows, which cost only what each event changes (:func:`replay.maxmin.refill`)."""
 
 
 
@@ -77,6 +80,7 @@ class FluidNetwork:
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
+        self._new: dict[int, None] = {}  # flows added since the last solve
         self._pending_start: dict[int, float] = {}  # transfer -> time its next phase starts
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
         self._shape_info: dict[Hashable, _ShapeInfo] = {}  # id(shape) or the specs' ids -> links, groups
@@ -150,7 +154,7 @@ class FluidNetwork:
         fluid: list[int] = []
         batch.t0, batch.specs, batch.groups = now, specs, info.groups
         for gi, g in enumerate(info.groups):
-            if any(l in reserved or l in owned for l in g.links):
+            if g.fluid or any(l in reserved or l in owned for l in g.links):
                 fluid.extend(g.members)
                 continue
             timed = False
@@ -318,8 +322,12 @@ class FluidNetwork:
 
         The group's solo run is replayed once per group (by spec identity) and its state after
         every step kept: a later call takes the snapshot after the steps due by ``dt``, the same
-        state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again)."""
-        if sum(len(ph.flows) for sp in g.specs for ph in sp.phases) > _SNAPSHOT_MAX_FLOWS:
+        state a fresh replay up to ``dt`` reaches (micro-batches materialize the same groups again).
+        A group of over ``_SOLO_MAX_FLOWS`` flows is replayed up to ``dt`` and marked to run as
+        fluid flows from then on (its form collides: the next materialization would replay again)."""
+        if sum(len(ph.flows) for sp in g.specs for ph in sp.phases) > _SOLO_MAX_FLOWS:
+            g.fluid = True
+            g.shape.simple = False
             scratch, _ = self._idle_run(g.specs)
             while scratch.next_time() <= dt:
                 scratch.step()
@@ -438,9 +446,15 @@ class FluidNetwork:
         fid = self._next_fid
         self._next_fid += 1
         self._flows[fid] = _Flow(links, nbytes, cap, tid, now)
+        self._new[fid] = None
+        link_flows = self._link_flows
         for l in links:
-            self._link_flows.setdefault(l, {})[fid] = None
-            touched.add(l)
+            on = link_flows.get(l)
+            if on is None:
+                link_flows[l] = {fid: None}
+            else:
+                on[fid] = None
+        touched.update(links)
 
     def _advance_phase(self, tid: int, tr: _Transfer, now: float, touched: set[int]) -> bool:
         """Move ``tr`` to its next phase(s); True when the transfer is complete."""
@@ -475,53 +489,36 @@ class FluidNetwork:
         heapq.heappush(self._heap, (t, self._seq, kind, ident, version))
         self._seq += 1
 
-    def _component(self, links: set[int]) -> list[int]:
-        """Flow ids connected (through shared links) to ``links``, in id order.
-
-        Breadth first, a frontier of links at a time, with C-level set updates (the component is
-        the same set whatever the visiting order)."""
-        link_flows, flows = self._link_flows, self._flows
-        seen = links & link_flows.keys()
-        frontier = seen
-        fids: set[int] = set()
-        total = len(flows)
-        while frontier:
-            new: set[int] = set()
-            for l in frontier:
-                new.update(link_flows[l])
-            new -= fids
-            if not new:
-                break
-            fids |= new
-            if len(fids) == total:
-                break  # every flow in flight is in it
-            nxt: set[int] = set()
-            for fid in new:
-                nxt.update(flows[fid].links)
-            nxt -= seen
-            seen |= nxt
-            frontier = nxt
-        return sorted(fids)
+    def _solve(self, touched: set[int]) -> tuple[list[int], list[float], list[int]]:
+        """The flows whose rate may have changed, with their rates and pins (:func:`replay.maxmin.refill`)."""
+        return refill(self._flows, self._link_flows, self.capacity, touched, self._new)
 
     def _recompute(self, touched: set[int], now: float) -> None:
-        fids = self._component(touched)
+        """Re-solve the rates after flows on ``touched`` links started or finished (see
+        :mod:`replay.maxmin`); a flow whose rate changed is brought up to ``now`` at its old rate and
+        gets a new finish event, the others keep theirs."""
+        flows, new = self._flows, self._new
+        fids, rates, pins = self._solve(touched)
         if not fids:
+            new.clear()
             return
         self.recomputes += 1
-        flows = [self._flows[f] for f in fids]
-        for f in flows:  # bring progress up to now at the old rates
-            if f.rate > 0:
+        heap, seq, push = self._heap, self._seq, heapq.heappush
+        for fid, r, pin in zip(fids, rates, pins):
+            f = flows[fid]
+            f.pin = pin
+            if r == f.rate and fid not in new:
+                continue
+            if f.rate > 0:  # bring progress up to now at the old rate
                 f.remaining -= f.rate * (now - f.t_last)
             f.t_last = now
-        rates = maxmin_rates([f.links for f in flows], [f.cap for f in flows], self.capacity)
-        heap, seq, push = self._heap, self._seq, heapq.heappush
-        for fid, f, r in zip(fids, flows, rates.tolist()):  # what _push does, inlined (same seqs)
             f.rate = r
             v = f.version = f.version + 1
             rem = f.remaining if f.remaining > 0 else 0.0
             push(heap, (now + rem / r, seq, 0, fid, v))
             seq += 1
         self._seq = seq
+        new.clear()
 
 
 def _snapshot(net: FluidNetwork) -> dict[int, tuple]:

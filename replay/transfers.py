@@ -47,7 +47,7 @@ class TransferSpec:
 
 
 class _Flow:
-    __slots__ = ("links", "remaining", "rate", "t_last", "tid", "version", "cap")
+    __slots__ = ("links", "remaining", "rate", "t_last", "tid", "version", "cap", "pin")
 
     def __init__(self, links: tuple[int, ...], nbytes: float, cap: float, tid: int, now: float):
         self.links = links
@@ -57,6 +57,7 @@ class _Flow:
         self.tid = tid
         self.version = 0
         self.cap = cap
+        self.pin = -1  # the link whose share froze its rate in the last solve (-1: its cap)
 
 
 class _Transfer:
@@ -95,14 +96,16 @@ class _Batch:
 class _Group:
     """Replicas of a batch connected by shared links, run together alone from t = 0 (cached)."""
 
-    __slots__ = ("members", "links", "rel_ends", "specs")
+    __slots__ = ("members", "links", "rel_ends", "specs", "fluid", "shape")
 
     def __init__(self, members: tuple[int, ...], links: tuple[int, ...], rel_ends: list[float],
-                 specs: tuple[TransferSpec, ...]):
+                 specs: tuple[TransferSpec, ...], fluid: bool = False):
         self.members = members  # replica indices in the batch
         self.links = links  # union of their links
         self.rel_ends = rel_ends  # end of each member, from the group's start
         self.specs = specs
+        self.fluid = fluid  # from now on run as fluid flows, never solo
+        self.shape: _ShapeInfo | None = None  # the batch shape it belongs to
 
 
 class _ShapeInfo:
@@ -112,6 +115,8 @@ class _ShapeInfo:
     def __init__(self, links: list[tuple[int, ...]], groups: list[_Group], n: int, keep: Any):
         self.links = links  # each replica's distinct links
         self.groups = groups
+        for g in groups:
+            g.shape = self
         self.rel_ends = [0.0] * n  # each replica's end from the batch start when its group runs alone
         for g in groups:
             for j, e in zip(g.members, g.rel_ends):
@@ -119,8 +124,9 @@ class _ShapeInfo:
         self.keep = keep  # the caller's shape object, kept alive (its id is the cache key)
         self.all_links = tuple(l for g in groups for l in g.links)
         self.link_set = frozenset(self.all_links)
-        self.simple = all(e > 0 for e in self.rel_ends)
-        """Every replica takes time: the all-solo bulk path applies when its links are free."""
+        self.simple = all(e > 0 for e in self.rel_ends) and not any(g.fluid for g in groups)
+        """Every replica takes time and may run solo: the all-solo bulk path applies when its links
+        are free."""
         self.longest = max(self.rel_ends, default=0.0)
         self.shortest = min(self.rel_ends, default=0.0)
         self.group_ids = list(range(len(groups)))  # shared by bulk batches (never mutated in place)
