@@ -8,7 +8,8 @@ import pytest
 
 from heterosim.cluster import load_cluster
 from heterosim.errors import ConfigError, UnknownGPUError
-from heterosim.validation.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
+from heterosim.validation.cases import Case, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
+from heterosim.validation.hardware import _nics
 
 
 def _case(**kw) -> Case:
