@@ -1,22 +1,23 @@
 """Validation cases: read a cases YAML and turn each case's free text into runnable inputs.
 
 A case (schema of ``validation/public_cases.yaml``) states hardware, model, parallelism,
-batch and precision in words and numbers as the source published them. This module maps them to
+batch and precision in words and numbers as the source published them, remarks included. This
+module maps them to
 
-- a GPU of the ``kernel_db`` catalogue (:func:`gpu_from_text`: "NVIDIA H100 80GB HBM3 (SXM5)"),
-- a cluster spec for :func:`heterosim.cluster.load_cluster` (:func:`cluster_for`: a preset whose
-  system name the text names, with the case's GPU and NICs, or a node built from the words:
-  NVLink generation / NVSwitch / lanes, "8 x 400 Gb/s NDR"),
-- ``models/pretrain_gpt.py`` flags (:func:`megatron_flags`: layers, hidden, heads, kv heads, ffn,
-  seq, vocab, architecture words such as SwiGLU, GQA, RMSNorm, RoPE, squared ReLU; precision
-  words; parallelism and recomputation),
+- a GPU of the ``kernel_db`` catalogue and a cluster spec (:mod:`heterosim.validation.hardware`:
+  "NVIDIA H100 80GB HBM3 (SXM5)", "DGX H100", "8 x 400 Gb/s NDR"),
+- ``models/pretrain_gpt.py`` flags (:func:`megatron_flags`, field by field in
+  :mod:`heterosim.validation.flags`; numbers and words read by :mod:`heterosim.validation.phrases`:
+  "48 (from memory, unverified)", "128K (128,256 in released config)", "mixed precision (A100)",
+  "GPT-style, squared-ReLU MLP (ffn=4h ...)"),
 - the FLOP convention its TFLOP/s use (:func:`flop_convention`).
 
-Anything a case leaves "not stated" takes, first, what its authors' published launch script passed
-(:mod:`heterosim.validation.published_runs`: micro-batch, interleaved split, DDP implementation), else
-Megatron-LM's documented default for the era, and is listed in the returned ``assumptions``; a
-word the reader does not know raises one :class:`~heterosim.errors.ConfigError` naming it and the
-words it knows -- never a guess.
+Anything a case leaves "not stated" takes, first, what the run's published recipe or launch script
+set (:mod:`heterosim.validation.published_runs`: NVIDIA's dgxc-benchmarking NeMo recipes,
+Megatron-LM's SC'21 scripts), else the framework's documented default for the source's year, and
+is listed in the returned ``assumptions``; a word the reader does not know raises one
+:class:`~heterosim.errors.ConfigError` naming the case, the field and the words it knows -- never a
+guess.
 """
 
 from __future__ import annotations

@@ -152,7 +152,11 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
     if size["ep"] > 1:
         flags += ["--expert-model-parallel-size", str(size["ep"])]
     flags += _interleave_flags(f, size["pp"], layers)
-    sp = flag_word(par.get("sequence_parallel", False), "parallelism.sequence_parallel")
+    try:
+        sp = flag_word(par.get("sequence_parallel", False), "parallelism.sequence_parallel")
+        rc = recompute_word(par.get("recompute", "none"))
+    except ConfigError as e:
+        raise ConfigError(f"case {f.case.id}: {e}") from None
     if sp is None and size["tp"] > 1:
         sp = f.recipe("sequence_parallel", "sequence parallelism", shown={True: "on", False: "off"}.get(
             f.pub.get("sequence_parallel")))
@@ -161,7 +165,6 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
             f.notes.append("sequence parallelism not stated: off (Megatron-LM default without --sequence-parallel)")
     if sp and size["tp"] > 1:
         flags.append("--sequence-parallel")
-    rc = recompute_word(par.get("recompute", "none"))
     if rc is None:
         rc = f.recipe("recompute", "recompute")
         if rc is None:

@@ -22,7 +22,8 @@ from heterosim.errors import ConfigError
 __all__ = ["count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
            "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR"]
 
-_UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+)\b", re.I)
+_UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+)(?![a-z0-9])",
+                       re.I)
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9}
 # A leading count: "128,256", "4096", "128K", "1.5M"; then anything (a remark).
 _LEADING = re.compile(r"^\s*(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")

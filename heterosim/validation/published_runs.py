@@ -1,11 +1,13 @@
 """Launch settings that a case's source published apart from its results table.
 
-Papers leave the micro-batch size, the interleaved-pipeline split or the data-parallel
-implementation out of their tables; the authors' launch scripts state them (SC'21 Table 1:
-``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM). ``heterosim/validation/data/published_runs.yaml`` lists
-such runs with the script they come from; :func:`published_settings` returns the settings of the
-first run whose ``match`` fits a case. The case reader uses them only for fields the case leaves
-unstated, and says so in its assumptions.
+Papers and benchmark READMEs leave the micro-batch size, the interleaved-pipeline split, sequence
+parallelism, recomputation, the data-parallel implementation and its overlap out of their tables;
+the authors' launch scripts and recipe files state them (SC'21 Table 1: ``examples/sc21/run_table_1.sh``
+in NVIDIA/Megatron-LM; the DGX Cloud benchmarks: the NeMo recipe YAML and ``configure.sh`` beside
+each README in NVIDIA/dgxc-benchmarking). ``heterosim/validation/data/published_runs.yaml`` lists
+such runs with the file and commit they come from; :func:`published_settings` returns the
+settings of the first run whose ``match`` fits a case. The case reader uses them only for fields
+the case leaves unstated, and says so in its assumptions.
 """
 
 from __future__ import annotations
