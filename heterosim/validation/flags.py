@@ -11,14 +11,21 @@ communication overlap, overlapped pipeline p2p, fp8 parameters) is printed as no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from heterosim.errors import ConfigError
 
 from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
 
-if TYPE_CHECKING:
-    from .cases import Case
+
+class Case(Protocol):
+    """What the flag builders read of a case (:class:`heterosim.validation.cases.Case` has it)."""
+
+    id: str
+    source: Mapping[str, Any]
+    model: Mapping[str, Any]
+    parallelism: Mapping[str, Any]
+    batch: Mapping[str, Any]
 
 __all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags",
            "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
