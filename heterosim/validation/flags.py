@@ -181,7 +181,7 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
-    flags += _unmodelled(f, size)
+    _note_unmodelled(f, size)
     return flags
 
 
@@ -218,15 +218,14 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
     return [flag, str(layers // (pp * vpp))]
 
 
-def _unmodelled(f: Fields, size: Mapping[str, int]) -> list[str]:
-    """Notes for recipe settings the models do not run (no flags: the replay runs without them)."""
+def _note_unmodelled(f: Fields, size: Mapping[str, int]) -> None:
+    """Notes for recipe settings the models do not run (the replay runs without them)."""
     if f.pub.get("tp_comm_overlap") and size["tp"] > 1:
         f.notes.append(f"tensor-parallel communication overlap (ub_tp_comm_overlap, {f.script}): not modelled; "
                        "TP all-gathers and reduce-scatters run between the GEMMs")
     if f.pub.get("overlap_p2p_comm") and size["pp"] > 1:
         f.notes.append(f"overlapped pipeline p2p (overlap_p2p_comm, {f.script}): not modelled; each p2p is "
                        "waited right after it is issued")
-    return []
 
 
 # ----------------------------------------------------------------------------------------- batch
