@@ -328,13 +328,14 @@ def _hopper(case_id: str) -> Case:
 
 def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
     """Nemotron-4 340B: SP and selective recompute from nemotron4-340b-synth.yaml, the distributed
-    optimizer with 50 MiB bf16 buckets (26,214,400 elements), untied embeddings, no bias, and the
-    recipe's TP overlap printed as not modelled."""
+    optimizer with 50 MiB bf16 buckets (26,214,400 elements) reduced in bf16, untied embeddings, no
+    bias, TP and p2p communication overlapped, and fp8 parameters printed as not modelled."""
     ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-nemotron4-340b-fp8-128gpu"))
     f = list(ci.flags)
     for seq in (["--sequence-parallel"], ["--recompute-granularity", "selective"], ["--use-distributed-optimizer",
                 "--overlap-grad-reduce", "--ddp-bucket-size", "26214400", "--overlap-param-gather"],
                 ["--num-layers-per-virtual-pipeline-stage", "1"], ["--disable-bias-linear"],
+                ["--tp-comm-overlap", "--overlap-p2p-communication"], ["--grad-reduce-in-bf16"],
                 ["--untie-embeddings-and-output-weights"], ["--num-attention-heads", "96"],
                 ["--num-query-groups", "8"], ["--squared-relu"], ["--position-embedding-type", "rope"],
                 ["--bf16", "--fp8-format", "hybrid"]):
@@ -343,8 +344,8 @@ def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
     recipe = "NVIDIA/dgxc-benchmarking@35a9aec nemotron/nemotron4-340b-synth.yaml + configure.sh (NeMo 24.09)"
     for note in (f"recompute not stated: selective ({recipe})", f"sequence parallelism not stated: on ({recipe})",
                  "model.heads '96 (from memory, unverified)': 96 (the remark is kept out)",
-                 f"tensor-parallel communication overlap (ub_tp_comm_overlap, {recipe}): not modelled; "
-                 "TP all-gathers and reduce-scatters run between the GEMMs",
+                 f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {recipe})",
+                 f"pipeline p2p overlapped with compute (overlap_p2p_comm, {recipe})",
                  f"fp8 parameters (fp8_params, {recipe}): not modelled; parameters are gathered in bf16"):
         assert note in ci.assumptions
 

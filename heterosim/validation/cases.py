@@ -118,7 +118,7 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     if "--fp8-format" in p_flags and pub.get("fp8_recipe", "hybrid") != "hybrid":
         p_flags[-1] = pub["fp8_recipe"]
         p_note = f"fp8 GEMMs ({pub['fp8_recipe']}, {script}), bf16 elsewhere"
-    flags += batch_flags(f, micro_batch_default, fp8="--fp8-format" in p_flags)
+    flags += batch_flags(f, micro_batch_default, fp8="--fp8-format" in p_flags, bf16="--bf16" in p_flags)
     flags += p_flags
     notes.append(p_note)
     flags += era_flags(case, size, year, "--sequence-parallel" in flags, notes)

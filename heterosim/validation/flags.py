@@ -5,8 +5,8 @@ Each field is, in order: what the case states (annotated numbers and words read 
 (:mod:`heterosim.validation.published_runs`, cited by file and commit); else the framework's
 documented default (Megatron-LM's ``arguments.py``, by the source's year where it changed). Every
 fill and every reading of an annotated value is appended to the case's notes, and a stated value
-that disagrees with the recipe is printed beside it. A recipe setting the model cannot run (TP
-communication overlap, overlapped pipeline p2p, fp8 parameters) is printed as not modelled.
+that disagrees with the recipe is printed beside it. A recipe setting the models cannot run (fp8
+parameters) is printed as not modelled.
 """
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
-    _note_unmodelled(f, size)
-    return flags
+    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1,
+                                  "--num-layers-per-virtual-pipeline-stage" in flags)
 
 
 def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
@@ -218,18 +218,21 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
     return [flag, str(layers // (pp * vpp))]
 
 
-def _note_unmodelled(f: Fields, size: Mapping[str, int]) -> None:
-    """Notes for recipe settings the models do not run (the replay runs without them)."""
-    if f.pub.get("tp_comm_overlap") and size["tp"] > 1:
-        f.notes.append(f"tensor-parallel communication overlap (ub_tp_comm_overlap, {f.script}): not modelled; "
-                       "TP all-gathers and reduce-scatters run between the GEMMs")
-    if f.pub.get("overlap_p2p_comm") and size["pp"] > 1:
-        f.notes.append(f"overlapped pipeline p2p (overlap_p2p_comm, {f.script}): not modelled; each p2p is "
-                       "waited right after it is issued")
+def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bool) -> list[str]:
+    """The recipe's communication overlap: Transformer Engine's TP overlap (needs sequence
+    parallelism) and the interleaved schedule's overlapped p2p."""
+    flags: list[str] = []
+    if f.pub.get("tp_comm_overlap") and size["tp"] > 1 and sp:
+        flags.append("--tp-comm-overlap")
+        f.notes.append(f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {f.script})")
+    if f.pub.get("overlap_p2p_comm") and interleaved:
+        flags.append("--overlap-p2p-communication")
+        f.notes.append(f"pipeline p2p overlapped with compute (overlap_p2p_comm, {f.script})")
+    return flags
 
 
 # ----------------------------------------------------------------------------------------- batch
-def batch_flags(f: Fields, micro_batch_default: int, fp8: bool) -> list[str]:
+def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool) -> list[str]:
     """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
     ``micro_batch_default``)."""
     mb = f.count("batch", "micro", required=False) if not is_unstated(f.case.batch.get("micro")) else None
@@ -239,7 +242,7 @@ def batch_flags(f: Fields, micro_batch_default: int, fp8: bool) -> list[str]:
         mb = micro_batch_default
         f.notes.append(f"micro-batch not stated: {mb} (Megatron-LM's --micro-batch-size has no default; 1 "
                        "gives the most micro-batches per pipeline)")
-    flags = _ddp_flags(f, fp8)
+    flags = _ddp_flags(f, fp8, bf16)
     gb = f.case.batch.get("global")
     try:
         gb = count(gb, "batch.global")[0]
@@ -248,12 +251,12 @@ def batch_flags(f: Fields, micro_batch_default: int, fp8: bool) -> list[str]:
     return flags + ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
 
 
-def _ddp_flags(f: Fields, fp8: bool) -> list[str]:
+def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
     pub, script = f.pub, f.script
     kind = pub.get("ddp")
     if kind == "torch":
-        # Bucket size in elements of 2-byte gradients: the models' grads are in the fp16/bf16
-        # parameter dtype (every case names fp16, bf16 or fp8-with-bf16).
+        # Bucket size in elements of 2-byte gradients: the runs that name torch DDP (SC'21, the
+        # 2020 README) are fp16, whose gradients stay fp16.
         f.notes.append(f"data parallelism: PyTorch DDP ({script}): gradient all-reduce in 25 MB buckets "
                        "overlapped with the backward")
         return ["--overlap-grad-reduce", "--ddp-bucket-size", str(TORCH_DDP_BUCKET_BYTES // 2)]
@@ -275,6 +278,9 @@ def _ddp_flags(f: Fields, fp8: bool) -> list[str]:
     if pub.get("overlap_param_gather"):
         flags.append("--overlap-param-gather")
         text += ", parameters all-gathered overlapped with the next forward"
+    if pub.get("grad_sync_dtype") == "bf16" and bf16:
+        flags.append("--grad-reduce-in-bf16")
+        text += "; gradients reduced in bf16 (grad_sync_dtype)"
     f.notes.append(text)
     if fp8 and pub.get("fp8_params"):
         f.notes.append(f"fp8 parameters (fp8_params, {script}): not modelled; parameters are gathered in bf16")
