@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from heterosim.cluster import load_cluster
 from heterosim.errors import ConfigError, UnknownGPUError
-from heterosim.validation.cases import Case, _nics, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
+from heterosim.validation.cases import Case, cluster_for, flop_convention, gpu_from_text, load_cases, megatron_flags, source_year
+from heterosim.validation.hardware import _nics
 
 
 def _case(**kw) -> Case:
@@ -305,3 +307,78 @@ def test_fuzzed_case_fails_alone_with_a_typed_error(tmp_path_factory):
         assert time.monotonic() - t0 < 5
 
     check()
+
+
+HOPPER = Path(__file__).resolve().parents[1] / "validation" / "hopper_cases.yaml"
+
+
+def test_every_hopper_row_reads():
+    """All 70 rows of the DGX H100 file become flags and a cluster as written (no edits)."""
+    cases = [c for c in load_cases(HOPPER) if c.category == "end_to_end"]
+    assert len(cases) == 70
+    for c in cases:
+        ci = megatron_flags(c)
+        p = c.parallelism
+        assert ci.world_size == p["tp"] * p["pp"] * p["dp"] * p["cp"]
+
+
+def _hopper(case_id: str) -> Case:
+    return next(c for c in load_cases(HOPPER) if c.id == case_id)
+
+
+def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
+    """Nemotron-4 340B: SP and selective recompute from nemotron4-340b-synth.yaml, the distributed
+    optimizer with 50 MiB bf16 buckets (26,214,400 elements) reduced in bf16, untied embeddings, no
+    bias, TP and p2p communication overlapped, and fp8 parameters printed as not modelled."""
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-nemotron4-340b-fp8-128gpu"))
+    f = list(ci.flags)
+    for seq in (["--sequence-parallel"], ["--recompute-granularity", "selective"], ["--use-distributed-optimizer",
+                "--overlap-grad-reduce", "--ddp-bucket-size", "26214400", "--overlap-param-gather"],
+                ["--num-layers-per-virtual-pipeline-stage", "1"], ["--disable-bias-linear"],
+                ["--tp-comm-overlap", "--overlap-p2p-communication"], ["--grad-reduce-in-bf16"],
+                ["--untie-embeddings-and-output-weights"], ["--num-attention-heads", "96"],
+                ["--num-query-groups", "8"], ["--squared-relu"], ["--position-embedding-type", "rope"],
+                ["--bf16", "--fp8-format", "hybrid"]):
+        i = f.index(seq[0])
+        assert f[i:i + len(seq)] == seq
+    recipe = "NVIDIA/dgxc-benchmarking@35a9aec nemotron/nemotron4-340b-synth.yaml + configure.sh (NeMo 24.09)"
+    for note in (f"recompute not stated: selective ({recipe})", f"sequence parallelism not stated: on ({recipe})",
+                 "model.heads '96 (from memory, unverified)': 96 (the remark is kept out)",
+                 f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {recipe})",
+                 f"pipeline p2p overlapped with compute (overlap_p2p_comm, {recipe})",
+                 f"fp8 parameters (fp8_params, {recipe}): not modelled; parameters are gathered in bf16"):
+        assert note in ci.assumptions
+
+
+def test_a_stated_value_unlike_the_recipe_wins_and_is_printed():
+    """Llama 3.1 405B: the row says 8 kv heads and vocab 128,256; the recipe ran 16 groups and GPT-2's
+    50,257-token tokenizer. The row's values are used, the difference printed."""
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-llama3.1-405b-bf16-576gpu"))
+    f = list(ci.flags)
+    assert f[f.index("--num-query-groups") + 1] == "8" and f[f.index("--vocab-size") + 1] == "128256"
+    recipe = "NVIDIA/dgxc-benchmarking@35a9aec llama3.1/llama3.1_405b.yaml + configure.sh (NeMo 24.09)"
+    assert f"model.kv_heads 8 differs from the 16 of {recipe}; the case's value is used" in ci.assumptions
+    assert f"model.vocab 128256 differs from the 50257 of {recipe}; the case's value is used" in ci.assumptions
+    assert f[f.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"  # 126 layers / (pp 9 x vpp 7)
+
+
+def test_not_stated_without_a_recipe_takes_megatron_defaults():
+    """No published run fits: sequence parallelism off, no recompute, each said so; no DDP flags."""
+    c = _case(parallelism={"tp": 4, "pp": 2, "dp": 2, "vpp": 2, "sequence_parallel": "not stated",
+                           "recompute": "not stated"})
+    ci = megatron_flags(c)
+    assert "--sequence-parallel" not in ci.flags and "--recompute-granularity" not in ci.flags
+    assert "--use-distributed-optimizer" not in ci.flags
+    assert "sequence parallelism not stated: off (Megatron-LM default without --sequence-parallel)" in ci.assumptions
+    assert "recompute not stated: none (Megatron-LM default without --recompute-granularity)" in ci.assumptions
+
+
+def test_an_unreadable_field_names_the_case():
+    """A model size that is not a count fails with the case id, the field and the fix."""
+    c = _case(model={**_case().model, "heads": "~32"})
+    with pytest.raises(ConfigError, match=re.escape("case t: model.heads is '~32': an approximate count; "
+                                                    "give the exact integer")):
+        megatron_flags(c)
+    c = _case(parallelism={**_case().parallelism, "sequence_parallel": "maybe"})
+    with pytest.raises(ConfigError, match=re.escape("case t: parallelism.sequence_parallel is 'maybe'; say true or false")):
+        megatron_flags(c)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from heterosim.errors import ConfigError
@@ -37,9 +39,15 @@ def test_match_needs_source_and_every_value():
     ("schema_version: 2\nruns: []\n", "schema_version 2 is not supported; write schema_version: 1"),
     ("schema_version: 1\n", "needs a 'runs:' list"),
     ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {mbs: 2}}\n",
-     "run #0: unknown setting(s) mbs; valid: micro_batch, layers_per_virtual_stage, ddp"),
+     "run #0: unknown setting(s) mbs; valid: micro_batch, layers_per_virtual_stage, virtual_stages, ddp, "),
     ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {ddp: fsdp}}\n",
-     "run #0: ddp 'fsdp' is unknown; valid: torch, local"),
+     "run #0: ddp 'fsdp' is unknown; valid: torch, local, distributed"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {sequence_parallel: yes please}}\n",
+     "run #0: sequence_parallel must be true or false, not 'yes please'"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {hidden_dropout: 1.5}}\n",
+     "run #0: hidden_dropout must be a probability in [0, 1), not 1.5"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {recompute: partial}}\n",
+     "run #0: recompute 'partial' is unknown; valid: none, selective, full"),
     ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {micro_batch: 0}}\n",
      "run #0: micro_batch must be a positive integer, not 0"),
     ("schema_version: 1\nruns:\n- {source: x, match: {}, settings: {}}\n",
@@ -49,5 +57,5 @@ def test_match_needs_source_and_every_value():
 def test_bad_file_is_one_clear_error(tmp_path, body, message):
     p = tmp_path / "runs.yaml"
     p.write_text(body)
-    with pytest.raises(ConfigError, match=f"published runs file {p}.*" + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=f"published runs file {p}.*" + re.escape(message)):
         load_published_runs(p)

@@ -1,11 +1,13 @@
 """Launch settings that a case's source published apart from its results table.
 
-Papers leave the micro-batch size, the interleaved-pipeline split or the data-parallel
-implementation out of their tables; the authors' launch scripts state them (SC'21 Table 1:
-``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM). ``heterosim/validation/data/published_runs.yaml`` lists
-such runs with the script they come from; :func:`published_settings` returns the settings of the
-first run whose ``match`` fits a case. The case reader uses them only for fields the case leaves
-unstated, and says so in its assumptions.
+Papers and benchmark READMEs leave the micro-batch size, the interleaved-pipeline split, sequence
+parallelism, recomputation, the data-parallel implementation and its overlap out of their tables;
+the authors' launch scripts and recipe files state them (SC'21 Table 1: ``examples/sc21/run_table_1.sh``
+in NVIDIA/Megatron-LM; the DGX Cloud benchmarks: the NeMo recipe YAML and ``configure.sh`` beside
+each README in NVIDIA/dgxc-benchmarking). ``heterosim/validation/data/published_runs.yaml`` lists
+such runs with the file and commit they come from; :func:`published_settings` returns the
+settings of the first run whose ``match`` fits a case. The case reader uses them only for fields
+the case leaves unstated, and says so in its assumptions.
 """
 
 from __future__ import annotations
@@ -24,8 +26,19 @@ __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("data") / "published_runs.yaml"
 
-SETTINGS = ("micro_batch", "layers_per_virtual_stage", "ddp")
-DDP_KINDS = ("torch", "local")
+# Setting -> what its value must be: a type, or a tuple of the words allowed.
+SETTINGS: dict[str, Any] = {
+    "micro_batch": int, "layers_per_virtual_stage": int, "virtual_stages": int,
+    "ddp": ("torch", "local", "distributed"), "bucket_mb": int, "overlap_grad_reduce": bool,
+    "overlap_param_gather": bool, "sequence_parallel": bool, "recompute": ("none", "selective", "full"),
+    "tp_comm_overlap": bool, "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
+    "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
+    "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
+    "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
+    "attention": ("flash", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
+    "seq_len": int, "vocab": int,
+}
+DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")
 
 
@@ -72,14 +85,27 @@ def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(SETTINGS)}")
-        if "ddp" in settings and settings["ddp"] not in DDP_KINDS:
-            raise ConfigError(f"{where}: ddp {settings['ddp']!r} is unknown; valid: {', '.join(DDP_KINDS)}")
-        for key in ("micro_batch", "layers_per_virtual_stage"):
-            if key in settings and (not isinstance(settings[key], int) or settings[key] < 1):
-                raise ConfigError(f"{where}: {key} must be a positive integer, not {settings[key]!r}")
+        for key, value in settings.items():
+            _check(where, key, value)
         out.append(PublishedRun(source=str(r["source"]), script=str(r["script"]),
                                 match=dict(r["match"]), settings=settings))
     return tuple(out)
+
+
+def _check(where: str, key: str, value: Any) -> None:
+    """One ConfigError if ``value`` is not what setting ``key`` takes."""
+    want = SETTINGS[key]
+    if isinstance(want, tuple):
+        if value not in want:
+            raise ConfigError(f"{where}: {key} {value!r} is unknown; valid: {', '.join(want)}")
+    elif want is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+    elif want is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: {key} must be a positive integer, not {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{where}: {key} must be a probability in [0, 1), not {value!r}")
 
 
 @lru_cache(maxsize=8)

@@ -114,10 +114,36 @@ class Report:
                         "worst": {"id": w[0], "error": w[1]} if w else None}
         return out
 
+    def fp8_pairs(self) -> list[dict[str, Any]]:
+        """fp8 and 16-bit runs of one configuration (flags equal but for ``--fp8-format``): the
+        measured and predicted fp8/16-bit iteration-time ratios, in the file order of the fp8 runs."""
+        runs: dict[tuple, dict[str, CaseResult]] = {}
+        for r in self.cases:
+            p = r.primary
+            if r.status != "ok" or p is None or p.metric != "iteration_time_s" or "flags" not in r.detail:
+                continue
+            f = list(r.detail["flags"])
+            fp8 = "--fp8-format" in f
+            if fp8:
+                i = f.index("--fp8-format")
+                del f[i:i + 2]
+            runs.setdefault((r.detail["world_size"], *f), {})["fp8" if fp8 else "16"] = r
+        out = []
+        for pair in runs.values():
+            if len(pair) == 2:
+                a, b = pair["fp8"].primary, pair["16"].primary
+                meas, pred = a.measured / b.measured, a.predicted / b.predicted
+                out.append({"fp8": pair["fp8"].id, "bf16": pair["16"].id, "measured": meas, "predicted": pred,
+                            "error": pred / meas - 1})
+        order = {r.id: i for i, r in enumerate(self.cases)}
+        return sorted(out, key=lambda x: order[x["fp8"]])
+
     def to_json(self) -> str:
         """One JSON object (sorted keys): byte-identical for identical inputs."""
         doc = {"schema_version": SCHEMA_VERSION, "summary": self.summary_dict(),
                "cases": [asdict(r) for r in self.cases]}
+        if self.fp8_pairs():
+            doc["fp8_pairs"] = self.fp8_pairs()
         return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
     def table(self, *, markdown: bool = False) -> str:
@@ -154,7 +180,36 @@ class Report:
             lines.append(f"{cat}: MAPE {s['mape']:.1%} over {s['compared']} figures of {s['compared_cases']} of "
                          f"{s['cases']} cases; "
                          f"worst {s['worst']['id']} {_signed_pct(s['worst']['error'])}")
-        return "\n".join(lines)
+        return "\n".join(lines + self._precision_lines(markdown))
+
+    def _precision_lines(self, markdown: bool) -> list[str]:
+        """Iteration-time MAPE of the fp8 and the 16-bit runs apart, and the fp8/16-bit pairs."""
+        pairs = self.fp8_pairs()
+        if not pairs:
+            return []
+        lines = [""]
+        for name, fp8 in (("16-bit", False), ("fp8", True)):
+            errs = [(r.id, r.primary.error) for r in self.cases if r.status == "ok" and r.primary is not None
+                    and r.primary.metric == "iteration_time_s" and ("--fp8-format" in r.detail.get("flags", ())) == fp8]
+            if errs:
+                w = max(errs, key=lambda x: abs(x[1]))
+                lines.append(f"{name} runs: MAPE {sum(abs(e) for _, e in errs) / len(errs):.1%} over {len(errs)}; "
+                             f"worst {w[0]} {_signed_pct(w[1])}")
+        lines.append("")
+        head = ("fp8 run", "16-bit run", "measured ratio", "predicted ratio", "error")
+        rows = [(p["fp8"], p["bf16"], f"{p['measured']:.3f}", f"{p['predicted']:.3f}", _signed_pct(p["error"]))
+                for p in pairs]
+        if markdown:
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+        else:
+            w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+            lines += ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(row))
+                      for row in (head, *rows)]
+        worst = max(pairs, key=lambda p: abs(p["error"]))
+        lines.append(f"fp8/16-bit time ratio: mean |error| {sum(abs(p['error']) for p in pairs) / len(pairs):.1%} "
+                     f"over {len(pairs)} pairs; worst {worst['fp8']} {_signed_pct(worst['error'])}")
+        return lines
 
     def assumptions_text(self) -> str:
         """The defaults and assumptions each case used (what 'not stated' became)."""

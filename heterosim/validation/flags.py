@@ -1,0 +1,302 @@
+"""``models/pretrain_gpt.py`` flags of an end-to-end case, field by field.
+
+Each field is, in order: what the case states (annotated numbers and words read by
+:mod:`heterosim.validation.phrases`); else what the run's published recipe or launch script set
+(:mod:`heterosim.validation.published_runs`, cited by file and commit); else the framework's
+documented default (Megatron-LM's ``arguments.py``, by the source's year where it changed). Every
+fill and every reading of an annotated value is appended to the case's notes, and a stated value
+that disagrees with the recipe is printed beside it. A recipe setting the models cannot run (fp8
+parameters) is printed as not modelled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from heterosim.errors import ConfigError
+
+from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
+
+
+class Case(Protocol):
+    """What the flag builders read of a case (:class:`heterosim.validation.cases.Case` has it)."""
+
+    id: str
+    source: Mapping[str, Any]
+    model: Mapping[str, Any]
+    parallelism: Mapping[str, Any]
+    batch: Mapping[str, Any]
+
+__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags",
+           "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
+
+PUBLISHED_RUNS_NAME = "heterosim/validation/data/published_runs.yaml"
+
+TORCH_DDP_BUCKET_BYTES = 25 * 2**20
+"""torch.nn.parallel.DistributedDataParallel's ``bucket_cap_mb=25`` (its default)."""
+
+ASYNC_TP_ALLREDUCE_YEAR = 2022
+"""First year whose Megatron-LM runs overlap the column-parallel input-gradient all-reduce with the
+weight-gradient GEMM (``LinearWithGradAccumulationAndAsyncAllreduce``, added in late 2021, after the
+SC'21 paper's April 2021 runs; ``--no-async-tensor-model-parallel-allreduce`` turns it off)."""
+
+CORE_P2P_YEAR = 2023
+"""First year of Megatron-core's pipeline p2p, which sends whole tensors. Earlier releases split each
+p2p tensor over the TP ranks and all-gathered it after (``--scatter-gather-tensors-in-pipeline``,
+default on; Narayanan et al., SC'21, section 4.1)."""
+
+_GRAD_BYTES = {"bf16": 2, "fp32": 4}
+
+
+class Fields:
+    """A case, the settings of its published run (``pub``, from ``script``) and the notes being written."""
+
+    def __init__(self, case: Case, pub: Mapping[str, Any], script: str | None, notes: list[str]):
+        self.case, self.pub, self.script, self.notes = case, pub, script, notes
+
+    def recipe(self, key: str, where: str, shown: Any = None) -> Any:
+        """The published value of ``key`` for an unstated field, noted; None if there is none."""
+        if key not in self.pub:
+            return None
+        self.notes.append(f"{where} not stated: {self.pub[key] if shown is None else shown} ({self.script})")
+        return self.pub[key]
+
+    def count(self, section: str, key: str, *, required: bool = True) -> int | None:
+        """An integer field (remarks allowed), else the recipe's, else an error (or None)."""
+        v = getattr(self.case, section).get(key)
+        where = f"{section}.{key}"
+        if is_unstated(v):
+            got = self.recipe(key, where)
+            if got is None and required:
+                raise ConfigError(f"case {self.case.id}: {where} is {v!r}; give an integer")
+            return got
+        try:
+            n, note = count(v, where)
+        except ConfigError as e:
+            raise ConfigError(f"case {self.case.id}: {e}") from None
+        if note:
+            self.notes.append(note)
+        if key in self.pub and self.pub[key] != n and section == "model":
+            self.notes.append(f"{where} {n} differs from the {self.pub[key]} of {self.script}; the case's value is used")
+        return n
+
+
+# ----------------------------------------------------------------------------------------- model
+def model_flags(f: Fields) -> list[str]:
+    """Model shape and architecture: layers, hidden, heads, seq, vocab, ffn, attention groups,
+    activation, normalization, position embedding, bias, tied embeddings, dropout."""
+    flags: list[str] = []
+    for key, flag in (("layers", "--num-layers"), ("hidden", "--hidden-size"), ("heads", "--num-attention-heads"),
+                      ("seq_len", "--seq-length"), ("vocab", "--vocab-size")):
+        flags += [flag, str(f.count("model", key))]
+    value = dict(zip(flags[::2], flags[1::2]))
+    flags += ["--max-position-embeddings", value["--seq-length"]]
+    ffn = f.count("model", "ffn", required=False)
+    if ffn is not None:
+        flags += ["--ffn-hidden-size", str(ffn)]
+    return flags + _arch_flags(f, int(value["--num-attention-heads"]))
+
+
+def _arch_flags(f: Fields, heads: int) -> list[str]:
+    """Flags for the words of ``model.arch``, ``model.kv_heads`` and the recipe's architecture keys."""
+    m = f.case.model
+    feats, remarks = arch_features(str(m.get("arch", "")))
+    f.notes.extend(remarks)
+    flags: list[str] = []
+    kv_key = "kv_heads" if "kv_heads" in m else "query_groups"
+    kv = f.count("model", kv_key, required=False) if kv_key in m else None
+    if kv is None and feats.get("attn") == "mqa":
+        kv = 1
+    if kv is None and feats.get("attn") != "mha":
+        kv = f.recipe("kv_heads", "model.kv_heads")
+    if feats.get("attn") == "gqa" and kv is None:
+        raise ConfigError(f"case {f.case.id}: GQA named but model.kv_heads not given")
+    if kv is not None and kv != heads:
+        flags += ["--group-query-attention", "--num-query-groups", str(kv)]
+    act = feats.get("act") or f.recipe("activation", "activation") or "gelu"
+    flags += {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"]}.get(act, [])
+    norm = feats.get("norm") or f.recipe("normalization", "normalization")
+    if norm is None:
+        norm = "LayerNorm"
+        f.notes.append("normalization not stated: LayerNorm (Megatron-LM default)")
+    pos = feats.get("pos") or f.recipe("position_embedding", "position embedding")
+    if pos is None:
+        pos = "learned_absolute"
+        f.notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
+                       "RoPE costs within 1% of a layer)")
+    flags += ["--normalization", norm, "--position-embedding-type", pos]
+    if f.pub.get("bias") is False:
+        flags.append("--disable-bias-linear")
+        f.notes.append(f"linear layers without bias ({f.script})")
+    if f.pub.get("untie_embeddings"):
+        flags.append("--untie-embeddings-and-output-weights")
+        f.notes.append(f"output layer untied from the input embedding ({f.script})")
+    if "hidden_dropout" in f.pub:
+        flags += ["--hidden-dropout", str(f.pub["hidden_dropout"])]
+        f.notes.append(f"hidden dropout {f.pub['hidden_dropout']} ({f.script})")
+    return flags
+
+
+# ----------------------------------------------------------------------------------- parallelism
+def parallel_sizes(case: Case) -> dict[str, int]:
+    """The case's tp, pp, dp, cp and ep sizes (1 where the case has no such key)."""
+    size = {}
+    for dim in ("tp", "pp", "dp", "cp", "ep"):
+        v = case.parallelism.get(dim, 1)
+        try:
+            size[dim] = count(v, f"parallelism.{dim}")[0]
+        except ConfigError:
+            raise ConfigError(f"case {case.id}: parallelism.{dim} is {v!r}; give an integer >= 1") from None
+    return size
+
+
+def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]:
+    """Sizes, interleaved pipeline, sequence parallelism and recomputation."""
+    par = f.case.parallelism
+    flags = ["--tensor-model-parallel-size", str(size["tp"]), "--pipeline-model-parallel-size", str(size["pp"])]
+    if size["cp"] > 1:
+        flags += ["--context-parallel-size", str(size["cp"])]
+    if size["ep"] > 1:
+        flags += ["--expert-model-parallel-size", str(size["ep"])]
+    flags += _interleave_flags(f, size["pp"], layers)
+    try:
+        sp = flag_word(par.get("sequence_parallel", False), "parallelism.sequence_parallel")
+        rc = recompute_word(par.get("recompute", "none"))
+    except ConfigError as e:
+        raise ConfigError(f"case {f.case.id}: {e}") from None
+    if sp is None and size["tp"] > 1:
+        sp = f.recipe("sequence_parallel", "sequence parallelism", shown={True: "on", False: "off"}.get(
+            f.pub.get("sequence_parallel")))
+        if sp is None:
+            sp = False
+            f.notes.append("sequence parallelism not stated: off (Megatron-LM default without --sequence-parallel)")
+    if sp and size["tp"] > 1:
+        flags.append("--sequence-parallel")
+    if rc is None:
+        rc = f.recipe("recompute", "recompute")
+        if rc is None:
+            rc = "none"
+            f.notes.append("recompute not stated: none (Megatron-LM default without --recompute-granularity)")
+    if rc == "full":
+        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif rc == "selective":
+        flags += ["--recompute-granularity", "selective"]
+    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1,
+                                  "--num-layers-per-virtual-pipeline-stage" in flags)
+
+
+def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
+    """``--num-layers-per-virtual-pipeline-stage`` for the case's ``vpp``, else for its published
+    run's virtual stages (count or layers per stage); none for a non-interleaved pipeline."""
+    case, pub, script = f.case, f.pub, f.script
+    stated = case.parallelism.get("vpp")
+    vpp = None
+    if not is_unstated(stated) and pp > 1:
+        try:
+            vpp = count(stated, "parallelism.vpp")[0]
+        except ConfigError as e:
+            raise ConfigError(f"case {case.id}: {e}") from None
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if vpp is None and "layers_per_virtual_stage" in pub and pp > 1:
+        per = pub["layers_per_virtual_stage"]
+        if layers % (pp * per):
+            raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} stages "
+                              f"of {per}-layer virtual stages ({script}); fix {PUBLISHED_RUNS_NAME}")
+        vpp = layers // (pp * per)
+        f.notes.append(f"vpp not stated: {vpp} ({per} layers per virtual stage, {script})")
+        return [flag, str(per)] if vpp > 1 else []
+    if vpp is None and "virtual_stages" in pub and pp > 1:
+        vpp = pub["virtual_stages"]
+        f.notes.append(f"vpp not stated: {vpp} ({script})")
+    elif stated is not None and vpp is None and pp > 1:
+        f.notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
+                       "--num-layers-per-virtual-pipeline-stage)")
+    if vpp is None or vpp <= 1:
+        return []
+    if layers % (pp * vpp):
+        raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} x vpp {vpp}")
+    return [flag, str(layers // (pp * vpp))]
+
+
+def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bool) -> list[str]:
+    """The recipe's communication overlap: Transformer Engine's TP overlap (needs sequence
+    parallelism) and the interleaved schedule's overlapped p2p."""
+    flags: list[str] = []
+    if f.pub.get("tp_comm_overlap") and size["tp"] > 1 and sp:
+        flags.append("--tp-comm-overlap")
+        f.notes.append(f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {f.script})")
+    if f.pub.get("overlap_p2p_comm") and interleaved:
+        flags.append("--overlap-p2p-communication")
+        f.notes.append(f"pipeline p2p overlapped with compute (overlap_p2p_comm, {f.script})")
+    return flags
+
+
+# ----------------------------------------------------------------------------------------- batch
+def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool) -> list[str]:
+    """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
+    ``micro_batch_default``)."""
+    mb = f.count("batch", "micro", required=False) if not is_unstated(f.case.batch.get("micro")) else None
+    if mb is None:
+        mb = f.recipe("micro_batch", "micro-batch")
+    if mb is None:
+        mb = micro_batch_default
+        f.notes.append(f"micro-batch not stated: {mb} (Megatron-LM's --micro-batch-size has no default; 1 "
+                       "gives the most micro-batches per pipeline)")
+    flags = _ddp_flags(f, fp8, bf16)
+    gb = f.case.batch.get("global")
+    try:
+        gb = count(gb, "batch.global")[0]
+    except ConfigError:
+        raise ConfigError(f"case {f.case.id}: batch.global is {gb!r}; give an integer") from None
+    return flags + ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
+
+
+def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
+    pub, script = f.pub, f.script
+    kind = pub.get("ddp")
+    if kind == "torch":
+        # Bucket size in elements of 2-byte gradients: the runs that name torch DDP (SC'21, the
+        # 2020 README) are fp16, whose gradients stay fp16.
+        f.notes.append(f"data parallelism: PyTorch DDP ({script}): gradient all-reduce in 25 MB buckets "
+                       "overlapped with the backward")
+        return ["--overlap-grad-reduce", "--ddp-bucket-size", str(TORCH_DDP_BUCKET_BYTES // 2)]
+    if kind == "local":
+        f.notes.append(f"data parallelism: Megatron LocalDDP ({script}): one gradient all-reduce after the backward")
+        return []
+    if kind != "distributed":
+        return []
+    flags = ["--use-distributed-optimizer"]
+    text = f"data parallelism: distributed optimizer ({script}): gradients reduce-scattered"
+    if pub.get("overlap_grad_reduce"):
+        flags.append("--overlap-grad-reduce")
+        text += " in buckets overlapped with the backward"
+        if "bucket_mb" in pub:
+            dtype = pub.get("grad_sync_dtype", "bf16")
+            elems = pub["bucket_mb"] * 2**20 // _GRAD_BYTES[dtype]
+            flags += ["--ddp-bucket-size", str(elems)]
+            text += f" ({pub['bucket_mb']} MiB of {dtype} = {elems:,} elements)"
+    if pub.get("overlap_param_gather"):
+        flags.append("--overlap-param-gather")
+        text += ", parameters all-gathered overlapped with the next forward"
+    if pub.get("grad_sync_dtype") == "bf16" and bf16:
+        flags.append("--grad-reduce-in-bf16")
+        text += "; gradients reduced in bf16 (grad_sync_dtype)"
+    f.notes.append(text)
+    if fp8 and pub.get("fp8_params"):
+        f.notes.append(f"fp8 parameters (fp8_params, {script}): not modelled; parameters are gathered in bf16")
+    return flags
+
+
+def era_flags(case: Case, size: Mapping[str, int], year: int | None, sp: bool, notes: list[str]) -> list[str]:
+    """Flags for what the Megatron-LM of the source's year did by default and later releases do not:
+    a synchronous tensor-parallel backward all-reduce, scatter/gather pipeline p2p."""
+    flags: list[str] = []
+    if size["tp"] > 1 and year is not None and year < ASYNC_TP_ALLREDUCE_YEAR:
+        flags.append("--no-async-tensor-model-parallel-allreduce")
+        notes.append(f"tensor-parallel backward all-reduce synchronous (Megatron-LM in {year}; the "
+                     f"async all-reduce overlapping the weight-gradient GEMM arrived in late 2021)")
+    if size["pp"] > 1 and size["tp"] > 1 and not sp and year is not None and year < CORE_P2P_YEAR:
+        flags.append("--scatter-gather-tensors-in-pipeline")
+        notes.append(f"pipeline p2p with the scatter/gather optimization (Megatron-LM in {year}, on by default "
+                     "before Megatron-core): each TP rank sends 1/tp of the activation, all-gathered over NVLink")
+    return flags

@@ -1,0 +1,196 @@
+"""Hardware words of a validation case -> a catalogue GPU and a cluster spec.
+
+:func:`gpu_from_text` maps "NVIDIA H100 80GB HBM3 (SXM5)" to a GPU of the ``kernel_db`` catalogue;
+:func:`cluster_for` builds a cluster spec for :func:`heterosim.cluster.load_cluster` from the
+``hardware`` section: a preset whose system name the text names, with the case's GPU and NICs, or a
+node built from the words (NVLink generation / NVSwitch / lanes, "8 x 400 Gb/s NDR").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from heterosim.errors import ConfigError, UnknownGPUError
+
+from .phrases import positive_int
+
+__all__ = ["gpu_from_text", "cluster_for"]
+
+# NVLink per-lane rate per direction, GB/s, by generation (NVLink 2.0-4.0: 25 GB/s, 5.0: 50 GB/s;
+# NVIDIA V100/A100/H100/B200 whitepapers).
+_NVLINK_LANE_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# InfiniBand generations -> per-port line rate, Gb/s (4x links; IBTA roadmap).
+_IB_GBPS = {"edr": 100.0, "hdr": 200.0, "ndr": 400.0, "xdr": 800.0}
+
+
+# ---------------------------------------------------------------------------------------- GPUs
+def _model_word(name: str) -> str:
+    """The word of a catalogue name that names the model: its first part with a digit ("A100" of
+    "A100-SXM4-80GB", "3090" of "RTX-3090"), else its first part ("TITAN" of "TITAN-RTX")."""
+    parts = name.split("-")
+    return next((p for p in parts if any(ch.isdigit() for ch in p)), parts[0])
+
+
+def gpu_from_text(text: str) -> str:
+    """The catalogue name of the GPU free text describes, e.g. "NVIDIA A100 (SXM4; 40GB ...)".
+
+    An exact name or alias wins; otherwise catalogue GPUs whose model number ("A100", "H20") is a
+    word of the text, narrowed by form factor (SXM / PCIe) and memory size ("80GB") when stated.
+
+    Raises:
+        UnknownGPUError: no catalogue GPU, or several, fit the words (the message lists them).
+    """
+    from heterosim.cluster.gpus import load_catalogue
+
+    cat = load_catalogue()
+    for t in (text, re.sub(r"\(.*?\)", "", text).strip()):  # as written, then without remarks
+        try:
+            return cat.get(t).name
+        except UnknownGPUError:
+            pass
+    cands = [g for g in cat.gpus if re.search(
+        r"(?<![A-Za-z0-9])" + re.escape(_model_word(g.name)) + r"(?![0-9])", text, re.I)]
+    low = re.sub(r"\bnot\s+\w+", " ", text.lower())  # "NOT SXM" names no form factor
+    for word in ("sxm", "pcie"):
+        if word in low:
+            cands = [g for g in cands if word in g.name.lower()] or cands
+    sizes = {float(m) for m in re.findall(r"(\d+)\s*GB(?!/)", text, re.I)}
+    if sizes:
+        cands = [g for g in cands if round(g.hbm_bytes / 2**30) in sizes] or cands
+    if len(cands) == 1:
+        return cands[0].name
+    names = ", ".join(g.name for g in cands) if cands else ", ".join(cat.names())
+    raise UnknownGPUError(f"GPU {text!r}: {'several catalogue GPUs fit' if cands else 'no catalogue GPU fits'} "
+                          f"({names}); name the model, form factor and memory, e.g. 'A100-SXM4-80GB'")
+
+
+# ------------------------------------------------------------------------------------ clusters
+def _norm(s: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", s.lower())
+
+
+def _nics(text: str) -> tuple[int | None, float | None]:
+    """(count, Gb/s per NIC) stated by inter-node text; None where it is not stated."""
+    t = text.replace("×", "x")
+    m = re.search(r"(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*Gb", t, re.I)
+    if m:
+        return int(m.group(1)), float(m.group(2))
+    m = re.search(r"(\d+(?:\.\d+)?)\s*Gb\S*\s*x\s*(\d+)", t, re.I)
+    if m:
+        return int(m.group(2)), float(m.group(1))
+    m = re.search(r"(\d+(?:\.\d+)?)\s*Gb", t, re.I)
+    if m:
+        return None, float(m.group(1))
+    for word, rate in _IB_GBPS.items():
+        if re.search(rf"\b{word}\b", t, re.I):
+            return None, rate
+    return None, None
+
+
+def _nic_summary(nics: Any) -> tuple[int, float]:
+    """(count, Gb/s) of a spec's ``nics`` entry, shorthand or list."""
+    if isinstance(nics, Mapping):
+        return int(nics["count"]), float(nics["bw_Gbps"])
+    return len(nics), max(float(n["bw_Gbps"]) for n in nics)
+
+
+def _nvlink(text: str, gpu_nvlink_GBps: float) -> dict[str, Any] | None:
+    """The ``nvlink:`` section intra-node text describes; None for PCIe-only nodes."""
+    low = text.lower()
+    if "nvlink" not in low and "nvswitch" not in low:
+        if "pcie" in low:
+            return None
+        raise ConfigError(f"intra_node {text!r}: say NVLink/NVSwitch or PCIe")
+    gen = re.search(r"nvlink\s*(\d)", low)
+    lane = _NVLINK_LANE_GBPS[int(gen.group(1))] if gen else 25.0
+    lanes = re.search(r"(\d+)\s*(?:nvlink\s*)?(?:links|lanes)", low)
+    bidir = re.search(r"(\d+(?:\.\d+)?)\s*gb/s\s*bidirectional", low)
+    if lanes:
+        n = int(lanes.group(1))
+    elif bidir:
+        n = round(float(bidir.group(1)) / 2 / lane)
+    else:  # the GPU's datasheet NVLink bandwidth per direction
+        n = round(gpu_nvlink_GBps / lane)
+    if "nvswitch" not in low:
+        raise ConfigError(f"intra_node {text!r}: NVLink without NVSwitch needs a mesh; write a cluster "
+                          "YAML (docs/clusters.md) for it")
+    return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": "nvls" in low or "sharp" in low}
+
+
+def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, Any], str, list[str]]:
+    """(cluster spec dict, catalogue GPU, assumptions) for a case's ``hardware`` section.
+
+    If the ``system`` text names a preset's system ("DGX A100 (Selene)" -> ``dgx-a100``) and the
+    GPUs per node agree, that preset's node (PCIe switches, CPUs, fabric) is used with the case's
+    GPU, NVLink and NICs; otherwise a node is built from the words alone (PCIe switches one per
+    GPU pair, two sockets, rail-optimized fabric with 32 nodes per leaf).
+    """
+    from heterosim.cluster import get_gpu, preset_names, preset_path, read_spec
+
+    notes: list[str] = []
+    if "gpu" not in hardware:
+        raise ConfigError("hardware: no 'gpu' given; name the GPU, e.g. 'NVIDIA A100-SXM4-80GB'")
+    gpu = gpu_from_text(str(hardware["gpu"]))
+    spec = get_gpu(gpu)
+    gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, 8), "hardware.gpus_per_node")
+    if "gpus_per_node" not in hardware:
+        notes.append(f"gpus_per_node not stated: {gpn}")
+    system = _norm(str(hardware.get("system", "")))
+    base = None
+    for name in sorted(preset_names(), key=len, reverse=True):
+        if system and _norm(name) in system:
+            cand = read_spec(preset_path(name)).to_dict()
+            ntype = next(iter(cand["node_types"].values()))
+            if ntype["gpus_per_node"] == gpn:
+                base = (name, cand)
+                break
+    intra = str(hardware.get("intra_node", ""))
+    inter = str(hardware.get("inter_node", ""))
+    count, rate = _nics(inter) if inter and not inter.lower().startswith("n/a") else (None, None)
+    if base is not None:
+        name, d = base
+        tname = next(iter(d["node_types"]))
+        node = d["node_types"][tname]
+        notes.append(f"node layout (PCIe switches, CPUs, fabric) of preset {name}")
+    else:
+        d = {"schema_version": 1, "node_types": {}, "fabric": {"kind": "rail_optimized", "nodes_per_leaf": 32}}
+        tname = "node"
+        gen = {16: 3, 32: 4, 64: 5, 128: 6}.get(round(spec.pcie_bw / 1e9), 4)
+        node = {"gpus_per_node": gpn, "pcie": {"gen": gen}, "cpu": {"sockets": 2, "vendor": "other"}}
+        notes.append(f"node built from the text: PCIe Gen{gen} (the GPU's), a switch per GPU pair, 2 sockets, "
+                     "rail-optimized fabric, 32 nodes per leaf")
+    if intra:
+        nv = _nvlink(intra, spec.nvlink_bw / 1e9)
+        if nv is None:
+            node.pop("nvlink", None)
+        else:
+            node["nvlink"] = {**node.get("nvlink", {}), **nv}
+    if count is None and rate is not None:
+        count = _nic_summary(node["nics"])[0] if node.get("nics") else gpn
+        notes.append(f"NICs per node not stated: {count}")
+    if rate is not None:
+        node["nics"] = {"count": count, "bw_Gbps": rate}
+        if base is not None and isinstance(node.get("pcie"), Mapping) and "switches" in node["pcie"]:
+            sw = node["pcie"]["switches"]
+            per = count // len(sw) if count % len(sw) == 0 else None
+            if per is None:
+                node["pcie"] = {k: v for k, v in node["pcie"].items() if k != "switches"}
+            else:
+                node["pcie"]["switches"] = [{**s, "nics": list(range(i * per, (i + 1) * per))} for i, s in enumerate(sw)]
+    elif "nics" not in node:
+        node["nics"] = {"count": gpn, "bw_Gbps": 200.0}
+        notes.append("no inter-node network stated: one 200 Gb/s NIC per GPU (unused on one node)")
+    if num_gpus < gpn:  # a job on part of one node: model just the GPUs it uses
+        node["gpus_per_node"] = num_gpus
+        if isinstance(node.get("pcie"), Mapping):
+            node["pcie"] = {k: v for k, v in node["pcie"].items() if k != "switches"}
+        n, bw = _nic_summary(node["nics"])
+        node["nics"] = {"count": max(1, n * num_gpus // gpn), "bw_Gbps": bw}
+        notes.append(f"job uses {num_gpus} of the node's {gpn} GPUs: node modelled with those GPUs only")
+    d["node_types"] = {tname: node}
+    d["name"] = "case"
+    d["description"] = f"{hardware.get('gpu')}; {intra}; {inter}"
+    d["node_groups"] = [{"name": "g", "gpu": gpu, "node_type": tname}]
+    d.pop("placement", None)
+    return d, gpu, notes

@@ -1,0 +1,223 @@
+"""Read the words and annotated numbers of a validation case (schema of ``validation/*_cases.yaml``).
+
+Case files copy what a source published, remarks included: ``heads: 48 (from memory, unverified)``,
+``vocab: 128K (128,256 in released config)``, ``precision: mixed precision (A100)``, ``arch: GPT-style,
+squared-ReLU MLP (ffn=4h per README FLOP formula)``. Each reader here returns the value and, when it
+had to interpret the text, a note the case prints in its assumptions; text it cannot read raises one
+:class:`~heterosim.errors.ConfigError` naming the field, the text and what to write instead.
+
+    >>> count("48 (from memory, unverified)", "model.heads")
+    (48, "model.heads '48 (from memory, unverified)': 48 (the remark is kept out)")
+    >>> count("128K (128,256 in released config)", "model.vocab")[0]
+    128256
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from heterosim.errors import ConfigError
+
+__all__ = ["count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
+           "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR"]
+
+_UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+)(?![a-z0-9])",
+                       re.I)
+_SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9}
+# A leading count: "128,256", "4096", "128K", "1.5M"; then anything (a remark).
+_LEADING = re.compile(r"^\s*(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")
+# A plain integer (thousands commas allowed) not followed by a K/M/B suffix or a fraction.
+_EXACT = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+)(?![\d]|[.,]\d)(?!\s*[kKmMbB]\b)")
+
+
+def positive_int(v: Any, where: str) -> int:
+    """``v`` as an integer >= 1 (an int or a string of digits), else one ConfigError naming ``where``."""
+    if isinstance(v, str) and re.fullmatch(r"\s*\d+\s*", v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{where} is {v!r:.60}; give an integer >= 1")
+    return v
+
+
+def is_unstated(v: Any) -> bool:
+    """Whether a field says it is not known: missing (None), empty, or "not stated ...", "unknown", "n/a"."""
+    return v is None or (isinstance(v, str) and (not v.strip() or bool(_UNSTATED.match(v))))
+
+
+def count(v: Any, where: str) -> tuple[int, str | None]:
+    """(integer, note) of a count written with remarks; note is None when ``v`` is a plain integer.
+
+    - an integer, or digits with thousands commas: itself ("128,256" -> 128256);
+    - a number then a remark: the number ("48 (from memory, unverified)" -> 48);
+    - a rounded number (K/M/B suffix) with an exact count in parentheses: the exact count
+      ("128K (128,256 in released config)" -> 128256) when it rounds to the same value within 5%;
+      without one: the suffix in SI units ("256K" -> 256,000), said so.
+
+    Raises:
+        ConfigError: no count, an approximate one ("~4096"), a fraction, or zero.
+    """
+    if isinstance(v, bool) or v is None:
+        raise ConfigError(f"{where} is {v!r}; give an integer")
+    if isinstance(v, int):
+        if v < 1:
+            raise ConfigError(f"{where} is {v}; give an integer >= 1")
+        return v, None
+    if isinstance(v, float):
+        if v.is_integer() and v >= 1:
+            return int(v), None
+        raise ConfigError(f"{where} is {v!r}; give an integer >= 1")
+    text = str(v)
+    m = _LEADING.match(text)
+    if m is None or is_unstated(text):
+        raise ConfigError(f"{where} is {text!r:.80}; give an integer (a remark may follow it: "
+                          "'48 (from memory)')")
+    if m.group(1):
+        raise ConfigError(f"{where} is {text!r:.80}: an approximate count; give the exact integer")
+    num = float(m.group(2).replace(",", ""))
+    suffix = (m.group(3) or "").lower()
+    rest = text[m.end():].strip()
+    if suffix:
+        approx = num * _SUFFIX[suffix]
+        # "128K" may be 128,000 or 131,072 (binary K): an integer in parentheses within 5% of it
+        # states the same count exactly.
+        for inner in re.findall(r"\(([^()]*)\)", rest):
+            for e in _EXACT.finditer(inner):
+                n = int(e.group(1).replace(",", ""))
+                if n >= 1 and abs(n / approx - 1) <= 0.05:
+                    return n, f"{where} {text!r:.80}: {n} (the exact count in parentheses)"
+        if not approx.is_integer() or approx < 1:
+            raise ConfigError(f"{where} is {text!r:.80}; give an integer")
+        return int(approx), f"{where} {text!r:.80}: {int(approx)} ({m.group(3)} read as {_SUFFIX[suffix]:,})"
+    if not num.is_integer() or num < 1:
+        raise ConfigError(f"{where} is {text!r:.80}; give an integer >= 1")
+    if not rest:
+        return int(num), None
+    return int(num), f"{where} {text!r:.80}: {int(num)} (the remark is kept out)"
+
+
+_TRUE = ("true", "yes", "on", "enabled", "used", "y")
+_FALSE = ("false", "no", "off", "disabled", "none", "not used", "n")
+
+
+def flag_word(v: Any, where: str) -> bool | None:
+    """True / False for a yes-or-no field ("on (with TP)", "no"), None when it is not stated."""
+    if isinstance(v, bool):
+        return v
+    if is_unstated(v):
+        return None
+    t = str(v).strip().lower()
+    head = re.split(r"[\s(,;:]", t, maxsplit=1)[0]
+    if head in _TRUE or t.startswith(("enabled", "used")):
+        return True
+    if head in _FALSE or t.startswith(("disabled", "not used")):
+        return False
+    raise ConfigError(f"{where} is {v!r:.80}; say true or false (or 'not stated')")
+
+
+def recompute_word(v: Any, where: str = "parallelism.recompute") -> str | None:
+    """full / selective / none of an activation-recomputation field; None when it is not stated."""
+    if v is False:
+        return "none"
+    if is_unstated(v):
+        return None
+    t = str(v).lower()
+    if t.strip() in ("false", "none", "no", "off") or t.strip().startswith(("none", "no ")):
+        return "none"
+    if "selective" in t:
+        return "selective"
+    if "full" in t or "checkpoint" in t:
+        return "full"
+    raise ConfigError(f"{where} {v!r:.80}: say full, selective or none (or 'not stated')")
+
+
+# ------------------------------------------------------------------------------- architecture
+# Words (after lower-casing; hyphens, slashes and "=" read as spaces) -> (feature, value).
+# Features: attn, act, norm, pos. LayerNorm1p (NeMo's zero-centred gamma) costs what LayerNorm does.
+ARCH_WORDS: dict[str, tuple[str, str]] = {
+    "mha": ("attn", "mha"), "multi head": ("attn", "mha"), "multihead": ("attn", "mha"),
+    "gqa": ("attn", "gqa"), "grouped query": ("attn", "gqa"), "mqa": ("attn", "mqa"), "multi query": ("attn", "mqa"),
+    "gelu": ("act", "gelu"), "swiglu": ("act", "swiglu"), "squared relu": ("act", "squared_relu"),
+    "relu squared": ("act", "squared_relu"), "relu2": ("act", "squared_relu"),
+    "layernorm": ("norm", "LayerNorm"), "layer norm": ("norm", "LayerNorm"), "layernorm1p": ("norm", "LayerNorm"),
+    "rmsnorm": ("norm", "RMSNorm"), "rms norm": ("norm", "RMSNorm"),
+    "rope": ("pos", "rope"), "rotary": ("pos", "rope"), "learned": ("pos", "learned_absolute"),
+    "absolute": ("pos", "learned_absolute"),
+}
+# Words that name no feature (families, parts, connectives).
+ARCH_FILLERS = frozenset((
+    "gpt", "llama", "nemotron", "mistral", "style", "like", "based", "standard", "dense", "decoder", "only",
+    "causal", "transformer", "architecture", "model", "mlp", "ffn", "pos", "position", "positional",
+    "embedding", "embeddings", "attention", "pre", "ln", "and", "with", "a", "the", "of", "in"))
+_PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
+
+
+def _arch_tokens(part: str) -> list[str]:
+    t = re.sub(r"[-_/=.+]", " ", part.lower())
+    for p in _PHRASES:
+        t = re.sub(rf"\b{p}\b", p.replace(" ", "\0"), t)
+    return [w.replace("\0", " ") for w in re.findall(r"[a-z][a-z0-9\0]*", t)]
+
+
+def arch_features(text: str) -> tuple[dict[str, str], list[str]]:
+    """(features, notes) of an architecture phrase such as "Llama (GQA, SwiGLU, RMSNorm, RoPE)".
+
+    Words are read wherever they stand, punctuation and parentheses aside; a clause ending in
+    "not specified" / "not stated" is skipped (its feature takes the default). A parenthesis with no
+    architecture word in it is a remark ("(ffn=4h per README FLOP formula)") and is left out, said so.
+
+    Raises:
+        ConfigError: a word outside such a remark that the reader does not know, or two values for
+            one feature ("GeLU ... SwiGLU").
+    """
+    t = re.sub(r"[^,;()]*not (?:specified|stated)", " ", text)
+    feats: dict[str, str] = {}
+    notes: list[str] = []
+    parts = re.split(r"(\([^()]*\))", t)
+    for part in parts:
+        words = [w for w in _arch_tokens(part) if w not in ARCH_FILLERS]
+        unknown = [w for w in words if w not in ARCH_WORDS]
+        if part.startswith("(") and unknown and len(unknown) == len(words):
+            notes.append(f"model arch remark {part!r:.80} names no architecture word: left out")
+            continue
+        if unknown:
+            raise ConfigError(f"model arch {text!r}: unknown word {unknown[0]!r}; known words: "
+                              f"{', '.join(sorted(ARCH_WORDS))} (or say '... not specified')")
+        for w in words:
+            f, value = ARCH_WORDS[w]
+            if f in feats and feats[f] != value:
+                raise ConfigError(f"model arch {text!r}: both {feats[f]!r} and {value!r} for {f}")
+            feats[f] = value
+    return feats, notes
+
+
+# --------------------------------------------------------------------------------- precision
+BF16_MIXED_YEAR = 2022
+"""First year whose Megatron/NeMo "mixed precision" on an sm_80+ GPU means bf16: Megatron-LM's
+``--bf16`` arrived in 2021 (its 2020-21 papers ran fp16 with loss scaling, SC'21 section 5), and
+NeMo's and Megatron-LM's published GPT/Llama recipes from 2022 on set bf16."""
+
+
+def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], str]:
+    """(flags, note) for a precision field: fp16 / bf16 / fp8 named, else "mixed precision" by era.
+
+    fp8 runs as Transformer Engine's hybrid recipe (e4m3 forward, e5m2 gradients) over bf16. A text
+    naming no 16-bit type reads as fp16 on GPUs without bf16 tensor cores (sm < 80) and for sources
+    before :data:`BF16_MIXED_YEAR`, bf16 otherwise.
+    """
+    low = text.lower()
+    found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
+    if any(w == "fp8" for _, w in found):
+        return ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"
+    if found:
+        first = min(found)[1]
+        return [f"--{first}"], f"precision {first}" + (" (first of several named)" if len(found) > 1 else "")
+    if not re.search(r"\bmixed\b|\bhalf\b|\bamp\b", low):
+        raise ConfigError(f"precision {text!r}: name fp16, bf16 or fp8 (or 'mixed precision')")
+    if 0 < cc < 80:
+        return ["--fp16"], f"precision {text!r}: fp16 (sm_{cc} has no bf16 tensor cores)"
+    if year is not None and year < BF16_MIXED_YEAR:
+        return ["--fp16"], (f"precision {text!r}: fp16 (Megatron mixed precision in {year}; bf16 recipes "
+                            f"from {BF16_MIXED_YEAR})")
+    return ["--bf16"], (f"precision {text!r}: bf16 (mixed precision on sm_{cc} "
+                        + (f"in {year}" if year else "of unknown year") + f"; bf16 recipes from {BF16_MIXED_YEAR})")

@@ -1,0 +1,158 @@
+"""Tests for heterosim.validation.phrases: annotated numbers and words of a case -> values."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from heterosim.errors import ConfigError
+from heterosim.validation.phrases import (arch_features, count, flag_word, is_unstated, positive_int,
+                                          precision_flags, recompute_word)
+
+
+@pytest.mark.parametrize("text,value", [
+    (4096, 4096),
+    (4096.0, 4096),
+    ("4096", 4096),
+    ("128,256", 128256),
+    ("48 (from memory, unverified)", 48),
+    ("8 (from memory, unverified)", 8),
+    ("128K (128,256 in released config)", 128256),   # the exact count in parentheses
+    ("32K (32,000)", 32000),
+    ("128K (see 4 notes)", 128000),                  # 4 is not within 5% of 128,000: SI K
+    ("256K", 256000),
+    ("1.5M", 1500000),
+    ("96, as in the paper", 96),
+])
+def test_count_keeps_the_number(text, value):
+    """An annotated number keeps its number; a rounded one takes the exact count beside it."""
+    assert count(text, "model.x")[0] == value
+
+
+def test_count_notes_say_what_was_read():
+    """A plain integer needs no note; an annotated one says what it became and why."""
+    assert count(4096, "model.hidden") == (4096, None)
+    assert count("48 (from memory, unverified)", "model.heads")[1] == (
+        "model.heads '48 (from memory, unverified)': 48 (the remark is kept out)")
+    assert count("128K (128,256 in released config)", "model.vocab")[1] == (
+        "model.vocab '128K (128,256 in released config)': 128256 (the exact count in parentheses)")
+    assert count("256K", "model.vocab")[1] == "model.vocab '256K': 256000 (K read as 1,000)"
+
+
+@pytest.mark.parametrize("value,message", [
+    ("~4096", "model.x is '~4096': an approximate count; give the exact integer"),
+    ("not stated", "model.x is 'not stated'; give an integer (a remark may follow it: '48 (from memory)')"),
+    ("abc", "model.x is 'abc'; give an integer (a remark may follow it: '48 (from memory)')"),
+    ("4.5", "model.x is '4.5'; give an integer >= 1"),
+    ("0 (none)", "model.x is '0 (none)'; give an integer >= 1"),
+    (0, "model.x is 0; give an integer >= 1"),
+    (True, "model.x is True; give an integer"),
+    (None, "model.x is None; give an integer"),
+    (2.5, "model.x is 2.5; give an integer >= 1"),
+])
+def test_count_refuses_what_is_not_a_count(value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        count(value, "model.x")
+
+
+def test_positive_int():
+    assert positive_int(" 8 ", "hardware.gpus_per_node") == 8
+    with pytest.raises(ConfigError, match=re.escape("hardware.gpus_per_node is 'eight'; give an integer >= 1")):
+        positive_int("eight", "hardware.gpus_per_node")
+
+
+@pytest.mark.parametrize("value,unstated", [
+    (None, True), ("", True), ("not stated", True), ("Not specified in the paper", True), ("unknown", True),
+    ("n/a", True), ("N/A (one node)", True), ("?", True), ("4", False), (4, False), (False, False),
+    ("none", False), ("nothing to add", False),
+])
+def test_is_unstated(value, unstated):
+    assert is_unstated(value) is unstated
+
+
+@pytest.mark.parametrize("value,want", [
+    (True, True), (False, False), ("yes", True), ("on (with TP)", True), ("enabled", True), ("No", False),
+    ("off", False), ("disabled", False), ("not stated", None), (None, None),
+])
+def test_flag_word(value, want):
+    assert flag_word(value, "parallelism.sequence_parallel") is want
+
+
+def test_flag_word_refuses_other_words():
+    with pytest.raises(ConfigError, match=re.escape("parallelism.sequence_parallel is 'sometimes'; say true or "
+                                                    "false (or 'not stated')")):
+        flag_word("sometimes", "parallelism.sequence_parallel")
+
+
+@pytest.mark.parametrize("value,want", [
+    ("full", "full"), ("full (assumed)", "full"), ("full activation recomputation (paper Sec 3.5)", "full"),
+    ("Megatron v1 checkpoint-activations", "full"), ("selective", "selective"), ("none", "none"),
+    ("no", "none"), (False, "none"), ("not stated", None), (None, None),
+])
+def test_recompute_word(value, want):
+    assert recompute_word(value) == want
+
+
+def test_recompute_word_refuses_other_words():
+    with pytest.raises(ConfigError, match=re.escape("parallelism.recompute 'partial': say full, selective or none "
+                                                    "(or 'not stated')")):
+        recompute_word("partial")
+
+
+@pytest.mark.parametrize("text,feats", [
+    ("Llama (GQA, SwiGLU, RMSNorm, RoPE)", {"attn": "gqa", "act": "swiglu", "norm": "RMSNorm", "pos": "rope"}),
+    ("GPT-style, squared-ReLU MLP (ffn=4h per README FLOP formula)", {"act": "squared_relu"}),
+    ("GPT (MHA, GeLU MLP, LayerNorm, learned/rotary pos. not specified)",
+     {"attn": "mha", "act": "gelu", "norm": "LayerNorm"}),
+    ("Nemotron-4: squared-ReLU, GQA, LayerNorm1p, RoPE",
+     {"act": "squared_relu", "attn": "gqa", "norm": "LayerNorm", "pos": "rope"}),
+    ("decoder-only, grouped-query attention, RMS norm, rotary position embeddings (RoPE)",
+     {"attn": "gqa", "norm": "RMSNorm", "pos": "rope"}),
+    ("GPT, MQA, squared ReLU", {"attn": "mqa", "act": "squared_relu"}),
+    ("GPT (MHA, GeLU MLP, LayerNorm, learned absolute position embeddings)",
+     {"attn": "mha", "act": "gelu", "norm": "LayerNorm", "pos": "learned_absolute"}),
+    ("", {}),
+])
+def test_arch_features(text, feats):
+    """Architecture words are read wherever they stand, whatever the punctuation."""
+    assert arch_features(text)[0] == feats
+
+
+def test_arch_remark_is_left_out_and_said():
+    feats, notes = arch_features("GPT-style, squared-ReLU MLP (ffn=4h per README FLOP formula)")
+    assert notes == ["model arch remark '(ffn=4h per README FLOP formula)' names no architecture word: left out"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("GPT (MHA, Mamba, LayerNorm)", r"unknown word 'mamba'; known words: absolute, gelu, .*swiglu"),
+    ("Mamba hybrid (SSM)", r"unknown word 'mamba'"),
+    ("GPT (GeLU MLP, SwiGLU)", r"both 'gelu' and 'swiglu' for act"),
+    ("GPT (MHA with sliding window)", r"unknown word 'sliding'"),  # a remark with a known word is read
+])
+def test_arch_unknown_words_are_errors(text, message):
+    with pytest.raises(ConfigError, match=message):
+        arch_features(text)
+
+
+@pytest.mark.parametrize("text,cc,year,flags,note", [
+    ("bf16", 90, 2024, ["--bf16"], "precision bf16"),
+    ("fp8 (hybrid) with bf16", 90, 2024, ["--bf16", "--fp8-format", "hybrid"],
+     "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
+    ("mixed precision (fp16/bf16 autocast)", 80, 2021, ["--fp16"], "precision fp16 (first of several named)"),
+    ("mixed precision (A100)", 80, 2020, ["--fp16"],
+     "precision 'mixed precision (A100)': fp16 (Megatron mixed precision in 2020; bf16 recipes from 2022)"),
+    ("mixed precision (A100)", 80, 2023, ["--bf16"],
+     "precision 'mixed precision (A100)': bf16 (mixed precision on sm_80 in 2023; bf16 recipes from 2022)"),
+    ("mixed precision", 70, 2024, ["--fp16"], "precision 'mixed precision': fp16 (sm_70 has no bf16 tensor cores)"),
+    ("AMP", 90, None, ["--bf16"],
+     "precision 'AMP': bf16 (mixed precision on sm_90 of unknown year; bf16 recipes from 2022)"),
+])
+def test_precision_by_name_and_era(text, cc, year, flags, note):
+    """A named type wins; 'mixed precision' is fp16 without bf16 tensor cores or before 2022, else bf16."""
+    assert precision_flags(text, cc, year) == (flags, note)
+
+
+def test_precision_without_a_type_is_an_error():
+    with pytest.raises(ConfigError, match=re.escape("precision 'tf32': name fp16, bf16 or fp8 (or 'mixed precision')")):
+        precision_flags("tf32", 80, 2024)
