@@ -107,12 +107,24 @@ class MixedPrecisionAdam:
         self.flat: list[tuple[torch.Tensor, ...]] = []
         decay: list[torch.Tensor] = []
         no_decay: list[torch.Tensor] = []
+        # Under capture the masks are left out: they are fp32 arrays the size of the shard that
+        # Megatron does not have (its norm kernel reads the shard's pieces, its FusedAdam applies
+        # the decay), so they would add 8 bytes per parameter to the memory captured and two
+        # elementwise passes to the time; the captured step then takes the norm of the whole
+        # shard and decays it all inside the fused AdamW (the same kernels and bytes as Megatron,
+        # not its numbers: duplicated TP-replicated elements count, biases decay).
+        exact = not get_annotator().active
         for bucket in grad_sync.buckets():
             if use_distributed_optimizer:
                 assert bucket.param is not None, "buffers were built without the distributed optimizer"
                 n = bucket.numel // _group_size(bucket.group)
                 lo = _group_rank(bucket.group) * n
                 model, grad = bucket.param[lo:lo + n], bucket.grad[lo:lo + n]
+                master = model.clone().float()
+                if not exact:
+                    self.flat.append((model, grad, master, None, None))
+                    decay.append(master)
+                    continue
                 norm_w = torch.zeros(n, dtype=torch.float32)
                 decay_w = torch.zeros(n, dtype=torch.float32)
                 off = 0
@@ -122,7 +134,6 @@ class MixedPrecisionAdam:
                     if a < b:
                         norm_w[a - lo:b - lo] = 1.0 if counted(p) else 0.0
                         decay_w[a - lo:b - lo] = 1.0 if p.dim() > 1 else 0.0
-                master = model.clone().float()
                 self.flat.append((model, grad, master, norm_w, decay_w))
                 no_decay.append(master)  # decoupled decay applied with decay_w in step()
                 continue
@@ -165,7 +176,10 @@ class MixedPrecisionAdam:
             grads = [e[2].grad for e in self.slices]
             total = (torch.stack(torch._foreach_norm(grads)).square() * weights).sum()
         for _, _, master, norm_w, _ in self.flat:
-            total = total + (master.grad.square() * norm_w).sum()
+            if norm_w is None:  # captured: the whole shard (see __init__)
+                total = total + torch.linalg.vector_norm(master.grad).square()
+            else:
+                total = total + (master.grad.square() * norm_w).sum()
         if _group_size(self.grad_stats_group) > 1:
             dist.all_reduce(total, group=self.grad_stats_group)
         return total.sqrt()
@@ -196,7 +210,8 @@ class MixedPrecisionAdam:
             if self.flat and self.weight_decay:
                 # AdamW's decoupled decay p *= 1 - lr * wd, on the matrix elements only.
                 for _, _, master, _, decay_w in self.flat:
-                    master.addcmul_(master, decay_w, value=-self.lr * self.weight_decay)
+                    if decay_w is not None:
+                        master.addcmul_(master, decay_w, value=-self.lr * self.weight_decay)
             if self.adam is not None:
                 self.adam.step()
             for model, _, master, *_ in self.slices + self.flat:

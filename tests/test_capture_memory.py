@@ -93,6 +93,7 @@ def test_weights_and_optimizer_match_megatron(tmp_path, distopt):
     assert m["parameters"] == pytest.approx(2 * P, rel=0.01)
     assert m["optimizer"] == pytest.approx(12 * P / (dp if distopt else 1), rel=0.01)
     assert m["gradients"] == pytest.approx(4 * P, rel=0.01)
+    assert m["other"] <= 512  # nothing else lives at the peak (no optimizer-side masks or copies)
     assert t.roles[0].memory is not None
 
 
