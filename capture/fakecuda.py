@@ -331,6 +331,14 @@ class FakeCuda:
 
         self._patch(autocast, "__init__", autocast_init)
         self._patch(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
+        # torch.optim picks its multi-tensor (foreach) path by the parameters' device, which its own
+        # code sees as the CPU, and by their type (FakeTensor here): let it take the path a GPU takes (the CPU foreach kernels exist), so
+        # a default AdamW is captured as the few multi-tensor kernels a GPU runs, not a loop.
+        import torch.optim.optimizer as optim_mod
+        supported = optim_mod._get_foreach_kernels_supported_devices
+        self._patch(optim_mod, "_get_foreach_kernels_supported_devices",
+                    lambda: [*supported(), *([] if "cpu" in supported() else ["cpu"])])
+        self._patch(optim_mod, "_foreach_supported_types", [*optim_mod._foreach_supported_types, FakeTensor])
         self._mode = _DeviceMode(self)
         self._patch(FakeTensor, "device", _fake_device(FakeTensor.__dict__["device"], self._mode))
         self._mode.__enter__()

@@ -78,3 +78,13 @@ def test_replays_on_a_dgx_h100_node(trace3):
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["iteration_time_s"] > 0 and "dp" in json.dumps(r["breakdown"])
+
+
+def test_default_adamw_is_captured_as_multi_tensor_kernels(trace3):
+    """torch.optim.AdamW with its defaults takes the foreach path on a GPU: a handful of
+    multi-tensor kernels over all parameters, not a loop of per-parameter ops; every optimizer
+    op of the kept iteration is a _foreach_ kernel reading all the parameters it updates."""
+    role = load_trace(trace3).roles[0]
+    names = [n for b in role.blocks.values() for n, ph in zip(b.columns["name"], b.columns["phase"])
+             if ph == "optimizer"]
+    assert names and all(n.startswith("aten._foreach_") for n in names) and len(names) <= 12
