@@ -16,16 +16,22 @@ batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384
 wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs); the deep
 pipeline (GPT 1T shape of the SC'21 table, TP8 PP64 DP6 on 3,072 GPUs, global batch 3072: 512
 micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. Issue 14
-(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, 1F1B here),
-MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on 2,048
-DGX H100 GPUs <= 30 s and <= 2 GB each. On a
+(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, interleaved
+VPP6), MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on
+2,048 DGX H100 GPUs (NVIDIA's recipe, VPP12) <= 30 s and <= 2 GB each; ``-1f1b`` cases run the
+two interleaved jobs in 1F1B for comparison. On a
 shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
 micro-batch: norm, QKV / proj / FC1 / FC2 GEMMs, flash attention, elementwise, TP all-reduces or
-SP all-gather / reduce-scatter, forward and backward; 1F1B p2p between stages; embedding, output
+SP all-gather / reduce-scatter, forward and backward; p2p between stages; embedding, output
 layer and loss on the end stages; bucketed DP gradient all-reduce; optimizer), stored as one
 forward and one backward block per stage referenced by every micro-batch, as capture stores them.
+With ``vpp`` > 1 the program is Megatron's interleaved schedule (``models.schedules._Interleaved``,
+non-overlapped p2p): forward/backward blocks per kind of chunk and, between them, one block per
+kind of ``_communicate`` exchange (its sends and recvs in one coalesced launch, then waited; the
+last stage's chunk c feeds the first stage's chunk c+1). The 1F1B traces keep p2p inside the
+compute blocks, sends unwaited.
 Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for accuracy work.
 """
 
