@@ -71,12 +71,13 @@ def test_interleaved_exchanges_are_batched_and_waited():
     assert cols["coalesced"][:4] == [0, 1, 2, 3] and cols["target"][4:] == [4, 4, 4, 4]
 
 
-def test_interleaved_trace_replays():
-    """The tiny pp 4 x vpp 2 x 8 trace replays to the end (no p2p left unpaired), and the fast
-    engine agrees with the reference engine."""
+@pytest.mark.parametrize("m", [8, 4])
+def test_interleaved_trace_replays(m):
+    """The tiny pp 4 x vpp 2 trace replays to the end (no p2p left unpaired), with 8 micro-batches
+    and with 4 (= pp: every step is warm-up), and the fast engine agrees with the reference engine."""
     from replay.simulate import simulate
 
-    trace = synth_trace(_shape(4, 2, 8))
+    trace = synth_trace(_shape(4, 2, m))
     fast = simulate(trace, "dgx-a100")
     ref = simulate(trace, "dgx-a100", engine="reference")
     assert fast.iteration_time_s > 0
