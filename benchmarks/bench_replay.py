@@ -16,16 +16,22 @@ batch 1536, <= 10 s wall and <= 4 GB; LLaMA-405B-shaped TP8 PP16 DP128 on 16,384
 wall time growing no faster than linearly in GPU count (the table prints s per 1k GPUs); the deep
 pipeline (GPT 1T shape of the SC'21 table, TP8 PP64 DP6 on 3,072 GPUs, global batch 3072: 512
 micro-batches per pipeline, 1F1B) is the case that scales with stages x micro-batches. Issue 14
-(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, 1F1B here),
-MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on 2,048
-DGX H100 GPUs <= 30 s and <= 2 GB each. On a
+(today's clusters): GPT-3 175B TP8 PP8 DP192 on 12,288 GPUs (MegaScale's shape, interleaved
+VPP6), MT-NLG 530B TP8 PP35 DP40 on 11,200 GPUs (280 micro-batches) and GPT-3 175B TP4 PP8 DP64 on
+2,048 DGX H100 GPUs (NVIDIA's recipe, VPP12) <= 30 s and <= 2 GB each; ``-1f1b`` cases run the
+two interleaved jobs in 1F1B for comparison. On a
 shared machine compare the CPU-seconds column: wall time includes other processes' load.
 
 The traces are synthesized here with the op mix a Megatron capture records (per layer and
 micro-batch: norm, QKV / proj / FC1 / FC2 GEMMs, flash attention, elementwise, TP all-reduces or
-SP all-gather / reduce-scatter, forward and backward; 1F1B p2p between stages; embedding, output
+SP all-gather / reduce-scatter, forward and backward; p2p between stages; embedding, output
 layer and loss on the end stages; bucketed DP gradient all-reduce; optimizer), stored as one
 forward and one backward block per stage referenced by every micro-batch, as capture stores them.
+With ``vpp`` > 1 the program is Megatron's interleaved schedule (``models.schedules._Interleaved``,
+non-overlapped p2p): forward/backward blocks per kind of chunk and, between them, one block per
+kind of ``_communicate`` exchange (its sends and recvs in one coalesced launch, then waited; the
+last stage's chunk c feeds the first stage's chunk c+1). The 1F1B traces keep p2p inside the
+compute blocks, sends unwaited.
 Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for accuracy work.
 """
 
@@ -61,6 +67,15 @@ class Shape:
     cluster: str
     swiglu: bool = False
     sp: bool = False
+    vpp: int = 1
+    """Model chunks per stage: Megatron's interleaved schedule when > 1 (micro-batches per pipeline
+    must be a multiple of pp, layers of pp x vpp)."""
+
+    def __post_init__(self) -> None:
+        m = self.global_batch // self.dp
+        if self.vpp > 1 and (self.pp == 1 or m % self.pp or self.layers % (self.pp * self.vpp)):
+            raise ValueError(f"{self.name}: vpp={self.vpp} needs pp > 1, micro-batches per pipeline ({m}) a "
+                             f"multiple of pp ({self.pp}) and layers ({self.layers}) a multiple of pp x vpp")
 
     @property
     def world(self) -> int:
@@ -77,18 +92,21 @@ CASES = {
                              "dgx-h100", swiglu=True, sp=True),
     "llama-405b-16384": Shape("llama-405b-16384", 128, 16384, 128, 8, 53248, 128256, 8192, 8, 16, 128, 2048,
                               "dgx-h100", swiglu=True, sp=True),
-    # Today's cluster scale (issue 14). MegaScale's GPT-3 175B on 12,288 GPUs runs interleaved
-    # VPP6; this synthesizer has no interleaved schedule, so it is 1F1B with 12 layers per stage
-    # (same GPUs, stages and 32 micro-batches per pipeline; fewer, longer p2p exchanges).
+    # Today's cluster scale (issue 14). MegaScale's GPT-3 175B on 12,288 GPUs: interleaved VPP6
+    # (2 layers per chunk), 32 micro-batches per pipeline; "-1f1b": the same job in 1F1B.
     "megascale-175b-12288": Shape("megascale-175b-12288", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 192, 6144,
-                                  "dgx-a100"),
+                                  "dgx-a100", vpp=6),
+    "megascale-175b-12288-1f1b": Shape("megascale-175b-12288-1f1b", 96, 12288, 96, 96, 49152, 51200, 2048, 8, 8, 192,
+                                       6144, "dgx-a100"),
     # MT-NLG 530B on 11,200 GPUs (TP8 PP35 DP40, 280 micro-batches per pipeline, 3 layers per stage).
     "mtnlg-530b-11200": Shape("mtnlg-530b-11200", 105, 20480, 128, 128, 81920, 51200, 2048, 8, 35, 40, 11200,
                               "dgx-a100"),
-    # NVIDIA's DGX H100 GPT-3 175B recipe on 2,048 GPUs: TP4 PP8 DP64, 64 micro-batches (1F1B here,
-    # the recipe interleaves VPP12).
+    # NVIDIA's DGX H100 GPT-3 175B recipe on 2,048 GPUs: TP4 PP8 DP64, 64 micro-batches, interleaved
+    # VPP12 (1 layer per chunk); "-1f1b": the same job in 1F1B.
     "hopper-175b-2048": Shape("hopper-175b-2048", 96, 12288, 96, 96, 49152, 51200, 2048, 4, 8, 64, 4096,
-                              "dgx-h100"),
+                              "dgx-h100", vpp=12),
+    "hopper-175b-2048-1f1b": Shape("hopper-175b-2048-1f1b", 96, 12288, 96, 96, 49152, 51200, 2048, 4, 8, 64, 4096,
+                                   "dgx-h100"),
 }
 QUICK = ("gpt3-175b-64", "gpt3-175b-256", "gpt3-175b-1024")
 
@@ -158,79 +176,187 @@ def _p2p(direction, peer, nbytes, stream):
                 group="pp", peer=peer, comm_bytes=nbytes, stream=stream, dtype="bf16")
 
 
-def synth_trace(c: Shape) -> Trace:
-    """A Megatron-shaped trace of ``c`` (see the module docstring)."""
+def _groups(c: Shape) -> dict[str, GroupInfo]:
+    """TP, DP and PP groups; rank = t + tp (d + dp s). The captured rank of stage s is (0, 0, s)."""
     tp, pp, dp = c.tp, c.pp, c.dp
-    mbs = c.global_batch // dp
-    lps = c.layers // pp
-    act = 2 * c.seq * c.hidden // (tp if c.sp else 1)
     groups: dict[str, GroupInfo] = {}
-
-    def rank(t, d, s):
-        return t + tp * (d + dp * s)
-
     for d in range(dp):
         for s in range(pp):
-            groups["tp" if (d, s) == (0, 0) else f"tp{d}_{s}"] = GroupInfo(tuple(rank(t, d, s) for t in range(tp)), "tp", "tp")
+            groups["tp" if (d, s) == (0, 0) else f"tp{d}_{s}"] = GroupInfo(tuple(_rank(c, t, d, s) for t in range(tp)), "tp", "tp")
     for t in range(tp):
         for s in range(pp):
-            groups["dp" if (t, s) == (0, 0) else f"dp{t}_{s}"] = GroupInfo(tuple(rank(t, d, s) for d in range(dp)), "dp", "dp")
+            groups["dp" if (t, s) == (0, 0) else f"dp{t}_{s}"] = GroupInfo(tuple(_rank(c, t, d, s) for d in range(dp)), "dp", "dp")
     for t in range(tp):
         for d in range(dp):
-            groups["pp" if (t, d) == (0, 0) else f"pp{t}_{d}"] = GroupInfo(tuple(rank(t, d, s) for s in range(pp)), "pp", "pp")
-    params_per_stage = 12 * c.hidden * c.hidden * lps
+            groups["pp" if (t, d) == (0, 0) else f"pp{t}_{d}"] = GroupInfo(tuple(_rank(c, t, d, s) for s in range(pp)), "pp", "pp")
+    return groups
+
+
+def _rank(c: Shape, t: int, d: int, s: int) -> int:
+    return t + c.tp * (d + c.dp * s)
+
+
+def _compute_rows(c: Shape, layers: int, first: bool, last: bool) -> tuple[list[dict], list[dict]]:
+    """Forward and backward rows of ``layers`` layers, no p2p; the embedding on the first virtual
+    stage, the output layer and loss on the last."""
+    fwd = [_pointwise("embedding", c.seq * c.hidden, "fwd", "aten.embedding.default")] if first else []
+    bwd = []
+    for _ in range(layers):
+        fwd += _layer(c, "fwd")
+    if last:
+        fwd += [_gemm(c.seq, c.vocab // c.tp, c.hidden, "fwd"), _pointwise("cross_entropy", c.seq * c.vocab // c.tp, "fwd")]
+        bwd += [_pointwise("cross_entropy", c.seq * c.vocab // c.tp, "bwd"), _gemm(c.seq, c.hidden, c.vocab // c.tp, "bwd"),
+                _gemm(c.hidden, c.vocab // c.tp, c.seq, "bwd")]
+    for _ in range(layers):
+        bwd += _layer(c, "bwd")
+    if first:
+        bwd.append(_pointwise("embedding", c.seq * c.hidden, "bwd", "aten.embedding_dense_backward.default"))
+    return fwd, bwd
+
+
+def _opt_rows(c: Shape, dpg: str) -> list[dict]:
+    """Bucketed DP gradient all-reduce (4 buckets, waited together), then the fused optimizer."""
+    params_per_stage = 12 * c.hidden * c.hidden * (c.layers // c.pp)
+    buckets = 4
+    grad_bytes = 4 * params_per_stage // c.tp
+    opt = []
+    if c.dp > 1:
+        opt += [dict(kind="collective", name="c10d.all_reduce", kernel_class="comm", phase="grad_sync",
+                     collective="all_reduce", group=dpg, comm_bytes=grad_bytes // buckets // 4 * 4,
+                     stream=f"comm:{dpg}", dtype="fp32") for _ in range(buckets)]
+        opt += [dict(kind="wait", name="c10d.wait", kernel_class="comm", phase="grad_sync", target=buckets)
+                for _ in range(buckets)]
+    opt.append(dict(_pointwise("optimizer", params_per_stage // c.tp, "optimizer", "aten._fused_adam.default"), dtype="fp32"))
+    return opt
+
+
+def _wait(target: int, phase: str = "other") -> dict:
+    return dict(kind="wait", name="c10d.wait", kernel_class="comm", phase=phase, target=target)
+
+
+def _one_f_one_b_role(c: Shape, s: int) -> tuple[dict[str, list[dict]], list[Segment]]:
+    """Blocks and program of stage ``s`` in 1F1B: p2p inside the forward and backward blocks."""
+    pp, mbs = c.pp, c.global_batch // c.dp
+    act = 2 * c.seq * c.hidden // (c.tp if c.sp else 1)
+    fwd_c, bwd_c = _compute_rows(c, c.layers // pp, s == 0, s == pp - 1)
+    fwd = [_p2p("recv", s - 1, act, "p2p:pp:prev:recv"), _wait(1)] if s > 0 else []
+    fwd += fwd_c + ([_p2p("send", s + 1, act, "p2p:pp:next:send")] if s < pp - 1 else [])
+    bwd = [_p2p("recv", s + 1, act, "p2p:pp:next:recv"), _wait(1)] if s < pp - 1 else []
+    bwd += bwd_c + ([_p2p("send", s - 1, act, "p2p:pp:prev:send")] if s > 0 else [])
+    warm = min(pp - s - 1, mbs)
+    prog = [Segment("fwd", i) for i in range(warm)]
+    for i in range(mbs - warm):
+        prog += [Segment("fwd", warm + i), Segment("bwd", i)]
+    prog += [Segment("bwd", i) for i in range(mbs - warm, mbs)]
+    return {"fwd": fwd, "bwd": bwd}, prog
+
+
+def _exchange_rows(c: Shape, s: int, phase: str, send_prev: bool, recv_prev: bool, send_next: bool,
+                   recv_next: bool) -> list[dict]:
+    """One Megatron ``_communicate`` on stage ``s``: the p2p ops batched in ``_batched_p2p_ops``
+    order (send prev, recv prev, send next, recv next; one coalesced launch), each then waited.
+    Neighbours wrap around: the last stage's next is the first stage."""
+    act = 2 * c.seq * c.hidden // (c.tp if c.sp else 1)
+    prev, nxt = (s - 1) % c.pp, (s + 1) % c.pp
+    ops = [(d, peer) for d, peer, on in (("send", prev, send_prev), ("recv", prev, recv_prev),
+                                         ("send", nxt, send_next), ("recv", nxt, recv_next)) if on]
+    rows = [dict(_p2p(d, peer, act, f"p2p:pp:{peer}"), phase=phase, coalesced=i) for i, (d, peer) in enumerate(ops)]
+    return rows + [_wait(len(ops), phase) for _ in ops]
+
+
+def interleaved_steps(pp: int, s: int, m: int, vpp: int) -> list[tuple]:
+    """Stage ``s``'s program in Megatron's interleaved schedule (``models.schedules._Interleaved``,
+    non-overlapped p2p path): ``("F"|"B", chunk, mb)`` compute steps and ``("X", phase, chunk, mb,
+    send_prev, recv_prev, send_next, recv_next)`` exchanges. Virtual step k runs micro-batch
+    ``k % pp + (k // (pp vpp)) pp`` of chunk ``(k % (pp vpp)) // pp`` (backward: vpp - 1 - that)."""
+    total = m * vpp
+    all_warmup = m == pp
+    warmup = total if all_warmup else min((pp - s - 1) * 2 + (vpp - 1) * pp, total)
+    first, last = s == 0, s == pp - 1
+
+    def chunk(k: int, fwd: bool) -> int:
+        ch = (k % (pp * vpp)) // pp
+        return ch if fwd else vpp - 1 - ch
+
+    def mb(k: int) -> int:
+        return k % pp + (k // (pp * vpp)) * pp
+
+    def comp(k: int, fwd: bool) -> tuple:
+        return ("F" if fwd else "B", chunk(k, fwd), mb(k))
+
+    def x(phase, k, fwd, sp=False, rp=False, sn=False, rn=False) -> list[tuple]:
+        return [("X", phase, chunk(k, fwd), mb(k), sp, rp, sn, rn)] if sp or rp or sn or rn else []
+
+    def sends_next(k: int) -> bool:  # the last virtual stage sends no activation
+        return not (last and chunk(k, True) == vpp - 1)
+
+    def sends_prev(k: int) -> bool:  # the first virtual stage sends no gradient
+        return not (first and chunk(k, False) == 0)
+
+    steps = x("fwd", 0, True, rp=not first)
+    for k in range(warmup):
+        rp = not (first and chunk(k + 1, True) == 0) and k != total - 1
+        rn = k == warmup - 1 and not all_warmup and not last
+        steps += [comp(k, True)] + x("fwd", k, True, rp=rp, sn=sends_next(k), rn=rn)
+    for k in range(total - warmup):
+        fk = k + warmup
+        rp = chunk(fk - (pp - 1), True) != vpp - 1 if first else True
+        rn = chunk(k - (pp - 1), False) != 0 if last else True
+        steps += [comp(fk, True), comp(k, False)]
+        steps += x("bwd", k, False, sp=sends_prev(k), rp=rp and k != total - warmup - 1, sn=sends_next(fk), rn=rn)
+    if all_warmup:
+        steps += x("bwd", 0, False, rn=not last)
+    for k in range(total - warmup, total):
+        rn = not (last and chunk(k + 1, False) == vpp - 1) and k != total - 1
+        steps += [comp(k, False)] + x("bwd", k, False, sp=sends_prev(k), rn=rn)
+    return steps
+
+
+def _interleaved_role(c: Shape, s: int) -> tuple[dict[str, list[dict]], list[Segment]]:
+    """Blocks and program of stage ``s`` in the interleaved schedule: one forward and one backward
+    block per kind of chunk (plain, first virtual stage, last virtual stage) and one block per
+    kind of p2p exchange, named by its ops (``x.sp.rp`` = send prev + recv prev)."""
+    pp, vpp, m = c.pp, c.vpp, c.global_batch // c.dp
+    rows: dict[str, list[dict]] = {}
+    prog: list[Segment] = []
+    for st in interleaved_steps(pp, s, m, vpp):
+        if st[0] == "X":
+            _, phase, ch, mb, *flags = st
+            name = ".".join(["x"] + [n for n, on in zip(("sp", "rp", "sn", "rn"), flags) if on])
+            if name not in rows:
+                rows[name] = _exchange_rows(c, s, phase, *flags)
+        else:
+            d, ch, mb = st
+            first, last = s == 0 and ch == 0, s == pp - 1 and ch == vpp - 1
+            kind = "first" if first else "last" if last else "mid"
+            name = f"{'fwd' if d == 'F' else 'bwd'}.{kind}"
+            if name not in rows:
+                fwd, bwd = _compute_rows(c, c.layers // (pp * vpp), first, last)
+                rows[name] = fwd if d == "F" else bwd
+        prog.append(Segment(name, mb, ch))
+    return rows, prog
+
+
+def synth_trace(c: Shape) -> Trace:
+    """A Megatron-shaped trace of ``c`` (see the module docstring): 1F1B, or interleaved if vpp > 1."""
     roles = []
-    for s in range(pp):
-        cap = rank(0, 0, s)
+    for s in range(c.pp):
         tpg = "tp" if s == 0 else f"tp0_{s}"
-        dpg = "dp" if s == 0 else f"dp0_{s}"
 
         def fix(rows):
-            return [dict(r, group=tpg) if r.get("group") == "tp" else dict(r, group="pp") if r.get("group") == "pp" else r
-                    for r in rows]
+            return [dict(r, group=tpg) if r.get("group") == "tp" else r for r in rows]
 
-        fwd, bwd = [], []
-        if s > 0:
-            fwd += [_p2p("recv", s - 1, act, "p2p:pp:prev:recv"), dict(kind="wait", name="c10d.wait", kernel_class="comm", target=1)]
-        else:
-            fwd.append(_pointwise("embedding", c.seq * c.hidden, "fwd", "aten.embedding.default"))
-        for _ in range(lps):
-            fwd += _layer(c, "fwd")
-        if s == pp - 1:
-            fwd += [_gemm(c.seq, c.vocab // tp, c.hidden, "fwd"), _pointwise("cross_entropy", c.seq * c.vocab // tp, "fwd")]
-            bwd += [_pointwise("cross_entropy", c.seq * c.vocab // tp, "bwd"), _gemm(c.seq, c.hidden, c.vocab // tp, "bwd"),
-                    _gemm(c.hidden, c.vocab // tp, c.seq, "bwd")]
-        else:
-            fwd.append(_p2p("send", s + 1, act, "p2p:pp:next:send"))
-            bwd += [_p2p("recv", s + 1, act, "p2p:pp:next:recv"), dict(kind="wait", name="c10d.wait", kernel_class="comm", target=1)]
-        for _ in range(lps):
-            bwd += _layer(c, "bwd")
-        if s > 0:
-            bwd.append(_p2p("send", s - 1, act, "p2p:pp:prev:send"))
-        else:
-            bwd.append(_pointwise("embedding", c.seq * c.hidden, "bwd", "aten.embedding_dense_backward.default"))
-        buckets = 4
-        grad_bytes = 4 * params_per_stage // tp
-        opt = []
-        if dp > 1:
-            opt += [dict(kind="collective", name="c10d.all_reduce", kernel_class="comm", phase="grad_sync",
-                         collective="all_reduce", group=dpg, comm_bytes=grad_bytes // buckets // 4 * 4,
-                         stream=f"comm:{dpg}", dtype="fp32") for _ in range(buckets)]
-            opt += [dict(kind="wait", name="c10d.wait", kernel_class="comm", phase="grad_sync", target=buckets)
-                    for _ in range(buckets)]
-        opt.append(dict(_pointwise("optimizer", params_per_stage // tp, "optimizer", "aten._fused_adam.default"), dtype="fp32"))
-        warm = min(pp - s - 1, mbs)
-        prog = [Segment("fwd", i) for i in range(warm)]
-        for i in range(mbs - warm):
-            prog += [Segment("fwd", warm + i), Segment("bwd", i)]
-        prog += [Segment("bwd", i) for i in range(mbs - warm, mbs)] + [Segment("opt", -1)]
-        ranks = tuple(rank(t, d, s) for d in range(dp) for t in range(tp))
-        blocks = {"fwd": Block.from_rows(fix(fwd)), "bwd": Block.from_rows(fix(bwd)), "opt": Block.from_rows(opt)}
-        roles.append(Role(s, cap, ranks, blocks, prog))
-    # The pp group named "pp" is the captured ranks' own; the other stages' captured rank is
-    # rank(0, 0, s), which is also in group "pp".
-    return Trace(world_size=c.world, groups=groups, roles=roles,
-                 layout={"tp": tp, "pp": pp, "dp": dp, "global_batch_size": c.global_batch, "seq_length": c.seq},
+        rows, prog = (_interleaved_role if c.vpp > 1 else _one_f_one_b_role)(c, s)
+        blocks = {name: Block.from_rows(fix(r)) for name, r in rows.items()}
+        blocks["opt"] = Block.from_rows(_opt_rows(c, "dp" if s == 0 else f"dp0_{s}"))
+        ranks = tuple(_rank(c, t, d, s) for d in range(c.dp) for t in range(c.tp))
+        roles.append(Role(s, _rank(c, 0, 0, s), ranks, blocks, prog + [Segment("opt", -1)]))
+    # Every stage's captured rank rank(0, 0, s) is in group "pp", so p2p ops name "pp" and the
+    # stage as peer.
+    layout = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "global_batch_size": c.global_batch, "seq_length": c.seq}
+    if c.vpp > 1:
+        layout["vpp"] = c.vpp
+    return Trace(world_size=c.world, groups=_groups(c), roles=roles, layout=layout,
                  model={"num_layers": c.layers, "hidden_size": c.hidden})
 
 
