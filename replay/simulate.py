@@ -33,19 +33,23 @@ from .result import Breakdown, ClassSummary, PathStep, Result, rank_breakdown
 __all__ = ["simulate", "build_workload", "summarize", "plan_to_transfer", "trace_dtype", "OVERLAP_SLOWDOWN"]
 
 
-def plan_to_transfer(plan: Any) -> TransferSpec:
+def plan_to_transfer(plan: Any, never_binding: frozenset[int] = frozenset()) -> TransferSpec:
     """Turn an ``ncclshim`` plan into phases of flows: one phase per distinct ``flow.phase``.
 
     The plan's ``latency_s`` (NCCL's, hardware latencies included) comes once, before the first
     phase; each flow moves ``bytes / plan.efficiency`` wire bytes (protocol overhead and NCCL's
     achieved fraction of the wire), so that alone on an idle network the transfer takes
-    ``plan.time_s`` (``ncclshim.planner`` documents this contract).
+    ``plan.time_s`` (``ncclshim.planner`` documents this contract). Links in ``never_binding``
+    (:attr:`heterosim.cluster.network.Network.never_binding`: they cannot limit any flow, so
+    max-min rates do not depend on them) are left out of the flows' paths.
     """
     eff = float(getattr(plan, "efficiency", 1.0)) or 1.0
     by_phase: dict[int, list[FlowSpec]] = {}
     for f in plan.flows:
-        by_phase.setdefault(int(f.phase), []).append(
-            FlowSpec(links=tuple(int(l) for l in f.path), nbytes=float(f.bytes) / eff))
+        links = tuple(int(l) for l in f.path)
+        if never_binding:
+            links = tuple(l for l in links if l not in never_binding)
+        by_phase.setdefault(int(f.phase), []).append(FlowSpec(links=links, nbytes=float(f.bytes) / eff))
     phases = sorted(by_phase)
     lat = float(getattr(plan, "latency_s", 0.0))
     if not phases:
@@ -98,6 +102,7 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
     node = [cluster.node_of(g) for g in gpus]
     view = topology_view(cluster)
     capacity = [float(l.bw) for l in view.links]
+    slack = getattr(getattr(cluster, "network", None), "never_binding", frozenset())
 
     def durations(role_id: int, block: str, gpu: str) -> np.ndarray:
         secs, srcs, _ = pricer.price_block(trace.roles[role_id].blocks[block], gpu)
@@ -120,7 +125,7 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
             dtype = "uint8"  # only sizes matter here; a byte type always divides
         p = ncclshim.plan(coll, nbytes, ranks_gpu, view, env=nccl_env, dtype=dtype)
         _labels[inst] = f"{inst.collective} {getattr(p, 'algo', '?')}/{getattr(p, 'proto', '?')} {_size(inst.nbytes)}"
-        return plan_to_transfer(p)
+        return plan_to_transfer(p, slack)
 
     _labels: dict[CommInstance, str] = {}
     w = Workload(trace=trace, gpu_type=gpu_type, node=node, durations=durations, transfer=transfer,

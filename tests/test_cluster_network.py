@@ -8,7 +8,7 @@ import networkx as nx
 import pytest
 
 from heterosim.errors import TopologyError
-from heterosim.cluster import load_cluster
+from heterosim.cluster import load_cluster, preset_path, read_spec
 from heterosim.cluster.network import LINK_KINDS, ecmp_index
 
 
@@ -28,11 +28,21 @@ def box(nodes_per_leaf=4, **fabric):
     }
 
 
+def a100(routing):
+    """The dgx-a100 preset (adaptive routing, InfiniBand) with ``routing`` instead."""
+    d = read_spec(preset_path("dgx-a100")).to_dict()
+    d["fabric"] = {**d["fabric"], "routing": routing}
+    return d
+
+
 def test_dgx_a100_link_count_by_hand():
     """2 DGX A100 nodes: 29 cables per node (8 GPU-NVS, 8 GPU-PCIe, 8 NIC-PCIe, 4 switch-CPU,
-    1 CPU-CPU), 16 NIC-leaf cables, 8 rail leaves x 20 spines; two links per cable."""
-    c = load_cluster("dgx-a100", num_gpus=16)
+    1 CPU-CPU), 16 NIC-leaf cables, 8 rail leaves x 20 spines under ECMP, x one pooled uplink
+    under adaptive routing; two links per cable."""
+    c = load_cluster(a100("ecmp"), num_gpus=16)
     assert len(c.links) == 2 * (2 * 29 + 16 + 8 * 20)
+    c = load_cluster("dgx-a100", num_gpus=16)
+    assert len(c.links) == 2 * (2 * 29 + 16 + 8)
     kinds = [LINK_KINDS[k] for k in c.links.kind]
     assert kinds.count("nvlink") == 2 * 16 and kinds.count("cpu") == 2 * 2
     assert not c.links.bw.flags.writeable
@@ -73,7 +83,7 @@ def test_same_rail_cross_node():
 
 def test_cross_rail_goes_through_a_spine_by_ecmp():
     """GPU 0 -> GPU 9 (NIC 0 -> NIC 1) crosses rails via spine crc32(src>dst#ch) % 20."""
-    c = load_cluster("dgx-a100", num_gpus=16)
+    c = load_cluster(a100("ecmp"), num_gpus=16)
     net = c.network
     a, b = net.nic_vertex[(0, 0)], net.nic_vertex[(1, 1)]
     for ch in range(4):
@@ -87,7 +97,7 @@ def test_cross_rail_goes_through_a_spine_by_ecmp():
 def test_spine_uplinks_sized_by_design():
     """A rail leaf built for 20 nodes of 25 GB/s with 20 spines has 25 GB/s per uplink even when
     only 2 nodes are present; oversubscription 2 halves it."""
-    c = load_cluster("dgx-a100", num_gpus=16)
+    c = load_cluster(a100("ecmp"), num_gpus=16)
     V, L = c.network.vertices, c.links
     up = [i for i in range(len(L)) if V[L.src[i]] == "leaf0.0" and V[L.dst[i]].startswith("spine")]
     assert len(up) == 20 and set(L.bw[up].tolist()) == {25e9}
@@ -170,8 +180,29 @@ def test_networkx_graph_matches_table():
     e = g.edges["n0.gpu0", "n0.nvs"]
     assert (e["bw"], e["kind"]) == (300e9, "nvlink") and e["id"] == c.route(0, 1)[0]
     assert g.nodes["n1.nic3"] == {"kind": "nic", "node": 1}
-    assert g.nodes["spine0"]["kind"] == "switch"
+    assert g.nodes["spines"]["kind"] == "switch"
     assert nx.is_strongly_connected(g)
+
+
+def test_adaptive_routing_pools_a_leafs_uplinks():
+    """Adaptive routing: every cross-rail flow goes leaf -> the one logical spine layer -> leaf over
+    a pooled uplink of 20 x 25 GB/s, whatever its channel; that uplink can never saturate before
+    the leaf's NICs (2 present x 25 GB/s <= 500 GB/s), so it is never binding. Oversubscribed
+    4:1 with 20 nodes present it can (500 / 4 < 20 x 25 GB/s)."""
+    c = load_cluster("dgx-a100", num_gpus=16)
+    V, L = c.network.vertices, c.links
+    paths = {c.route(0, 9, ch, src_nic=0, dst_nic=1) for ch in range(8)}
+    assert len(paths) == 1
+    p = paths.pop()
+    assert hops(c, p)[3:6] == ["leaf0.0", "spines", "leaf1.0"]
+    assert L.bw[p[3]] == L.bw[p[4]] == 20 * 25e9
+    assert sum(L.latency[list(p)]) == pytest.approx(4.0e-6)  # 8 cables of 0.5 us, as with ECMP
+    pooled = {i for i in range(len(L)) if "spines" in (V[L.src[i]], V[L.dst[i]])}
+    assert len(pooled) == 2 * 8 and c.network.never_binding == pooled
+    over = a100("adaptive")
+    over["fabric"]["oversubscription"] = 4.0
+    assert not load_cluster(over, num_gpus=160).network.never_binding
+    assert load_cluster(a100("ecmp"), num_gpus=16).network.never_binding == frozenset()
 
 
 def test_gpus_sharing_a_nic_share_its_links():

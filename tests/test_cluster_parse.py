@@ -46,6 +46,9 @@ def test_value_errors():
     with pytest.raises(TopologyError, match=r"fabric.kind: unknown 'torus'; valid: \['rail_optimized', "
                                             r"'leaf_spine', 'explicit', 'none'\]"):
         parse_spec(tiny(fabric={"kind": "torus"}))
+    with pytest.raises(TopologyError, match=r"fabric.routing: unknown 'random'; valid: \['ecmp', 'adaptive'\]"):
+        parse_spec(tiny(fabric={"kind": "rail_optimized", "routing": "random"}))
+    assert parse_spec(tiny(fabric={"kind": "leaf_spine", "routing": "adaptive"})).fabric.routing == "adaptive"
     spec = tiny()
     spec["node_types"]["box"]["nics"] = {"count": 3, "bw_Gbps": 100}
     with pytest.raises(TopologyError, match="3 NICs cannot split 2 GPUs evenly"):

@@ -160,8 +160,8 @@ def test_preset_view_dgx_a100_inventory():
     assert [g.pcie_switch for g in v.gpus[:8]] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert v.nodes[1].fabric.cpu_vendor == "amd" and not v.nodes[1].fabric.nvls
     # per node: 8 GPU-NVSwitch + 4 switch-CPU + 8 GPU-switch + 8 NIC-switch + 1 CPU-CPU cables;
-    # 16 NIC-leaf cables; 8 rail leaves x 20 spines (nodes_per_leaf); both directions each.
-    assert len(v.links) == 2 * (2 * (8 + 4 + 8 + 8 + 1) + 16 + 8 * 20)
+    # 16 NIC-leaf cables; 8 rail leaves x one pooled uplink (adaptive routing); both directions each.
+    assert len(v.links) == 2 * (2 * (8 + 4 + 8 + 8 + 1) + 16 + 8)
 
 
 def test_preset_view_nccl_bandwidths_of_dgx_a100_links():

@@ -325,3 +325,21 @@ def test_big_groups_run_fluid_after_their_first_materialization(monkeypatch):
     assert out[True].keys() == out[False].keys() == {"ab0", "c0", "ab1", "c1"}
     for k in out[True]:
         np.testing.assert_allclose(out[True][k], out[False][k], rtol=1e-12)
+
+
+def test_a_pooled_uplink_that_cannot_saturate_changes_no_time():
+    """Links 0-3: four NICs up (1 GB/s each), 4-7: four NICs down, 8: a leaf's pooled uplink of
+    4 GB/s that every flow also crosses. The NICs cannot send more than 4 GB/s together, so the pool
+    never limits anyone: leaving it out of the paths (what ``Network.never_binding`` allows) gives
+    the same completion times. Hand check: flows 0->4 and 1->4 share NIC-down 4 (0.5 GB/s each,
+    2 GB each -> 4 s), flow 2->5 runs alone at 1 GB/s (3 GB -> 3 s)."""
+    rng = np.random.default_rng(7)
+    cap = [1e9] * 8 + [4e9]
+    flows = [(0, 4, 2e9), (1, 4, 2e9), (2, 5, 3e9)] + [
+        (int(rng.integers(4)), 4 + int(rng.integers(4)), float(rng.uniform(1e8, 3e9))) for _ in range(20)]
+    with_pool = run_all(FluidNetwork(cap), [(i, one((a, 8, b), n)) for i, (a, b, n) in enumerate(flows[:3])])
+    assert with_pool == {0: pytest.approx(4.0), 1: pytest.approx(4.0), 2: pytest.approx(3.0)}
+    for solo in (True, False):
+        a = run_all(FluidNetwork(cap, solo=solo), [(i, one((x, 8, y), n)) for i, (x, y, n) in enumerate(flows)])
+        b = run_all(FluidNetwork(cap, solo=solo), [(i, one((x, y), n)) for i, (x, y, n) in enumerate(flows)])
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-12) for k in a)

@@ -85,6 +85,12 @@ def test_cluster_built_from_words():
     assert node["nics"] == {"count": 4, "bw_Gbps": 200.0} and node["pcie"] == {"gen": 4}
     assert node["nvlink"]["lanes"] == 12
     assert load_cluster(spec, num_gpus=16).num_gpus == 16
+    # "IB": InfiniBand, whose fabrics route adaptively; the node built from words says so.
+    assert spec["fabric"]["routing"] == "adaptive" and "fabric routing adaptive (InfiniBand in the inter-node text)" in notes
+    spec, _, notes = cluster_for({**hw, "inter_node": "RoCE 200 Gb/s x 4"}, 16)
+    assert spec["fabric"]["routing"] == "ecmp"
+    spec, _, _ = cluster_for({**hw, "system": "DGX A100", "inter_node": "RoCE 200 Gb/s x 8"}, 16)
+    assert spec["fabric"]["routing"] == "ecmp"  # a RoCE case on DGX nodes is not the preset's IB fabric
 
 
 def test_partial_node_job():

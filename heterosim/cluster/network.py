@@ -16,7 +16,17 @@ Routing (:meth:`Network.route`):
   for this channel -> destination GPU; the fabric part is the fewest-hop path;
 - ECMP: when several paths tie, the one at index ``crc32("src>dst#channel") % count`` of the
   sorted list is taken, so routes are deterministic and spread over channels (like a switch hashing
-  a flow's 5-tuple; real hashes differ, so collisions are plausible, not reproduced).
+  a flow's 5-tuple; real hashes differ, so collisions are plausible, not reproduced);
+- adaptive routing (``fabric.routing: adaptive``, two-tier fabrics): the switches spread every
+  flow's packets over all spines by load, so the spine layer is one logical switch ``spines`` and a
+  leaf's uplinks one cable of their summed capacity each way. NB: this is ideal load balancing; it
+  ignores AR's per-packet granularity and reordering cost. InfiniBand uses it by default (OpenSM's
+  ``ar_updn`` routing engine enables AR, "InfiniBand Cluster Bring-up Procedure"; NCCL's
+  ``net_ib.cc`` sets ``ar = 1`` on IB link layers, ``NCCL_IB_ADAPTIVE_ROUTING``);
+- :attr:`Network.never_binding`: links that can never limit a flow. A leaf's pooled uplink in a
+  fabric that is not oversubscribed carries at most what the NICs under the leaf send, which is at
+  most its capacity, so max-min rates are the same with or without it in a path; the replay
+  leaves these links out of link sharing (their latency stays in the route).
 
 Building is structural (templates per node type, replicated with offsets), so a 16,384-GPU
 cluster builds in well under a second; the networkx graph is built only when asked for.
@@ -222,6 +232,8 @@ class Network:
         self.fabric = fabric
         self._names = names
         self._fab = _FabricBuilder(self, fabric, int(self.link_base[-1]))
+        self.never_binding: frozenset[int] = frozenset(self._fab.never_binding)
+        """Link ids that can never be the bottleneck of any flow (see the module docstring)."""
         names += self._fab.names
         src.append(np.asarray(self._fab.src, dtype=np.int64))
         dst.append(np.asarray(self._fab.dst, dtype=np.int64))
@@ -350,6 +362,7 @@ class _FabricBuilder:
         self._vbase = int(net.vertex_base[-1])
         self.up: dict[int, int] = {}  # NIC vertex -> link id NIC->switch
         self.leaf_of: dict[int, int] = {}  # NIC vertex -> leaf index
+        self.never_binding: list[int] = []
         self._cache: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         nics = sorted(net.nic_vertex.items(), key=lambda kv: kv[1])
         if net.num_nodes > 1 and f.kind == "none":
@@ -405,19 +418,25 @@ class _FabricBuilder:
                 self.leaf_of[v] = i
         self.nspines = 0
         if len(self.leaves) > 1:
-            self.nspines = f.spines or f.nodes_per_leaf
-            spine_v = [self._vertex(f"spine{s}") for s in range(self.nspines)]
+            adaptive = f.routing == "adaptive"
+            self.nspines = 1 if adaptive else (f.spines or f.nodes_per_leaf)
+            spine_v = ([self._vertex("spines")] if adaptive else
+                       [self._vertex(f"spine{s}") for s in range(self.nspines)])
             self.spine_base = self.base + len(self.src)
             for i, key in enumerate(self.leaves):
                 # NB: a leaf is built for nodes_per_leaf nodes whether or not all are present:
                 # uplink capacity = nodes_per_leaf x (the fastest attached node's NIC bandwidth
                 # on this leaf) / oversubscription, split evenly over the spines (one port per
-                # spine in a non-blocking pod). A two-tier Clos; larger fabrics add a core tier,
-                # not modelled.
+                # spine in a non-blocking pod), or pooled in one cable under adaptive routing.
+                # A two-tier Clos; larger fabrics add a core tier, not modelled.
                 design = f.nodes_per_leaf * max(per_node[key].values())
                 up_bw = design / (f.oversubscription * self.nspines)
                 for s in range(self.nspines):
-                    self._cable(leaf_v[i], spine_v[s], up_bw, f.latency)
+                    lid = self._cable(leaf_v[i], spine_v[s], up_bw, f.latency)
+                    # The NICs under this leaf send at most sum(their rates) <= design; a pooled
+                    # uplink of at least that much never saturates before they do.
+                    if adaptive and up_bw >= sum(per_node[key].values()):
+                        self.never_binding += [lid, lid + 1]
 
     def _build_explicit(self, nics: list[tuple[tuple[int, int], int]]) -> None:
         import networkx as nx

@@ -23,6 +23,7 @@ from heterosim.cluster.spec import (
     DEFAULT_LATENCY_US,
     DISPATCH_CLASSES,
     FABRIC_KINDS,
+    ROUTINGS,
     GB,
     SCHEMA_VERSION,
     US,
@@ -325,7 +326,7 @@ def _parse_fabric(raw: Any) -> Fabric:
     if raw is None:
         return Fabric(kind="none")
     kind = _keys(raw, "fabric", ("kind",), ("nodes_per_leaf", "spines", "oversubscription",
-                                            "latency_us", "sharp", "switches", "edges"))["kind"]
+                                            "latency_us", "sharp", "routing", "switches", "edges"))["kind"]
     if kind not in FABRIC_KINDS:
         raise TopologyError(f"fabric.kind: unknown {kind!r}; valid: {list(FABRIC_KINDS)}")
     if kind == "none":
@@ -348,15 +349,18 @@ def _parse_fabric(raw: Any) -> Fabric:
         return Fabric(kind="explicit", latency=lat, switches=sw, edges=tuple(edges),
                       sharp=_bool(d.get("sharp", False), "fabric.sharp"))
     d = _keys(raw, "fabric", ("kind",), ("nodes_per_leaf", "spines", "oversubscription",
-                                         "latency_us", "sharp"))
+                                         "latency_us", "sharp", "routing"))
     spines = d.get("spines")
+    routing = d.get("routing", "ecmp")
+    if routing not in ROUTINGS:
+        raise TopologyError(f"fabric.routing: unknown {routing!r}; valid: {list(ROUTINGS)}")
     return Fabric(
         kind=kind, nodes_per_leaf=_int(d.get("nodes_per_leaf", 32), "fabric.nodes_per_leaf", hi=MAX_RADIX),
         spines=None if spines is None else _int(spines, "fabric.spines", hi=MAX_RADIX),
         oversubscription=_num(d.get("oversubscription", 1.0), "fabric.oversubscription"),
         latency=_num(d.get("latency_us", DEFAULT_LATENCY_US["net"]), "fabric.latency_us",
                      positive=False) * US,
-        sharp=_bool(d.get("sharp", False), "fabric.sharp"))
+        sharp=_bool(d.get("sharp", False), "fabric.sharp"), routing=routing)
 
 
 def parse_spec(raw: Mapping[str, Any]) -> ClusterSpec:

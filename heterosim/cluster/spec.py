@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "INTRA_KINDS",
     "FABRIC_KINDS",
+    "ROUTINGS",
     "DEFAULT_LATENCY_US",
     "DISPATCH_CLASSES",
     "CUDA_LAUNCH_US",
@@ -55,6 +56,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 INTRA_KINDS: tuple[str, ...] = ("nvswitch", "nvlink_mesh", "pcie")
 FABRIC_KINDS: tuple[str, ...] = ("rail_optimized", "leaf_spine", "explicit", "none")
+ROUTINGS: tuple[str, ...] = ("ecmp", "adaptive")
+"""How a two-tier fabric spreads flows over its spines (:class:`Fabric`, ``routing``)."""
 
 # Per-hop link latencies used when the YAML gives none. NB: NCCL's cost model charges a latency per
 # algorithm step by path type (src/graph/tuning.cc hwLatencies, Ring/LL: NVLINK 0.6 us, PCI 1.0 us,
@@ -264,6 +267,11 @@ class Fabric:
     """Per cable (NIC-leaf, leaf-spine), s."""
     sharp: bool = False
     """Switches reduce in the network (InfiniBand SHARP with NCCL's CollNet plugin)."""
+    routing: Literal["ecmp", "adaptive"] = "ecmp"
+    """Two-tier fabrics: ``ecmp`` hashes each flow onto one spine (Ethernet / RoCE switches by
+    default); ``adaptive`` spreads every flow over all spines by load (InfiniBand adaptive
+    routing: on by default in OpenSM and used by NCCL on IB links), so a leaf's uplinks act as one
+    pool (:mod:`heterosim.cluster.network`)."""
     switches: tuple[str, ...] = ()
     edges: tuple[FabricEdge, ...] = ()
 
@@ -365,4 +373,6 @@ def _fabric_dict(f: Fabric) -> dict[str, Any]:
     if f.spines is not None:
         out["spines"] = f.spines
     out.update(oversubscription=f.oversubscription, latency_us=f.latency / US, sharp=f.sharp)
+    if f.routing != "ecmp":
+        out["routing"] = f.routing
     return out

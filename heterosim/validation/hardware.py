@@ -88,6 +88,17 @@ def _nics(text: str) -> tuple[int | None, float | None]:
     return None, None
 
 
+def _routing(text: str) -> str | None:
+    """The fabric routing the inter-node text implies: ``adaptive`` for InfiniBand (its subnet
+    manager enables adaptive routing by default and NCCL uses it on IB links), ``ecmp`` for RoCE /
+    Ethernet; None when the text names neither."""
+    if re.search(r"\b(roce|ethernet|gbe|tcp)\b", text, re.I):
+        return "ecmp"
+    if re.search(r"\b(infiniband|ib|edr|hdr|ndr|xdr)\b", text, re.I):
+        return "adaptive"
+    return None
+
+
 def _nic_summary(nics: Any) -> tuple[int, float]:
     """(count, Gb/s) of a spec's ``nics`` entry, shorthand or list."""
     if isinstance(nics, Mapping):
@@ -188,6 +199,12 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         n, bw = _nic_summary(node["nics"])
         node["nics"] = {"count": max(1, n * num_gpus // gpn), "bw_Gbps": bw}
         notes.append(f"job uses {num_gpus} of the node's {gpn} GPUs: node modelled with those GPUs only")
+    routing = _routing(inter)
+    if routing and isinstance(d.get("fabric"), dict) and d["fabric"].get("kind") in ("rail_optimized", "leaf_spine"):
+        if d["fabric"].get("routing", "ecmp") != routing:
+            notes.append(f"fabric routing {routing} ({'InfiniBand' if routing == 'adaptive' else 'Ethernet'} "
+                         "in the inter-node text)")
+        d["fabric"] = {**d["fabric"], "routing": routing}
     d["node_types"] = {tname: node}
     d["name"] = "case"
     d["description"] = f"{hardware.get('gpu')}; {intra}; {inter}"
