@@ -27,6 +27,7 @@ from capture import comm as comm_info
 from capture.commrec import CommRecorder, _skey
 from capture.fakecuda import Dispatching
 from capture.hoist import hoist
+from capture.graphs import GraphRecorder
 from capture.hostsync import SCALAR_READ, HostSyncs
 from capture.fakeworld import FakeWorld
 from capture.iterations import IterationClock, StopCapture
@@ -70,7 +71,7 @@ class _Tags:
     gemm_dtype: str | None = None
 
 
-class Recorder(CommRecorder, HostSyncs, TorchDispatchMode, Annotator):
+class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
     def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
@@ -148,6 +149,8 @@ class Recorder(CommRecorder, HostSyncs, TorchDispatchMode, Annotator):
         self.unwaited.pop(key, None)
 
     def _append(self, row: dict) -> int:
+        if self._divert(row):  # inside a CUDA graph capture: kept for its replays (capture/graphs.py)
+            return -1
         if self.in_block is None:
             key = (self.tags.mb, self.tags.chunk)
             if self.seg_key != key:
@@ -305,6 +308,8 @@ class Recorder(CommRecorder, HostSyncs, TorchDispatchMode, Annotator):
         self.paths.install()
         self.streams.activate()
         self.clock.install()
+        self._graphs = self.graphs_installed()
+        self._graphs.__enter__()
         self._sp = None
         try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -328,6 +333,7 @@ class Recorder(CommRecorder, HostSyncs, TorchDispatchMode, Annotator):
         self.paths.uninstall()
         self.streams.deactivate()
         self.clock.uninstall()
+        self._graphs.__exit__(None, None, None)
         if self._sp is not None:
             self._sp[0]._fake_mode_lock = self._sp[1]
         return super().__exit__(*a)

@@ -156,6 +156,17 @@ def test_a_loop_with_item_turns_host_bound_as_the_gpu_gets_faster(speed, item_us
         assert run_reference(w)[0].finish_s == pytest.approx(fast, rel=1e-12)
 
 
+def test_a_graph_replay_costs_one_launch():
+    """10 forward kernels of 1 us, the host issuing an op in 10 us and a graph replay in 5 (nograd):
+    eager they take 10 x 10 + 1 = 101 us (host-bound); replayed as one CUDA graph 5 + 10 x 1 = 15 us."""
+    d = np.full(10, 1 * US)
+    per = {"fwd": 10 * US, "bwd": 0.0, "nograd": 5 * US, "collective": 0.0, "wait": 0.0}
+    eager = dispatch_costs(["compute"] * 10, ["fwd"] * 10, per)
+    graphed = dispatch_costs(["compute"] * 10, ["fwd"] * 10, per, ["graph"] + ["in_graph"] * 9)
+    assert host_bound_durations(d, eager, np.zeros(10, bool)).sum() == pytest.approx(101 * US)
+    assert host_bound_durations(d, graphed, np.zeros(10, bool)).sum() == pytest.approx(15 * US)
+
+
 def test_cluster_file_states_dispatch_per_node_type():
     """cpu.dispatch_us: a number for all classes or a per-class map; missing classes default; it
     round-trips through to_dict."""

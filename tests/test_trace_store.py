@@ -40,7 +40,7 @@ def test_v1_trace_loads_without_host_syncs(tmp_path):
         doc = json.loads((tmp_path / "t" / f).read_text())
         doc["schema_version"] = 1
         for bd in doc.get("blocks", {}).values():
-            del bd["columns"]["host_sync"]
+            del bd["columns"]["host_sync"], bd["columns"]["launch"]
         (tmp_path / "t" / f).write_text(json.dumps(doc))
     t = load_trace(tmp_path / "t")
     assert [o.host_sync for o in t.roles[0].ops()] == [False] * 7
@@ -56,6 +56,7 @@ def test_migrate_v1_to_v2_is_pure():
     v1 = {"schema_version": 1, "blocks": {"b0": {"n": 2, "columns": {"kind": ["compute", "wait"]}}}, "program": []}
     v2 = migrate_v1_to_v2(v1)
     assert v2["schema_version"] == 2 and v2["blocks"]["b0"]["columns"]["host_sync"] == [False, False]
+    assert v2["blocks"]["b0"]["columns"]["launch"] == ["eager", "eager"]
     assert "host_sync" not in v1["blocks"]["b0"]["columns"] and v1["schema_version"] == 1
 
 
@@ -65,6 +66,16 @@ def test_host_sync_must_be_a_bool(tmp_path):
     t.roles[0].blocks["b0"].columns["host_sync"][0] = 1
     write_trace(t, tmp_path / "t")
     with pytest.raises(TraceSchemaError, match="column 'host_sync' holds a value that is not a bool"):
+        load_trace(tmp_path / "t")
+
+
+def test_only_compute_ops_join_a_graph(tmp_path):
+    """launch is eager / graph / in_graph, and only compute ops may be part of a CUDA-graph replay."""
+    t = _trace()
+    t.roles[0].blocks["b0"].columns["launch"][1] = "graph"  # op 1 is a collective
+    write_trace(t, tmp_path / "t")
+    with pytest.raises(TraceSchemaError, match=r"op 1 \(collective\) has launch 'graph'; valid: \('eager', 'graph', "
+                                               r"'in_graph'\) \(compute ops only may be part of a CUDA graph\)"):
         load_trace(tmp_path / "t")
 
 

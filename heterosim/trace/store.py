@@ -19,6 +19,7 @@ from heterosim.atomic import atomic_dir, check_dir_output
 from heterosim.errors import TraceSchemaError
 from heterosim.trace.ir import (
     COLUMNS,
+    LAUNCHES,
     OP_KINDS,
     PHASES,
     SCHEMA_VERSION,
@@ -38,16 +39,18 @@ __all__ = ["load_trace", "write_trace", "is_trace_dir", "check_trace_output", "M
 
 def migrate_v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
     """A v1 role file as v2: every block gains the ``host_sync`` column, False for every op (v1
-    capture recorded no host syncs; ``.item()`` failed under it). Blocks that are not well-formed
-    are left as they are for the loader to reject."""
+    capture recorded no host syncs; ``.item()`` failed under it), and the ``launch`` column,
+    ``eager`` for every op (v1 did not capture CUDA graphs). Blocks that are not well-formed are
+    left as they are for the loader to reject."""
     blocks = body.get("blocks")
     out = {**body, "schema_version": 2}
     if isinstance(blocks, dict):
         new = {}
         for b, bd in blocks.items():
             cols = bd.get("columns") if isinstance(bd, dict) else None
-            if isinstance(cols, dict) and "host_sync" not in cols and isinstance(cols.get("kind"), list):
-                bd = {**bd, "columns": {**cols, "host_sync": [False] * len(cols["kind"])}}
+            if isinstance(cols, dict) and isinstance(cols.get("kind"), list):
+                n = len(cols["kind"])
+                bd = {**bd, "columns": {"host_sync": [False] * n, "launch": ["eager"] * n, **cols}}
             new[b] = bd
         out["blocks"] = new
     return out
@@ -83,6 +86,9 @@ def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
             raise TraceSchemaError(
                 f"{where}: op {i} has collective {cols['collective'][i]!r}; valid: {COLLECTIVES}"
             )
+        if cols["launch"][i] not in LAUNCHES or (k != "compute" and cols["launch"][i] != "eager"):
+            raise TraceSchemaError(f"{where}: op {i} ({k}) has launch {cols['launch'][i]!r}; valid: {LAUNCHES} "
+                                   "(compute ops only may be part of a CUDA graph)")
         if k == "wait" and cols["target"][i] <= 0:
             raise TraceSchemaError(f"{where}: wait op {i} has no target (distance {cols['target'][i]})")
 
