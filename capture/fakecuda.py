@@ -25,8 +25,11 @@ a device thread through CUDA's device guard). What the script sees is a CUDA dev
 - ``t.cpu()`` / ``t.to("cpu")`` (the string) return the tensor itself (it is on the CPU already) and report a
   copy to the host to :attr:`FakeCuda.on_host_copy` (a host sync, :mod:`capture.hostsync`).
 
-Known limitations: ``torch.Generator(device="cuda")``, CUDA graphs, ``torch.cuda.*Tensor``
-types and custom CUDA extensions are not faked. A tensor copied to the host still reports
+CUDA graphs (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``) are the recorder's
+(:mod:`capture.graphs`).
+
+Known limitations: ``torch.Generator(device="cuda")``, ``torch.cuda.*Tensor`` types and custom
+CUDA extensions are not faked. A tensor copied to the host still reports
 ``cuda`` as its device.
 """
 
