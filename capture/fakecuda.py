@@ -22,8 +22,15 @@ a device thread through CUDA's device guard). What the script sees is a CUDA dev
   data in place (``param.data = new``), as torch does for real tensors; torch itself would swap
   the tensor objects, which fails for FakeTensors held by weak references.
 
-Known limitations: ``torch.Generator(device="cuda")``, CUDA graphs, ``torch.cuda.*Tensor``
-types and custom CUDA extensions are not faked.
+- ``t.cpu()`` / ``t.to("cpu")`` (the string) return the tensor itself (it is on the CPU already) and report a
+  copy to the host to :attr:`FakeCuda.on_host_copy` (a host sync, :mod:`capture.hostsync`).
+
+CUDA graphs (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``) are the recorder's
+(:mod:`capture.graphs`).
+
+Known limitations: ``torch.Generator(device="cuda")``, ``torch.cuda.*Tensor`` types and custom
+CUDA extensions are not faked. A tensor copied to the host still reports
+``cuda`` as its device.
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ from capture.streams import FakeEvent, FakeStream, StreamTracker
 __all__ = ["FakeCuda", "DeviceProperties", "Dispatching"]
 
 _CPU = torch.device("cpu")
+
+
+def _is_cpu(d: Any) -> bool:
+    # NB: the string only: torch's own code moves tensors to device objects it read from tensors,
+    # which are the CPU here (``clip_grad_norm_``'s ``.to(device)``); a script's
+    # ``.to(torch.device("cpu"))`` is therefore not seen as a copy to the host.
+    return isinstance(d, str) and d == "cpu"
 
 
 def _is_cuda(d: Any) -> bool:
@@ -83,7 +97,8 @@ class _DeviceMode(TorchFunctionMode):
         self.fake = fake
         T = torch.Tensor
         self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
-                        T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward"}
+                        T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward",
+                        T.cpu: "to_host"}
 
     def active(self) -> bool:
         """Whether the script's code is running (this mode on the stack), not torch's dispatch."""
@@ -97,6 +112,9 @@ class _DeviceMode(TorchFunctionMode):
                 return args[0]
             if special == "backward":
                 return self._backward(func, args, kwargs)
+            if special == "to_host":
+                self._to_host(args[0], kwargs.get("non_blocking", False))
+                return func(*args, **kwargs)
             t = args[0]
             if not isinstance(t, FakeTensor) or t.fake_device.type != "cpu":
                 return func(*args)  # real tensors (DeviceMesh's rank map) and meta ones say what they are
@@ -104,10 +122,17 @@ class _DeviceMode(TorchFunctionMode):
         dev = kwargs.get("device")
         if dev is not None and (_is_cuda(dev) or isinstance(dev, int)):
             kwargs = {**kwargs, "device": _CPU}
+        if func is torch.Tensor.to and (_is_cpu(kwargs.get("device")) or any(_is_cpu(a) for a in args[1:3])):
+            self._to_host(args[0], kwargs.get("non_blocking", False))
         if len(args) > 1 and any(_is_cuda(a) for a in args[1:3]):
             args = tuple(_CPU if i and _is_cuda(a) else a for i, a in enumerate(args))
         return func(*args, **kwargs)
 
+    def _to_host(self, t: Any, non_blocking: bool) -> None:
+        """``t.cpu()`` / ``t.to("cpu")`` of a tensor the script sees on the GPU: a copy to the host,
+        reported to :attr:`FakeCuda.on_host_copy` (the tensor itself is already on the CPU)."""
+        if isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and self.fake.on_host_copy is not None:
+            self.fake.on_host_copy(t, bool(non_blocking))
 
     def _backward(self, func: Any, args: Any, kwargs: dict) -> None:
         # A mode is off the stack while its handler runs, so ``backward()`` would run hooks and
@@ -196,6 +221,8 @@ class FakeCuda:
         self.props = DeviceProperties(gpu)
         self._saved: list[tuple[Any, str, Any, bool]] = []
         self._mode: _DeviceMode | None = None
+        self.on_host_copy: Callable[[torch.Tensor, bool], None] | None = None
+        """Called with (tensor, non_blocking) for a copy to the host (``capture/hostsync.py``)."""
 
     # ---- torch.cuda answers ----------------------------------------------------------------------
     def _index(self, d: Any = None) -> int:
@@ -234,7 +261,7 @@ class FakeCuda:
 
     def synchronize(self, device: Any = None) -> None:
         """The host waits for the whole device: every communication op not yet waited for."""
-        self.streams.host_wait(self.streams.outstanding())
+        self.streams.host_sync(self.streams.outstanding())
 
     def memory_stats(self, device: Any = None) -> dict[str, int]:
         return {"allocated_bytes.all.current": self.mem.allocated, "allocated_bytes.all.peak": self.mem.peak,

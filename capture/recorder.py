@@ -27,6 +27,8 @@ from capture import comm as comm_info
 from capture.commrec import CommRecorder, _skey
 from capture.fakecuda import Dispatching
 from capture.hoist import hoist
+from capture.graphs import GraphRecorder
+from capture.hostsync import SCALAR_READ, HostSyncs
 from capture.fakeworld import FakeWorld
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
@@ -48,7 +50,7 @@ _ALLOC = {
     aten.new_empty.default,
     aten.new_empty_strided.default,
 }
-_SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
+_SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default}
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
@@ -69,7 +71,7 @@ class _Tags:
     gemm_dtype: str | None = None
 
 
-class Recorder(CommRecorder, TorchDispatchMode, Annotator):
+class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
     def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
@@ -89,7 +91,7 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         self.suppress = 0
         self.iterations_seen = 0
         self.paths = ModulePaths()
-        self.streams = StreamTracker(self._emit_wait, lambda: self.next_id)
+        self.streams = StreamTracker(self._emit_wait, lambda: self.next_id, self.host_synced)
         self._reset_iteration()
         # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
         # the block being recorded (``block_mem``) or between segments (``gaps``).
@@ -147,6 +149,8 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         self.unwaited.pop(key, None)
 
     def _append(self, row: dict) -> int:
+        if self._divert(row):  # inside a CUDA graph capture: kept for its replays (capture/graphs.py)
+            return -1
         if self.in_block is None:
             key = (self.tags.mb, self.tags.chunk)
             if self.seg_key != key:
@@ -162,6 +166,7 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
                 self.batch_first = oid
             elif row["kind"] in ("p2p", "collective"):
                 row["coalesced"] = oid - self.batch_first
+        self._take_sync(row)
         if row["kind"] != "wait" and self.in_block is None:
             after = self.streams.side_after(oid)
             if after is not None:
@@ -303,6 +308,8 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         self.paths.install()
         self.streams.activate()
         self.clock.install()
+        self._graphs = self.graphs_installed()
+        self._graphs.__enter__()
         self._sp = None
         try:  # DTensor sharding propagation runs shadow ops on global shapes: do not record them.
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
@@ -326,6 +333,7 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         self.paths.uninstall()
         self.streams.deactivate()
         self.clock.uninstall()
+        self._graphs.__exit__(None, None, None)
         if self._sp is not None:
             self._sp[0]._fake_mode_lock = self._sp[1]
         return super().__exit__(*a)
@@ -339,14 +347,17 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
             Dispatching.depth -= 1
 
     def _dispatch(self, func: Any, types: Any, args: Any, kwargs: dict) -> Any:
-        if self.suppress:
+        if self.suppress or self.clock.stopped:  # bookkeeping; the script's cleanup after --iterations
+            if func is SCALAR_READ:
+                return self.read_scalar(args[0], record=False)
             out = func(*args, **kwargs)
-            self.mem.note(out, OTHER, counted=False)
+            if self.suppress:
+                self.mem.note(out, OTHER, counted=False)
             return out
-        if self.clock.stopped:  # the script's own cleanup after --iterations stopped it
-            return func(*args, **kwargs)
         if self.clock.step_ended and self.in_block is None and self.clock.step_boundary_due():
             self._step_boundary()
+        if func is SCALAR_READ:  # .item(): no data to read back; a placeholder (capture/hostsync.py)
+            return self.read_scalar(args[0], record=True)
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):

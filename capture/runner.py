@@ -157,6 +157,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     world.install()
     recorder = Recorder(world, stop_after=iterations)
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
+    cuda.on_host_copy = recorder.host_copy
     cuda.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr

@@ -62,7 +62,7 @@ class FakeStream:
         return event
 
     def synchronize(self) -> None:
-        self._tracker.host_wait(self._tracker.pending_of(self))
+        self._tracker.host_sync(self._tracker.pending_of(self))
 
     def query(self) -> bool:
         return True
@@ -117,7 +117,7 @@ class FakeEvent:
             tracker.follow(stream, self._after)
 
     def synchronize(self) -> None:
-        _active().host_wait(self.targets)
+        _active().host_sync(self.targets)
 
     def query(self) -> bool:
         return True
@@ -141,8 +141,11 @@ class StreamTracker:
     ``emit(target)`` records a ``wait`` op of the compute stream on communication op ``target``.
     """
 
-    def __init__(self, emit: Callable[[int], None], position: Callable[[], int]) -> None:
+    def __init__(self, emit: Callable[[int], None], position: Callable[[], int],
+                 on_host_sync: Callable[[], None] | None = None) -> None:
         self.emit = emit
+        self.on_host_sync = on_host_sync
+        """Called when the host waits for the device (a ``synchronize``): the recorder marks a host sync."""
         self.position = position
         self._all: list[FakeStream] = []
         self._streams = 0
@@ -221,6 +224,15 @@ class StreamTracker:
         after = tuple(sorted(a for a in s.after | {s.last} if a >= 0))
         s.after, s.last = set(), op
         return after
+
+    def host_sync(self, targets: Any) -> None:
+        """The host waits (``synchronize``): the compute stream waits for ``targets``, and the op
+        issued next is a host sync (``capture/hostsync.py``). NB: ``Event.synchronize`` and
+        ``Stream.synchronize`` are taken as waiting for the whole compute stream, not only the
+        work before the event or on that stream."""
+        self.host_wait(targets)
+        if self.on_host_sync is not None:
+            self.on_host_sync()
 
     def host_wait(self, targets: Any) -> None:
         """The compute stream waits for every op of ``targets`` (once each)."""

@@ -67,11 +67,13 @@ def test_unknown_gpu_is_one_clear_error(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
-def test_reading_a_value_says_why_and_how_to_skip_it(tmp_path):
+def test_a_data_dependent_shape_says_why_and_how_to_skip_it(tmp_path):
+    """.item() runs under capture (capture/hostsync.py); an output shape that depends on data does not."""
     script = tmp_path / "item.py"
     script.write_text("import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
-                      "print(torch.randn(4, device='cuda').sum().item())\n")
+                      "print(torch.randn(4, device='cuda').sum().item())\n"
+                      "print(torch.randn(4, device='cuda').nonzero())\n")
     p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(tmp_path / "t"), str(script)],
                        capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 1 and "raised DataDependentOutputException as rank 0" in p.stderr
+    assert p.returncode == 1 and "raised DynamicOutputShapeException as rank 0" in p.stderr
     assert p.stderr.rstrip().endswith("`if not heterosim.annotate.get_annotator().active: print(loss.item())`.")

@@ -10,7 +10,8 @@ from heterosim.cluster.parse import parse_spec
 from heterosim.cluster.spec import DEFAULT_DISPATCH_US, HostDispatch
 from heterosim.errors import ConfigError, ReplayError, TopologyError
 from replay.engine import run_fast
-from replay.host import dispatch_by_gpu_type, dispatch_costs, host_bound_durations, sync_flags, with_host
+from replay.host import (LAUNCH_QUEUE_DEPTH, block_host, dispatch_by_gpu_type, dispatch_costs,
+                         host_bound_durations, role_leads, sync_flags, with_host)
 from replay.reference import run_reference
 from tests.cluster_specs import tiny
 from tests.test_replay_engine import comp, make_trace, toy_workload
@@ -66,31 +67,104 @@ def test_classes_and_sync_names():
     got = dispatch_costs(["compute", "compute", "compute", "compute", "collective", "p2p", "wait"],
                          ["fwd", "recompute", "bwd", "optimizer", "grad_sync", "fwd", "fwd"], per)
     assert got.tolist() == [1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 5.0]
-    assert sync_flags(["aten._local_scalar_dense.default", "aten.nonzero.default", "aten.mm.default"]).tolist() \
-        == [True, True, False]
+    assert sync_flags({"host_sync": [False, True, False]}).tolist() == [False, True, False]
+    graph = dispatch_costs(["compute"] * 3, ["fwd"] * 3, per, ["graph", "in_graph", "eager"])
+    assert graph.tolist() == [3.0, 0.0, 1.0]  # a graph replay: one nograd launch for its kernels
 
 
-def _chain_trace(n: int):
-    return make_trace(1, {}, [((0,), {"f": [comp(1e6) for _ in range(n)]}, [("f", 0), ("f", 1)])])
+def test_a_block_entered_with_a_lead():
+    """The CPU 25 us ahead: two 10 us kernels dispatched at 30 us each run at 5..15 and 35..45."""
+    d = np.array([10, 10]) * US
+    eff = host_bound_durations(d, np.full(2, 30 * US), np.zeros(2, bool), lead_s=25 * US)
+    assert eff == pytest.approx([15 * US, 30 * US])
+    # a sync on the first op: the CPU waits for the GPU, the lead is gone
+    synced = host_bound_durations(d, np.full(2, 30 * US), np.array([True, False]), lead_s=25 * US)
+    assert synced == pytest.approx([40 * US, 30 * US])
 
 
-@pytest.mark.parametrize("speed,expect_us", [
-    # GPU op = 1e6 FLOP / speed. Per block of 10 ops with c = 10 us: GPU-bound when d >= c:
-    # block = c + 10 d (only the first dispatch shows); host-bound when d < c: block = 10 c + d.
-    (1e10, 2 * (10 + 10 * 100)),  # d = 100 us: GPU-bound, 2020 us
-    (1e11, 2 * (10 + 10 * 10)),  # d = 10 us: the turning point, 220 us
-    (1e12, 2 * (10 * 10 + 1)),  # d = 1 us: host-bound, 202 us
-    (1e13, 2 * (10 * 10 + 0.1)),  # d = 0.1 us: host-bound, 200.2 us: a faster GPU buys nothing
+def test_block_summary_gives_the_scan_s_exit_lead():
+    """exit(L) = D - C + max(L, M) without syncs; with one, what the block leaves after it."""
+    d = np.array([10, 10, 0, 50]) * US
+    c = np.array([4, 4, 20, 4]) * US
+    m = np.array([True, True, False, True])
+    h = block_host(d, c, np.zeros(4, bool), m)
+    # M = max(4, 8 - 10, 32 - 20) = 12 us (the last kernel, issued at 32, has 20 us of GPU work before it)
+    assert h.deficit_s == pytest.approx(12 * US) and h.drift_s == pytest.approx((70 - 32) * US)
+    for lead in (0.0, 5 * US, 40 * US):
+        eff = host_bound_durations(d, c, np.zeros(4, bool), m, lead_s=lead)
+        # the block's end minus the CPU's time after its last op, from the durations themselves
+        assert h.exit_lead(lead) == pytest.approx(eff.sum() - (c.sum() - lead))
+    s = block_host(d, c, np.array([False, False, True, False]), m)
+    assert s.synced_exit_s is not None and s.exit_lead(1.0) == s.exit_lead(0.0)
+
+
+def test_the_lead_is_carried_across_blocks_and_capped_by_the_queue():
+    """a: 1000 kernels of 100 us issued at 10 us each (D - C = 90000 us, M = 10 us); b: 100 kernels
+    of 1 us issued at 10 us (D - C = -900 us; M = 1000 - 99 = 901 us: host-bound alone).
+
+    The launch queue caps the lead after a at the GPU time of the last 1024 ops (a's 1000, b's last
+    24): 100024 us, after b at b's 100 and a's last 924: 92500 us. Program [a, b] from lead 0:
+    a -> 90010, b -> 89110; a -> min(179110, 100024), b -> min(99124, 92500); then it repeats: b is
+    entered 100024 us ahead (its stall is absorbed), a 92500 us ahead."""
+    d_a, d_b = np.full(1000, 100 * US), np.full(100, 1 * US)
+    blocks = {"a": block_host(d_a, np.full(1000, 10 * US), np.zeros(1000, bool)),
+              "b": block_host(d_b, np.full(100, 10 * US), np.zeros(100, bool))}
+    assert blocks["b"].deficit_s == pytest.approx(901 * US)
+    leads = role_leads(["a", "b"], blocks)
+    assert leads["b"] == pytest.approx(100024 * US) and leads["a"] == pytest.approx(92500 * US)
+    eff = host_bound_durations(d_b, np.full(100, 10 * US), np.zeros(100, bool), lead_s=leads["b"])
+    assert eff == pytest.approx(d_b)  # b's kernels run back to back
+
+
+def test_a_sync_drops_the_lead():
+    """A block whose first op syncs is entered with no lead, however far ahead the CPU was."""
+    d, c = np.full(10, 100 * US), np.full(10, 10 * US)
+    s = np.zeros(10, bool)
+    s[0] = True
+    h = block_host(d, c, s)
+    assert h.exit_lead(0.0) == pytest.approx(910 * US)  # the GPU ends at 10 + 1000, the CPU at 100
+    eff = host_bound_durations(d, c, s, lead_s=h.exit_lead(0.0))
+    assert eff.sum() == pytest.approx(10 * US + 1000 * US)  # the first dispatch shows again
+
+
+def _chain_trace(n: int, item: bool):
+    """Two iterations of one block of ``n`` forward ops; with ``item``, the loop reads the loss back
+    (``loss.item()``) at the end of each iteration, so each block's first op is a host sync."""
+    rows = [{**comp(1e6), "host_sync": item and i == 0} for i in range(n)]
+    return make_trace(1, {}, [((0,), {"f": rows}, [("f", 0), ("f", 1)])])
+
+
+@pytest.mark.parametrize("speed,item_us,free_us", [
+    # GPU op = 1e6 FLOP / speed, d; dispatch c = 10 us; blocks of 10 ops.
+    # With .item() the CPU waits at every block start: the block takes c + 10 d while d >= c
+    # (one dispatch shows), 10 c + d below (the host issues 10 ops, the GPU runs the last).
+    # Without it the CPU runs ahead across blocks and iterations: an iteration takes max(10 d, 10 c).
+    (1e10, 2 * (10 + 10 * 100), 2 * 10 * 100),  # d = 100 us: GPU-bound
+    (1e11, 2 * (10 + 10 * 10), 2 * 10 * 10),  # d = 10 us: the turning point
+    (1e12, 2 * (10 * 10 + 1), 2 * 10 * 10),  # d = 1 us: host-bound
+    (1e13, 2 * (10 * 10 + 0.1), 2 * 10 * 10),  # d = 0.1 us: a faster GPU buys nothing
 ])
-def test_small_model_turns_host_bound_as_the_gpu_gets_faster(speed, expect_us):
-    """Two blocks of 10 forward ops; the host issues each at 10 us (both engines agree)."""
-    trace = _chain_trace(10)
-    w = toy_workload(trace, speed={"A": speed})
-    w.durations = with_host(w.durations, trace, {"A": {"fwd": 10 * US, "bwd": 0.0, "nograd": 0.0,
-                                                       "collective": 0.0, "wait": 0.0}})
-    fast = max(t.finish_s for t in run_fast(w).times)
-    assert fast == pytest.approx(expect_us * US, rel=1e-9)
-    assert run_reference(w)[0].finish_s == pytest.approx(fast, rel=1e-12)
+def test_a_loop_with_item_turns_host_bound_as_the_gpu_gets_faster(speed, item_us, free_us):
+    """Both engines agree with the arithmetic, with and without a .item() per iteration."""
+    for item, expect_us in ((True, item_us), (False, free_us)):
+        trace = _chain_trace(10, item)
+        w = toy_workload(trace, speed={"A": speed})
+        w.durations = with_host(w.durations, trace, {"A": {"fwd": 10 * US, "bwd": 0.0, "nograd": 0.0,
+                                                           "collective": 0.0, "wait": 0.0}})
+        fast = max(t.finish_s for t in run_fast(w).times)
+        assert fast == pytest.approx(expect_us * US, rel=1e-9), item
+        assert run_reference(w)[0].finish_s == pytest.approx(fast, rel=1e-12)
+
+
+def test_a_graph_replay_costs_one_launch():
+    """10 forward kernels of 1 us, the host issuing an op in 10 us and a graph replay in 5 (nograd):
+    eager they take 10 x 10 + 1 = 101 us (host-bound); replayed as one CUDA graph 5 + 10 x 1 = 15 us."""
+    d = np.full(10, 1 * US)
+    per = {"fwd": 10 * US, "bwd": 0.0, "nograd": 5 * US, "collective": 0.0, "wait": 0.0}
+    eager = dispatch_costs(["compute"] * 10, ["fwd"] * 10, per)
+    graphed = dispatch_costs(["compute"] * 10, ["fwd"] * 10, per, ["graph"] + ["in_graph"] * 9)
+    assert host_bound_durations(d, eager, np.zeros(10, bool)).sum() == pytest.approx(101 * US)
+    assert host_bound_durations(d, graphed, np.zeros(10, bool)).sum() == pytest.approx(15 * US)
 
 
 def test_cluster_file_states_dispatch_per_node_type():
@@ -139,22 +213,28 @@ def _one_gpu(name: str, bf16_TFLOPs: float) -> dict:
 
 
 def test_simulate_reads_the_host_from_the_cluster_file():
-    """10 GEMMs of 1 GFLOP on a 50 TFLOP/s accelerator (GPU-bound: 20 us + 10 d) and on a 5000 TFLOP/s
-    one (host-bound: 10 x 20 us + d), d the op's price on that accelerator; host=False gives 10 d."""
+    """10 GEMMs of 1 GFLOP per iteration, the loop reading a value back at its end (the first op is
+    a host sync), on a 50 TFLOP/s accelerator (GPU-bound: 20 us + 10 d) and on a 5000 TFLOP/s one
+    (host-bound: 10 x 20 us + d), d the op's price on that accelerator; host=False gives 10 d.
+    Without the read back the CPU runs ahead across iterations: max(10 d, 10 x 20 us)."""
     from heterosim.trace.ir import Op
     from kernel_db import Pricer
     from replay.simulate import simulate
 
-    trace = make_trace(1, {}, [((0,), {"f": [comp(1e9) for _ in range(10)]}, [("f", 0)])])
     got = {}
-    for name, peak in (("ACME-SLOW", 50.0), ("ACME-FAST", 5000.0)):
-        spec = _one_gpu(name, peak)
-        c = load_cluster(spec, num_gpus=1)
-        d = Pricer(None, c.catalogue).price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm",
-                                               phase="fwd", flops=1e9, flops_full=1e9, dtype="bf16"), name).seconds
-        r = simulate(trace, spec, overlap_slowdown=0.0)
-        got[name] = (d, r.iteration_time_s, simulate(trace, spec, host=False).iteration_time_s)
-    d, t, off = got["ACME-SLOW"]
+    for item in (True, False):
+        rows = [{**comp(1e9), "host_sync": item and i == 0} for i in range(10)]
+        trace = make_trace(1, {}, [((0,), {"f": rows}, [("f", 0)])])
+        for name, peak in (("ACME-SLOW", 50.0), ("ACME-FAST", 5000.0)):
+            spec = _one_gpu(name, peak)
+            c = load_cluster(spec, num_gpus=1)
+            d = Pricer(None, c.catalogue).price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm",
+                                                   phase="fwd", flops=1e9, flops_full=1e9, dtype="bf16"), name).seconds
+            r = simulate(trace, spec, overlap_slowdown=0.0)
+            got[name, item] = (d, r.iteration_time_s, simulate(trace, spec, host=False).iteration_time_s)
+    d, t, off = got["ACME-SLOW", True]
     assert d > 20 * US and t == pytest.approx(20 * US + 10 * d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
-    d, t, off = got["ACME-FAST"]
+    assert got["ACME-SLOW", False][1] == pytest.approx(10 * d, rel=1e-9)
+    d, t, off = got["ACME-FAST", True]
     assert d < 20 * US and t == pytest.approx(10 * 20 * US + d, rel=1e-9) and off == pytest.approx(10 * d, rel=1e-9)
+    assert got["ACME-FAST", False][1] == pytest.approx(10 * 20 * US, rel=1e-9)

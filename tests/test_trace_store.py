@@ -29,7 +29,53 @@ def test_unknown_schema_version_is_rejected(tmp_path):
     h = json.loads((tmp_path / "t" / "trace.json").read_text())
     h["schema_version"] = 99
     (tmp_path / "t" / "trace.json").write_text(json.dumps(h))
-    with pytest.raises(TraceSchemaError, match="schema_version 99; this HeteroSim reads schema_version 1"):
+    with pytest.raises(TraceSchemaError, match="schema_version 99; this HeteroSim reads schema_version 1 and 2"):
+        load_trace(tmp_path / "t")
+
+
+def test_v1_trace_loads_without_host_syncs(tmp_path):
+    """A v1 trace (no host_sync column) loads with host_sync False on every op, and re-writes as v2."""
+    write_trace(_trace(), tmp_path / "t")
+    for f in ("trace.json", "roles/role_0000.json"):
+        doc = json.loads((tmp_path / "t" / f).read_text())
+        doc["schema_version"] = 1
+        for bd in doc.get("blocks", {}).values():
+            del bd["columns"]["host_sync"], bd["columns"]["launch"]
+        (tmp_path / "t" / f).write_text(json.dumps(doc))
+    t = load_trace(tmp_path / "t")
+    assert [o.host_sync for o in t.roles[0].ops()] == [False] * 7
+    write_trace(t, tmp_path / "b")
+    write_trace(_trace(), tmp_path / "c")
+    assert (tmp_path / "b" / "roles/role_0000.json").read_bytes() == (tmp_path / "c" / "roles/role_0000.json").read_bytes()
+
+
+def test_migrate_v1_to_v2_is_pure():
+    """The migration adds one False per op to every block and leaves its input alone."""
+    from heterosim.trace.store import migrate_v1_to_v2
+
+    v1 = {"schema_version": 1, "blocks": {"b0": {"n": 2, "columns": {"kind": ["compute", "wait"]}}}, "program": []}
+    v2 = migrate_v1_to_v2(v1)
+    assert v2["schema_version"] == 2 and v2["blocks"]["b0"]["columns"]["host_sync"] == [False, False]
+    assert v2["blocks"]["b0"]["columns"]["launch"] == ["eager", "eager"]
+    assert "host_sync" not in v1["blocks"]["b0"]["columns"] and v1["schema_version"] == 1
+
+
+def test_host_sync_must_be_a_bool(tmp_path):
+    """host_sync holds JSON true / false; a number is a schema error naming the column."""
+    t = _trace()
+    t.roles[0].blocks["b0"].columns["host_sync"][0] = 1
+    write_trace(t, tmp_path / "t")
+    with pytest.raises(TraceSchemaError, match="column 'host_sync' holds a value that is not a bool"):
+        load_trace(tmp_path / "t")
+
+
+def test_only_compute_ops_join_a_graph(tmp_path):
+    """launch is eager / graph / in_graph, and only compute ops may be part of a CUDA-graph replay."""
+    t = _trace()
+    t.roles[0].blocks["b0"].columns["launch"][1] = "graph"  # op 1 is a collective
+    write_trace(t, tmp_path / "t")
+    with pytest.raises(TraceSchemaError, match=r"op 1 \(collective\) has launch 'graph'; valid: \('eager', 'graph', "
+                                               r"'in_graph'\) \(compute ops only may be part of a CUDA graph\)"):
         load_trace(tmp_path / "t")
 
 

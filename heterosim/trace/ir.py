@@ -17,6 +17,10 @@ Vocabulary (fixed here for the whole project):
   ``(block, micro_batch, chunk)``; a block that repeats (the forward of every micro-batch on a
   pipeline stage) is stored once and referenced many times, so trace size does not grow with the
   number of micro-batches.
+- *host sync*: an op whose ``host_sync`` is True is issued only after the CPU has waited for the
+  GPU to finish every op issued before it (the script read a value back: ``.item()``, a copy to
+  the host, ``torch.cuda.synchronize()``); replay's host model (``replay/host.py``) lets the
+  CPU's lead over the GPU collapse there.
 - *op id*: the position of an op in the role's program once expanded (segment by segment).
   Inside a block, ``deps`` and wait ``target`` are stored as *backward distances* (``op_id - dep``),
   which keeps a block position-independent.
@@ -44,6 +48,7 @@ __all__ = [
     "OP_KINDS",
     "PHASES",
     "PARALLEL_DIMS",
+    "LAUNCHES",
     "COLUMNS",
     "Op",
     "Block",
@@ -54,15 +59,21 @@ __all__ = [
     "flop_totals",
 ]
 
-SCHEMA_VERSION = 1
-"""The trace schema this code reads and writes. Bump it, and add a ``migrate_v{N}_to_v{N+1}``,
-whenever a field changes meaning."""
+SCHEMA_VERSION = 2
+"""The trace schema this code writes. Bump it, and add a ``migrate_v{N}_to_v{N+1}`` to
+:mod:`heterosim.trace.store`, whenever a field is added or changes meaning. v2 added the
+``host_sync`` and ``launch`` columns (v1 traces load with False and ``eager`` everywhere)."""
 
 OpKind = Literal["compute", "collective", "p2p", "wait"]
 OP_KINDS: tuple[str, ...] = ("compute", "collective", "p2p", "wait")
 
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "optimizer", "grad_sync", "other")
 PARALLEL_DIMS: tuple[str, ...] = ("tp", "dp", "pp", "cp", "ep", "world", "other")
+
+LAUNCHES: tuple[str, ...] = ("eager", "graph", "in_graph")
+"""How the CPU launched a compute op: ``eager`` (one dispatch of its own), ``graph`` (the first op
+of a CUDA-graph replay: one graph launch for the ops of the replay), ``in_graph`` (a later op of
+that replay: launched with it, no CPU cost of its own). ``capture/graphs.py`` records graphs."""
 
 # Column name -> (python type, default). Every block stores every column, in this order.
 COLUMNS: dict[str, tuple[type, Any]] = {
@@ -86,6 +97,8 @@ COLUMNS: dict[str, tuple[type, Any]] = {
     "peer": (int, -1),
     "target": (int, 0),
     "coalesced": (int, 0),
+    "host_sync": (bool, False),
+    "launch": (str, "eager"),
 }
 
 
@@ -139,6 +152,11 @@ class Op:
     """For wait ops: the id of the communication op waited for."""
     coalesced: int = -1
     """For ops launched together (``batch_isend_irecv``, coalesced collectives): id of the first."""
+    launch: str = "eager"
+    """One of :data:`LAUNCHES`: eager, or part of a CUDA-graph replay."""
+    host_sync: bool = False
+    """The CPU waited for the GPU to finish every earlier op before issuing this one (a value read
+    back by ``.item()``, a copy to the host or ``torch.cuda.synchronize()`` just before it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +254,8 @@ class Role:
                     peer=cols["peer"][i],
                     target=oid - tgt if tgt else -1,
                     coalesced=oid - coal if coal else -1,
+                    host_sync=cols["host_sync"][i],
+                    launch=cols["launch"][i],
                 )
             base += n
 

@@ -19,6 +19,7 @@ from heterosim.atomic import atomic_dir, check_dir_output
 from heterosim.errors import TraceSchemaError
 from heterosim.trace.ir import (
     COLUMNS,
+    LAUNCHES,
     OP_KINDS,
     PHASES,
     SCHEMA_VERSION,
@@ -32,7 +33,31 @@ from heterosim.trace.ir import (
 from heterosim.trace.memory import RoleMemory
 from heterosim.trace.vocab import COLLECTIVES, KERNEL_CLASSES
 
-__all__ = ["load_trace", "write_trace", "is_trace_dir", "check_trace_output", "MAX_WORLD_SIZE"]
+__all__ = ["load_trace", "write_trace", "is_trace_dir", "check_trace_output", "MAX_WORLD_SIZE",
+           "migrate_v1_to_v2"]
+
+
+def migrate_v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
+    """A v1 role file as v2: every block gains the ``host_sync`` column, False for every op (v1
+    capture recorded no host syncs; ``.item()`` failed under it), and the ``launch`` column,
+    ``eager`` for every op (v1 did not capture CUDA graphs). Blocks that are not well-formed are
+    left as they are for the loader to reject."""
+    blocks = body.get("blocks")
+    out = {**body, "schema_version": 2}
+    if isinstance(blocks, dict):
+        new = {}
+        for b, bd in blocks.items():
+            cols = bd.get("columns") if isinstance(bd, dict) else None
+            if isinstance(cols, dict) and isinstance(cols.get("kind"), list):
+                n = len(cols["kind"])
+                bd = {**bd, "columns": {"host_sync": [False] * n, "launch": ["eager"] * n, **cols}}
+            new[b] = bd
+        out["blocks"] = new
+    return out
+
+
+_MIGRATIONS = {1: migrate_v1_to_v2}
+"""schema_version N -> the pure function that turns an N role file into N+1."""
 
 def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
     missing = [c for c in COLUMNS if c not in cols]
@@ -61,6 +86,9 @@ def _check_columns(where: str, cols: Mapping[str, list], n: int) -> None:
             raise TraceSchemaError(
                 f"{where}: op {i} has collective {cols['collective'][i]!r}; valid: {COLLECTIVES}"
             )
+        if cols["launch"][i] not in LAUNCHES or (k != "compute" and cols["launch"][i] != "eager"):
+            raise TraceSchemaError(f"{where}: op {i} ({k}) has launch {cols['launch'][i]!r}; valid: {LAUNCHES} "
+                                   "(compute ops only may be part of a CUDA graph)")
         if k == "wait" and cols["target"][i] <= 0:
             raise TraceSchemaError(f"{where}: wait op {i} has no target (distance {cols['target'][i]})")
 
@@ -172,11 +200,19 @@ def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def _check_version(v: Any, where: str) -> None:
-    if v != SCHEMA_VERSION:
+    if v != SCHEMA_VERSION and not (type(v) is int and v in _MIGRATIONS):
         raise TraceSchemaError(
             f"{where} has schema_version {v!r}; this HeteroSim reads schema_version "
-            f"{SCHEMA_VERSION}. Re-capture the trace with this version (python -m capture ...)."
+            f"{', '.join(map(str, sorted(_MIGRATIONS)))} and {SCHEMA_VERSION}. Re-capture the trace "
+            "with this version (python -m capture ...)."
         )
+
+
+def _upgrade(body: dict[str, Any]) -> dict[str, Any]:
+    """A role file of any version this code reads, migrated step by step to :data:`SCHEMA_VERSION`."""
+    while body.get("schema_version") != SCHEMA_VERSION:
+        body = _MIGRATIONS[body["schema_version"]](body)
+    return body
 
 
 MAX_WORLD_SIZE = 1 << 20
@@ -226,6 +262,7 @@ def _load_role(path: Path, rh: Any, hfile: str, groups: Mapping[str, GroupInfo],
     rfile = _role_file(path, _need(rh, "file", hfile), hfile)
     body = _read_json(rfile, f"{hfile} names role file")
     _check_version(body.get("schema_version"), str(rfile))
+    body = _upgrade(body)
     blocks = {}
     for b, bd in _typed(body, "blocks", dict, str(rfile)).items():
         if not isinstance(bd, dict):

@@ -243,6 +243,8 @@ register_kernel_class(
     "_unsafe_index_put", "flip", "roll", "masked_scatter", "split_with_sizes_copy", "slice_scatter",
     "select_scatter", "narrow_copy", "_foreach_copy_", "lift_fresh_copy", "_unsafe_view", "contiguous",
     "select_backward", "slice_backward",
+    # a value read back to the host (.item(), bool(t)): a one-element device-to-host copy
+    "_local_scalar_dense",
     # fills and factories: they write, and read nothing
     "fill_", "zero_", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones",
     "new_full", "arange", "empty", "randint",
