@@ -81,7 +81,7 @@ def test_llama_fsdp2_volumes_are_the_padded_shards_and_flops_the_formula(tmp_pat
     Model FLOPs: :func:`llama_model_flops`, within 2%: FSDP2 changes what moves, not the GEMMs.
     """
     h, f, v = 256, 700, 4093
-    t = capture(tmp_path / "t", "hf_llama_fsdp.py", h, f, v)
+    t = capture(tmp_path / "t", "hf_llama_fsdp.py", h, f, v, "--iterations", "2")
     hkv = KV * (h // HEADS)
     root = 2 * padded(v, h) + padded(h)
     layer = 2 * padded(h, h) + 2 * padded(hkv, h) + 2 * padded(f, h) + padded(h, f) + 2 * padded(h)
