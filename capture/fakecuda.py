@@ -48,7 +48,7 @@ from torch.overrides import TorchFunctionMode
 from capture.memory import MemoryTracker
 from capture.streams import FakeEvent, FakeStream, StreamTracker
 
-__all__ = ["FakeCuda", "DeviceProperties", "Dispatching"]
+__all__ = ["FakeCuda", "DeviceProperties", "Dispatching", "cpu_device_kwargs"]
 
 _CPU = torch.device("cpu")
 
@@ -161,6 +161,21 @@ class Dispatching:
     kernels and FakeTensorMode must see the CPU device, whatever mode is on the stack."""
 
     depth = 0
+
+
+def _philox_state() -> torch.Tensor:
+    """What ``torch.cuda.get_rng_state`` returns: a CPU uint8 tensor of 16 bytes, the Philox seed
+    and offset (int64 each); DTensor's RNG tracker reads and advances the offset in place."""
+    return torch.zeros(16, dtype=torch.uint8)
+
+
+def cpu_device_kwargs(kwargs: dict) -> dict:
+    """``kwargs`` with a CUDA ``device`` mapped to the CPU, for an aten op. The script's torch calls
+    are mapped by :class:`_DeviceMode`, but a torch call made inside another one's handler (the
+    mode is off the stack there: DTensor's RNG tracker moving its state ``.to("cuda")`` inside
+    ``nn.init.normal_``) reaches aten with CUDA still named."""
+    dev = kwargs.get("device")
+    return {**kwargs, "device": _CPU} if dev is not None and _is_cuda(dev) else kwargs
 
 
 def _fake_device(orig: Any, mode: _DeviceMode) -> property:
@@ -292,8 +307,8 @@ class FakeCuda:
             "default_stream": lambda device=None: self.streams.default,
             "set_stream": self.streams.set_current,
             "stream": self.stream_ctx,
-            "get_rng_state": lambda *a, **k: torch.get_rng_state(),
-            "get_rng_state_all": lambda: [torch.get_rng_state()] * self.device_count,
+            "get_rng_state": lambda *a, **k: _philox_state(),
+            "get_rng_state_all": lambda: [_philox_state() for _ in range(self.device_count)],
             "set_rng_state": noop,
             "set_rng_state_all": noop,
             "manual_seed": noop,

@@ -196,7 +196,13 @@ class FakeWorld:
 
         self._patch_ddp()
         self._patch(device_mesh.DeviceMesh, "__init__", mesh_init)
-        self._patch(device_mesh, "init_device_mesh", init_device_mesh)
+        # Re-exported by name (torch.distributed, torch.distributed.tensor[.device_mesh]): ours everywhere.
+        import torch.distributed.tensor as dtensor_mod
+        import torch.distributed.tensor.device_mesh as dtensor_mesh_mod
+
+        for mod in (device_mesh, dist, dtensor_mod, dtensor_mesh_mod):
+            if getattr(mod, "init_device_mesh", None) is orig_init_mesh:
+                self._patch(mod, "init_device_mesh", init_device_mesh)
         # DeviceMesh imported these by name: its per-dimension groups must be ours too.
         self._patch(device_mesh, "new_group", new_group)
         self._patch(device_mesh, "init_process_group", init_process_group)

@@ -35,7 +35,8 @@ __all__ = ["MemoryTracker"]
 
 
 def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+    local = getattr(t, "_local_tensor", None)  # a DTensor (FSDP2's sharded parameters): its shard's storage
+    return (local if isinstance(local, torch.Tensor) else t).untyped_storage()._cdata
 
 
 class MemoryTracker:

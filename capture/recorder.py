@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
 from capture.commrec import CommRecorder, _skey
-from capture.fakecuda import Dispatching
+from capture.fakecuda import Dispatching, cpu_device_kwargs
 from capture.hoist import hoist
 from capture.graphs import GraphRecorder
 from capture.hostsync import SCALAR_READ, HostSyncs
@@ -342,7 +342,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         Dispatching.depth += 1  # torch's kernels see tensors on the CPU (capture/fakecuda.py)
         try:
-            return self._dispatch(func, types, args, kwargs or {})
+            return self._dispatch(func, types, args, cpu_device_kwargs(kwargs or {}))
         finally:
             Dispatching.depth -= 1
 

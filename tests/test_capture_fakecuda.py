@@ -77,3 +77,20 @@ def test_a_data_dependent_shape_says_why_and_how_to_skip_it(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 1 and "raised DynamicOutputShapeException as rank 0" in p.stderr
     assert p.stderr.rstrip().endswith("`if not heterosim.annotate.get_annotator().active: print(loss.item())`.")
+
+
+def test_dtensor_random_init_runs_on_the_fake_device(tmp_path):
+    """nn.init.normal_ on a sharded DTensor (what a meta-device model's init_weights does after
+    fully_shard): DTensor's RNG tracker reads the device's Philox state (16 bytes, seed and offset,
+    as torch.cuda.get_rng_state returns) and moves it .to("cuda") from inside init's handler. The
+    mesh comes from torch.distributed.tensor's re-export of init_device_mesh."""
+    script = tmp_path / "init.py"
+    script.write_text("import torch\nimport torch.distributed as dist\n"
+                      "from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh\n"
+                      "dist.init_process_group('nccl')\n"
+                      "s = torch.cuda.get_rng_state()\nassert (s.dtype, s.shape) == (torch.uint8, (16,)), s\n"
+                      "w = distribute_tensor(torch.empty(6, 4, device='cuda'), init_device_mesh('cuda', (2,)), [Shard(0)])\n"
+                      "torch.nn.init.normal_(w)\nassert w.to_local().shape == (3, 4)\n")
+    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(tmp_path / "t"), str(script)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
