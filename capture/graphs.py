@@ -36,8 +36,14 @@ __all__ = ["GraphRecorder", "FakeCUDAGraph"]
 class FakeCUDAGraph:
     """``torch.cuda.CUDAGraph`` during capture: the ops of its capture, appended at each replay."""
 
-    def __init__(self, recorder: "GraphRecorder", keep_graph: bool = False) -> None:
-        self._recorder = recorder
+    _bound: "GraphRecorder | None" = None
+    """The recorder of the class that :meth:`GraphRecorder.graphs_installed` binds (a class, so that
+    ``torch.cuda.CUDAGraph`` stays usable in annotations such as ``CUDAGraph | None``)."""
+
+    def __init__(self, recorder: "GraphRecorder | None" = None, keep_graph: bool = False) -> None:
+        if isinstance(recorder, bool):  # CUDAGraph(keep_graph) positionally
+            recorder, keep_graph = None, recorder
+        self._recorder = recorder if recorder is not None else type(self)._bound
         self.rows: list[dict] | None = None
         """The captured ops (trace rows), None before ``capture_end``."""
 
@@ -133,7 +139,7 @@ class GraphRecorder:
 
         rec = self
         answers = {
-            "CUDAGraph": lambda keep_graph=False: FakeCUDAGraph(rec, keep_graph),
+            "CUDAGraph": type("CUDAGraph", (FakeCUDAGraph,), {"_bound": rec, "__module__": __name__}),
             "graph": _GraphContext,
             "graph_pool_handle": lambda: (0, 0),
             "is_current_stream_capturing": lambda: rec.graph_rows is not None,

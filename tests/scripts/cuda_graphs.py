@@ -10,6 +10,8 @@ torch.manual_seed(0)
 w = torch.randn(32, 32, device="cuda")
 static_x = torch.randn(32, 32, device="cuda")
 g = torch.cuda.CUDAGraph()
+# torch.cuda.CUDAGraph stays a class: libraries annotate with it (transformers: "CUDAGraph | None").
+assert isinstance(g, torch.cuda.CUDAGraph) and (torch.cuda.CUDAGraph | None) is not None
 with torch.cuda.graph(g):
     static_y = (static_x @ w).relu().sum()
 
