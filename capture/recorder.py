@@ -28,6 +28,7 @@ from capture.commrec import CommRecorder, _skey
 from capture.fakecuda import Dispatching
 from capture.hoist import hoist
 from capture.fakeworld import FakeWorld
+from capture.flexattn import register as register_flex_attention
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
 from capture.modpaths import ModulePaths
@@ -72,10 +73,12 @@ class _Tags:
 class Recorder(CommRecorder, TorchDispatchMode, Annotator):
     """Records one rank. Use as a context manager on top of FakeTensorMode; see :meth:`result`."""
 
-    def __init__(self, world: FakeWorld, stop_after: int | None = None) -> None:
+    def __init__(self, world: FakeWorld, stop_after: int | None = None, device_values: str = "error") -> None:
         super().__init__()
         self.world = world
         self.clock = IterationClock(stop_after)
+        self.device_values = device_values
+        """``"error"``: reading a device value fails (the default); ``"zero"``: it reads as 0."""
         self.kept: tuple[list[Segment], list[int], list] | None = None
         """The last complete iteration (program, baseline, gaps) when optimizer steps delimit them."""
         world.batch_hook = self._batch
@@ -349,6 +352,8 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
             self._step_boundary()
         if func in comm_info.NO_FAKE_IMPL:
             return self._record_comm(func, args, kwargs, None)
+        if func is aten._local_scalar_dense.default and self.device_values == "zero":
+            return _ZERO[args[0].dtype.is_floating_point + (args[0].dtype == torch.bool) * 2]
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         out = func(*args, **kwargs)
@@ -454,7 +459,11 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
         return blocks, program
 
 
+register_flex_attention(Recorder)
+
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+_ZERO = (0, 0.0, False)
+"""What a device value reads as with ``device_values="zero"``: integer, floating, bool."""
 
 
 def _is_fake_type(t: type) -> bool:
