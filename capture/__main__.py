@@ -1,6 +1,7 @@
 """``python -m capture``: run a training script as ranks of a fake cluster-sized job; write a trace.
 
     python -m capture [--world-size N | --nnodes N --nproc-per-node G] [--ranks auto|all|LIST] -o TRACE script.py [args]
+    python -m capture [...] -o TRACE -m module [args]
     python -m capture --inspect TRACE [--json]
 """
 
@@ -33,9 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-o", "--output", help="trace directory to write (new, empty, or a previous trace)")
     ap.add_argument("--force", action="store_true",
                     help="let -o replace a regular file (never a device or a directory that is not a trace)")
+    ap.add_argument("-m", "--module", action="store_true",
+                    help="the script is a module name, run as python -m runs it (as torchrun -m)")
     ap.add_argument("--inspect", metavar="TRACE", help="print a trace's totals instead of capturing")
     ap.add_argument("--json", action="store_true", help="with --inspect: one JSON object")
-    ap.add_argument("script", nargs="?", help="the training script")
+    ap.add_argument("script", nargs="?", help="the training script (with -m: the module)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return ap
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             path = capture(a.script, a.args, a.output, world_size=world, nproc_per_node=a.nproc_per_node,
                            ranks=a.ranks, jobs=a.jobs, on_rank_done=progress, force=a.force, gpu=a.gpu,
-                           iterations=a.iterations,
+                           iterations=a.iterations, module=a.module,
                            **({} if a.timeout is None else {"timeout": a.timeout}))
         finally:
             bar.close()

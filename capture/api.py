@@ -23,6 +23,9 @@ from heterosim.forkpool import run_forked
 
 __all__ = ["capture", "capture_command", "DEFAULT_RANK_TIMEOUT_S", "MAX_WORLD_SIZE"]
 
+"""What reading a device value (``.item()``, ``float(loss)``) does during capture: fail with a hint
+(tensors hold no data), or read as 0 (``False`` / ``0`` / ``0.0``)."""
+
 DEFAULT_RANK_TIMEOUT_S = 1800.0
 """Seconds one captured rank may run by default (the largest rank we capture, LLaMA-3 405B's at
 16,384 GPUs, takes under a minute on 2 CPUs): a script that loops forever ends with an error."""
@@ -32,32 +35,34 @@ MAX_WORLD_SIZE = 1 << 20
 enough that per-rank tables stay in memory."""
 
 
-def capture_command(script: str, script_args: Sequence[str], world_size: int, nproc_per_node: int, ranks: str) -> list[str]:
+def capture_command(script: str, script_args: Sequence[str], world_size: int, nproc_per_node: int, ranks: str,
+                    module: bool = False) -> list[str]:
     """The canonical command recorded in the trace header (no output path: traces stay comparable)."""
     return [
         "python", "-m", "capture", "--world-size", str(world_size), "--nproc-per-node", str(nproc_per_node),
-        "--ranks", ranks, script, *script_args,
+        "--ranks", ranks,
+        *(["-m"] if module else []), script, *script_args,
     ]
 
 
 def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: int, gpu: str = DEFAULT_GPU,
-              iterations: int | None = None) -> str:
+              iterations: int | None = None, module: bool = False) -> str:
     """Capture one rank; its ``RankCapture`` as the JSON text traces are merged from.
 
     Text, not the object, crosses the worker's pipe, so the parent rebuilds exactly what
     ``python -m capture.worker`` writes to ``rank_R.json``.
     """
-    cap = run_rank(script, list(args), rank, world, nproc, gpu, iterations)
+    cap = run_rank(script, list(args), rank, world, nproc, gpu, iterations, module)
     return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None]) -> str:
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None, bool]) -> str:
     """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
-    script, args, rank, world, nproc, gpu, iterations = job
+    script, args, rank, world, nproc, gpu, iterations, module = job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
     try:
-        return rank_json(script, args, rank, world, nproc, gpu, iterations)
+        return rank_json(script, args, rank, world, nproc, gpu, iterations, module)
     except ScriptError as e:
         raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
@@ -73,6 +78,7 @@ def _run_ranks(
     timeout: float | None = None,
     gpu: str = DEFAULT_GPU,
     iterations: int | None = None,
+    module: bool = False,
 ) -> list[RankCapture]:
     """Capture ``ranks``, ``jobs`` at a time, each in a process forked from this one.
 
@@ -80,10 +86,30 @@ def _run_ranks(
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
     """
     rs = list(ranks)
-    texts = run_forked([(script, tuple(args), r, world, nproc, gpu, iterations) for r in rs], _capture_rank, jobs=jobs,
+    texts = run_forked([(script, tuple(args), r, world, nproc, gpu, iterations, module) for r in rs],
+                       _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
                        error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
+
+
+def _check_program(script: str, module: bool) -> None:
+    """Refuse a script file that does not exist, or a module (``-m``) whose package is not installed."""
+    if not module:
+        if not os.path.isfile(script):
+            raise CaptureError(f"script {script!r} does not exist")
+        return
+    import importlib.util
+
+    # Only the top-level package: finding ``a.b`` imports ``a``, which the forked workers would
+    # inherit already imported (with whatever it read at import time, sys.argv included).
+    top = script.split(".")[0]
+    try:
+        found = bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise CaptureError(f"module {script!r}: no package {top!r} here (is it installed?)")
 
 
 def capture(
@@ -100,6 +126,7 @@ def capture(
     timeout: float | None = DEFAULT_RANK_TIMEOUT_S,
     gpu: str = DEFAULT_GPU,
     iterations: int | None = None,
+    module: bool = False,
 ) -> Path:
     """Capture ``script`` on a fake ``world_size`` job and write the trace directory ``out``.
 
@@ -112,6 +139,7 @@ def capture(
     ``gpu``: the GPU the fake CUDA device reports to the script (a GPU catalogue name).
     ``iterations``: stop the script once that many training iterations are complete (None: let it
     run to its end); the trace holds the last complete one (:mod:`capture.iterations`).
+    ``module``: ``script`` is a module name, run as ``python -m`` (``torchrun -m``) runs it.
     """
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise ConfigError(f"--world-size must be between 1 and {MAX_WORLD_SIZE:,} ranks, got {world_size}")
@@ -130,15 +158,14 @@ def capture(
     from heterosim.cluster.gpus import get_gpu
 
     get_gpu(gpu)  # an unknown name fails here, once, with the catalogue's list
-    if not os.path.isfile(script):
-        raise CaptureError(f"script {script!r} does not exist")
+    _check_program(script, module)
     listed = parse_rank_list(ranks, world_size) if ranks not in ("auto", "all") else None  # checked before any work
     check_trace_output(out, force=force)
     jobs = jobs or max(1, os.cpu_count() or 1)
     # Load what every worker needs before forking them (FakeTensorMode imports dynamo lazily).
     import torch._dynamo  # noqa: F401
 
-    command = capture_command(script, script_args, world_size, nproc, ranks)
+    command = capture_command(script, script_args, world_size, nproc, ranks, module)
     done = [0, 0]
 
     def tick() -> None:
@@ -147,7 +174,7 @@ def capture(
             on_rank_done(done[0], done[1])
 
     def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations)
+        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations, module)
 
     if ranks == "all":
         done[1] = world_size

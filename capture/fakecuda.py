@@ -39,6 +39,7 @@ import contextlib
 import inspect
 import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -226,6 +227,33 @@ def _module_apply(orig: Callable) -> Callable:
     return _apply
 
 
+def _checkpoint_metadata(x: torch.Tensor) -> dict:
+    """``torch.utils.checkpoint``'s default metadata, with a fake tensor's real device."""
+    return {"shape": x.shape, "dtype": x.dtype, "device": x.fake_device if isinstance(x, FakeTensor) else x.device}
+
+
+def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile`` during capture: the function or module itself (as a decorator too)."""
+    return model if model is not None else (lambda fn: fn)
+
+
+def _distinct(value: Any) -> Any:
+    """A function as a new function object of its own (classes and other values as they are)."""
+    if not isinstance(value, (types.FunctionType, types.MethodType)):
+        return value
+    def call(*a: Any, **k: Any) -> Any:
+        return value(*a, **k)
+
+    call.__name__ = call.__qualname__ = getattr(value, "__name__", "call")  # no __wrapped__: Dynamo unwraps it
+    return call
+
+
+def _trunc_normal_once(tensor: torch.Tensor, mean: float, std: float, a: float, b: float,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return tensor.normal_(mean, std, generator=generator).clamp_(a, b)
+
+
 class FakeCuda:
     """Installs the fake CUDA device (see the module docstring); :meth:`uninstall` undoes it."""
 
@@ -341,11 +369,13 @@ class FakeCuda:
 
         c = torch.cuda
         answers = self._answers()
+        # init_process_group clears that index (distributed_c10d.py): when it is rebuilt from our
+        # answers, no function object may stand under two names (rules differ per name).
         for name, value in answers.items():
-            self._patch(c, name, value)
+            self._patch(c, name, _distinct(value))
         noop = lambda *a, **k: None  # noqa: E731
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
-            self._patch(c.nvtx, name, noop)
+            self._patch(c.nvtx, name, _distinct(noop))
         self._patch(c.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
         acc = torch.accelerator
         for name, value in {
@@ -364,7 +394,7 @@ class FakeCuda:
             "empty_cache": noop,
         }.items():
             if hasattr(acc, name):
-                self._patch(acc, name, value)
+                self._patch(acc, name, _distinct(value))
         autocast = torch.amp.autocast_mode.autocast
         orig_autocast_init = autocast.__init__
 
@@ -381,10 +411,39 @@ class FakeCuda:
         self._patch(optim_mod, "_get_foreach_kernels_supported_devices",
                     lambda: [*supported(), *([] if "cpu" in supported() else ["cpu"])])
         self._patch(optim_mod, "_foreach_supported_types", [*optim_mod._foreach_supported_types, FakeTensor])
+        self._patch_dtensor_rng()
+        # A dispatch mode makes Dynamo skip every frame, which fails a fullgraph=True compile
+        # (eager flex_attention compiles its own wrapper so): compiled code runs eagerly.
+        self._patch(torch, "compile", _eager_compile)
+        # Non-reentrant checkpointing compares each recomputed tensor's device with the saved one's;
+        # the two are read where the script's device view differs (C++ pack hook vs. backward).
+        import torch.utils.checkpoint as ckpt
+
+        self._patch(ckpt, "_allowed_determinism_checks_to_fns",
+                    {**ckpt._allowed_determinism_checks_to_fns, ckpt._DEFAULT_DETERMINISM_MODE: _checkpoint_metadata})
+        # torch 2.13's trunc_normal_ samples by rejection (draw, test, redraw while any is out of
+        # range): data it cannot read here. Initial values do not matter: one draw, clamped.
+        self._patch(torch.nn.init, "_no_grad_trunc_normal_", _trunc_normal_once)
         self._mode = _DeviceMode(self)
         self._patch(FakeTensor, "device", _fake_device(FakeTensor.__dict__["device"], self._mode))
         self._mode.__enter__()
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(self.device_count))))
+
+    def _patch_dtensor_rng(self) -> None:
+        """DTensor's random ops (``init.normal_`` on a sharded parameter) keep each shard's Philox
+        offset in the CUDA generator state, which they read back and write as data, and the first
+        one syncs that state from rank 0 (torch 2.13, ``torch/distributed/tensor/_random.py``).
+        Values do not matter to a capture: the ops run on the local generator, unsynced."""
+        from torch.distributed.tensor import _random as dtensor_random
+
+        tracker = dtensor_random.OffsetBasedRNGTracker
+        orig_init = tracker.__init__
+
+        def tracker_init(t: Any, device_mesh: Any, run_state_sync: bool = True) -> None:
+            orig_init(t, device_mesh, run_state_sync=False)
+
+        self._patch(tracker, "__init__", tracker_init)
+        self._patch(tracker, "_distribute_region", lambda t, spec, generator=None: contextlib.nullcontext())
 
     def uninstall(self) -> None:
         if self._mode is not None:

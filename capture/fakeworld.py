@@ -15,6 +15,8 @@ sees is :mod:`capture.fakecuda`'s.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +24,20 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-__all__ = ["GroupRecord", "FakeWorld", "torchrun_env"]
+__all__ = ["GroupRecord", "FakeWorld", "torchrun_env", "MESH_AXIS_DIMS"]
+
+MESH_AXIS_DIMS = {"fsdp": "dp", "hsdp": "dp", "batch": "dp", "efsdp": "dp"}
+"""DeviceMesh axis names that are data parallelism without a ``dp`` prefix (torchtitan's ``fsdp``
+= dp_shard x cp and ``batch`` = dp_replicate x dp_shard); other names label by prefix."""
+
+_MESH_DATA_METHODS = ("__init__", "_init_process_groups", "_get_all_submeshes", "_compute_coordinates_from_mesh",
+                      "_get_mesh_tensor_from_full_mesh", "mesh", "__repr__", "_concatenate", "from_group",
+                      "_sym_get_coordinate")
+"""DeviceMesh code that reads its (tiny, integer) rank map back with ``tolist()`` / ``nonzero()``:
+run on real tensors (torch 2.13, ``torch/distributed/device_mesh.py``)."""
+
+_MESH_MAKERS = ("init_device_mesh", "_flatten", "_unflatten", "__getitem__")
+"""What returns a new DeviceMesh whose named axes label their groups."""
 
 
 def torchrun_env(rank: int, world_size: int, nproc_per_node: int) -> dict[str, str]:
@@ -118,16 +133,53 @@ class FakeWorld:
 
     def label_mesh(self, mesh: Any) -> None:
         """Label a DeviceMesh's dimension groups by their names (``dp_shard`` -> dp, ``tp``, ``pp``,
-        ``cp``, ``ep``; torchtitan's names), so roles and breakdowns know them."""
+        ``cp``, ``ep``; torchtitan's names, ``fsdp`` and ``batch`` included), so roles and
+        breakdowns know them."""
         for name in mesh.mesh_dim_names or ():
-            dim = next((d for d in ("dp", "tp", "pp", "cp", "ep") if name == d or name.startswith(d + "_")), None)
+            dim = MESH_AXIS_DIMS.get(name) or next(
+                (d for d in ("dp", "tp", "pp", "cp", "ep") if name == d or name.startswith(d + "_")), None)
             if dim is not None:
                 self.label(mesh.get_group(name), dim)
 
     # ---- patching ----------------------------------------------------------------------------
     def _patch(self, obj: Any, name: str, value: Any) -> None:
-        self._saved.append((obj, name, getattr(obj, name)))
+        # getattr_static: a staticmethod or property is restored as itself, not as what it returns
+        self._saved.append((obj, name, inspect.getattr_static(obj, name)))
         setattr(obj, name, value)
+
+    def _patch_device_mesh(self) -> None:
+        """DeviceMesh bookkeeping runs on real tensors and records nothing; every mesh it makes
+        (``init_device_mesh``, ``_unflatten``, ``_flatten``, slicing) labels its axes' groups."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed import device_mesh
+
+        world = self
+
+        def on_real_tensors(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with unset_fake_temporarily(), world.quiet():
+                    return fn(*args, **kwargs)
+            return run
+
+        def labelling(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def make(*args: Any, **kwargs: Any) -> Any:
+                mesh = on_real_tensors(fn)(*args, **kwargs)
+                world.label_mesh(mesh)
+                return mesh
+            return make
+
+        cls = device_mesh.DeviceMesh
+        for name, wrap in [*((n, on_real_tensors) for n in _MESH_DATA_METHODS), *((n, labelling) for n in _MESH_MAKERS)]:
+            owner = device_mesh if name == "init_device_mesh" else cls
+            attr = inspect.getattr_static(owner, name, None)
+            if isinstance(attr, staticmethod):
+                self._patch(owner, name, staticmethod(wrap(attr.__func__)))
+            elif isinstance(attr, property):
+                self._patch(owner, name, property(wrap(attr.fget)))
+            elif attr is not None:
+                self._patch(owner, name, wrap(attr))
 
     @staticmethod
     def _call_site() -> str:
@@ -175,34 +227,18 @@ class FakeWorld:
                 if world.batch_hook is not None:
                     world.batch_hook(False)
 
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed import device_mesh
 
-        orig_mesh_init = device_mesh.DeviceMesh.__init__
-
-        def mesh_init(mesh_self: Any, *args: Any, **kwargs: Any) -> None:
-            # A DeviceMesh reads its (tiny, integer) rank map back with tolist(): build it from
-            # real tensors, outside FakeTensorMode, and do not record that bookkeeping.
-            with unset_fake_temporarily(), world.quiet():
-                orig_mesh_init(mesh_self, *args, **kwargs)
-
-        orig_init_mesh = device_mesh.init_device_mesh
-
-        def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
-            with unset_fake_temporarily(), world.quiet():
-                mesh = orig_init_mesh(*args, **kwargs)
-            world.label_mesh(mesh)
-            return mesh
-
         self._patch_ddp()
-        self._patch(device_mesh.DeviceMesh, "__init__", mesh_init)
+        orig_init_mesh = device_mesh.init_device_mesh
+        self._patch_device_mesh()
         # Re-exported by name (torch.distributed, torch.distributed.tensor[.device_mesh]): ours everywhere.
         import torch.distributed.tensor as dtensor_mod
         import torch.distributed.tensor.device_mesh as dtensor_mesh_mod
 
-        for mod in (device_mesh, dist, dtensor_mod, dtensor_mesh_mod):
+        for mod in (dist, dtensor_mod, dtensor_mesh_mod):
             if getattr(mod, "init_device_mesh", None) is orig_init_mesh:
-                self._patch(mod, "init_device_mesh", init_device_mesh)
+                self._patch(mod, "init_device_mesh", device_mesh.init_device_mesh)
         # DeviceMesh imported these by name: its per-dimension groups must be ours too.
         self._patch(device_mesh, "new_group", new_group)
         self._patch(device_mesh, "init_process_group", init_process_group)

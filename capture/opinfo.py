@@ -190,7 +190,8 @@ def _gemm_dims(packet: str, ins: Sequence[torch.Tensor]) -> dict:
 
 def _attention_dims(packet: str, args: Sequence[Any], kwargs: dict) -> tuple[dict, bool]:
     backward = packet.endswith("_backward")
-    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    flex = packet.startswith("flex_attention")  # (q, k, v, ...) both ways
+    q, k = (args[1], args[2]) if backward and not flex else (args[0], args[1])
     if packet.startswith("_flash_attention"):  # (b, s, h, d) layout
         b, sq, h, d = q.shape
         sk, hkv = k.shape[1], k.shape[2]
@@ -198,11 +199,16 @@ def _attention_dims(packet: str, args: Sequence[Any], kwargs: dict) -> tuple[dic
         b, h, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
     causal = bool(kwargs.get("is_causal", False))
-    names = [a.name for a in _schema_args(packet)]
-    if "is_causal" in names:
-        i = names.index("is_causal")
-        if i < len(args):
-            causal = bool(args[i])
+    if flex:
+        # NB: a FlexAttention mask lives in tensors with no data here: counted causal, which a
+        # block-causal (document) mask is at most (capture/flexattn.py).
+        causal = True
+    else:
+        names = [a.name for a in _schema_args(packet)]
+        if "is_causal" in names:
+            i = names.index("is_causal")
+            if i < len(args):
+                causal = bool(args[i])
     dims = {
         "b": int(b),
         "h": int(h),

@@ -30,6 +30,7 @@ from capture.hoist import hoist
 from capture.graphs import GraphRecorder
 from capture.hostsync import SCALAR_READ, HostSyncs
 from capture.fakeworld import FakeWorld
+from capture.flexattn import register as register_flex_attention
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
 from capture.modpaths import ModulePaths
@@ -78,6 +79,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         super().__init__()
         self.world = world
         self.clock = IterationClock(stop_after)
+        """``"error"``: reading a device value fails (the default); ``"zero"``: it reads as 0."""
         self.kept: tuple[list[Segment], list[int], list] | None = None
         """The last complete iteration (program, baseline, gaps) when optimizer steps delimit them."""
         world.batch_hook = self._batch
@@ -464,6 +466,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
                                  {used[b]: self.block_mem.get(b, []) for b in used}, list(self.gaps))
         return blocks, program
 
+
+register_flex_attention(Recorder)
 
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
 

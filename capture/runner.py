@@ -20,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from capture.fakecuda import FakeCuda
+from capture.hostdata import HostData
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
@@ -145,11 +146,12 @@ def _hint(e: Exception) -> str:
 
 
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
-             gpu: str = DEFAULT_GPU, iterations: int | None = None) -> RankCapture:
+             gpu: str = DEFAULT_GPU, iterations: int | None = None, module: bool = False) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
 
     ``gpu`` names the GPU the fake CUDA device reports (``torch.cuda.get_device_properties``);
     ``iterations``: stop the script once that many iterations are complete (:mod:`capture.iterations`).
+    ``module``: ``script`` names a module, run as ``python -m`` runs it (``torchrun -m``).
     """
     spec = get_gpu(gpu)
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
@@ -159,15 +161,20 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
     cuda.on_host_copy = recorder.host_copy
     cuda.install()
+    host_data = HostData(recorder.quiet)
+    host_data.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
     sys.stderr = tail = _StderrTail(old_stderr)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), recorder:
             try:
-                runpy.run_path(script, run_name="__main__")
+                if module:
+                    runpy.run_module(script, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(script, run_name="__main__")
             except StopCapture:
                 pass  # --iterations reached: the rest of the script is not needed
             except SystemExit as e:
@@ -183,6 +190,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
+        host_data.uninstall()
         cuda.uninstall()
         world.uninstall()
     return RankCapture(

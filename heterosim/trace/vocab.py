@@ -217,6 +217,7 @@ register_kernel_class(
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
     "_flash_attention_forward", "_flash_attention_backward",
     "_efficient_attention_forward", "_efficient_attention_backward", "scaled_dot_product_attention",
+    "flex_attention", "flex_attention_backward",  # FlexAttention's higher-order ops (capture/flexattn.py)
 )
 register_kernel_class(
     "norm", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
