@@ -35,7 +35,7 @@ import sys
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from capture.memory import MemoryTracker
@@ -186,6 +186,29 @@ def _module_apply(orig: Callable) -> Callable:
     return _apply
 
 
+def _tolist(orig: Callable) -> Callable:
+    # FakeTensor.tolist reads element by element (.item()), which the recorder answers with 0 for
+    # a tensor without values: a list of values (split sizes, token counts) sizes things and
+    # cannot be guessed, so it is refused unless the tensor has its values (made from Python data).
+    def tolist(self: FakeTensor) -> Any:
+        if self.constant is None:
+            raise DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
+        return orig(self)
+
+    return tolist
+
+
+def _own(value: Any) -> Any:
+    """A function object of its own calling ``value`` (classes and non-callables unchanged)."""
+    if isinstance(value, type) or not callable(value):
+        return value
+
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        return value(*args, **kwargs)
+
+    return answer
+
+
 class FakeCuda:
     """Installs the fake CUDA device (see the module docstring); :meth:`uninstall` undoes it."""
 
@@ -295,15 +318,17 @@ class FakeCuda:
     def install(self) -> None:
         # Dynamo's trace rules index torch.cuda's functions when first imported: load them from
         # the real module, not from our answers (one function under several names trips them).
+        # ``init_process_group`` clears that index, and a later ``torch.compile`` (a library's
+        # decorator, run at import) rebuilds it from our answers: each name gets its own function
+        # object (``_own``), or one object under two names with different rules trips the index.
         import torch._dynamo  # noqa: F401
 
         c = torch.cuda
         answers = self._answers()
         for name, value in answers.items():
-            self._patch(c, name, value)
-        noop = lambda *a, **k: None  # noqa: E731
+            self._patch(c, name, _own(value))
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
-            self._patch(c.nvtx, name, noop)
+            self._patch(c.nvtx, name, _own(lambda *a, **k: None))
         self._patch(c.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
         acc = torch.accelerator
         for name, value in {
@@ -319,10 +344,10 @@ class FakeCuda:
             "set_stream": self.streams.set_current,
             "memory_allocated": answers["memory_allocated"],
             "max_memory_allocated": answers["max_memory_allocated"],
-            "empty_cache": noop,
+            "empty_cache": answers["empty_cache"],
         }.items():
             if hasattr(acc, name):
-                self._patch(acc, name, value)
+                self._patch(acc, name, _own(value))
         autocast = torch.amp.autocast_mode.autocast
         orig_autocast_init = autocast.__init__
 
@@ -331,6 +356,11 @@ class FakeCuda:
 
         self._patch(autocast, "__init__", autocast_init)
         self._patch(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
+        # ``t.record_stream(s)``: the allocator's rule for reusing memory across streams; torch's
+        # argument parser refuses our streams before any mode sees the call.
+        record_stream = torch.Tensor.record_stream
+        self._patch(torch.Tensor, "record_stream",
+                    lambda t, s: None if isinstance(s, FakeStream) else record_stream(t, s))
         # torch.optim picks its multi-tensor (foreach) path by the parameters' device, which its own
         # code sees as the CPU, and by their type (FakeTensor here): let it take the path a GPU takes (the CPU foreach kernels exist), so
         # a default AdamW is captured as the few multi-tensor kernels a GPU runs, not a loop.
@@ -341,6 +371,7 @@ class FakeCuda:
         self._patch(optim_mod, "_foreach_supported_types", [*optim_mod._foreach_supported_types, FakeTensor])
         self._mode = _DeviceMode(self)
         self._patch(FakeTensor, "device", _fake_device(FakeTensor.__dict__["device"], self._mode))
+        self._patch(FakeTensor, "tolist", _tolist(FakeTensor.tolist))
         self._mode.__enter__()
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(self.device_count))))
 

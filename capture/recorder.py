@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -339,6 +340,8 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
             Dispatching.depth -= 1
 
     def _dispatch(self, func: Any, types: Any, args: Any, kwargs: dict) -> Any:
+        if func is aten._local_scalar_dense.default:
+            return self._read_scalar(func, args, kwargs)
         if self.suppress:
             out = func(*args, **kwargs)
             self.mem.note(out, OTHER, counted=False)
@@ -429,6 +432,37 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
             whole = t.numel() * t.element_size() >= t.untyped_storage().nbytes()
             self._set_writer(t, oid, partial=not whole)
         return out
+
+    def _read_scalar(self, func: Any, args: Any, kwargs: dict) -> bool | int | float:
+        """``.item()`` / ``bool()`` / ``float()`` of a tensor: the host copies one value back.
+
+        Tensors made from Python numbers (an optimizer's step count) hold their value under
+        FakeTensorMode and read it. A value computed on the device has none: it reads 0 (False),
+        the steady-state answer of the checks frameworks make every step (DeepSpeed's and
+        Megatron's overflow / inf flags, a skipped-step count), and is recorded as the host
+        synchronization it is on a GPU (``replay/host.py``).
+        """
+        t = args[0]
+        try:
+            return func(*args, **kwargs)
+        except DataDependentOutputException:
+            pass
+        value = False if t.dtype is torch.bool else 0.0 if t.dtype.is_floating_point else 0
+        if self.suppress or self.clock.stopped:
+            return value
+        if self.clock.step_ended and self.in_block is None and self.clock.step_boundary_due():
+            self._step_boundary()
+        if self.pending_funcol:
+            self._flush_funcol([t])
+        if self.unwaited:
+            self._flush_unwaited([t])
+        phase, in_bwd = self._phase()
+        cost = describe(func, args, kwargs, None, (), phase, None, [t], [])
+        self._append({"kind": "compute", "name": str(func), "kernel_class": cost.kernel_class,
+                      "module": self.paths.path(in_bwd), "phase": phase, "flops": 0.0, "flops_full": 0.0,
+                      "bytes_read": cost.bytes_read, "bytes_written": 0, "dtype": cost.dtype, "dims": cost.dims,
+                      "signature": cost.signature, "deps": self._deps([t])})
+        return value
 
     # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
