@@ -43,7 +43,7 @@ import types
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from capture.memory import MemoryTracker
@@ -365,6 +365,9 @@ class FakeCuda:
     def install(self) -> None:
         # Dynamo's trace rules index torch.cuda's functions when first imported: load them from
         # the real module, not from our answers (one function under several names trips them).
+        # ``init_process_group`` clears that index, and a later ``torch.compile`` (a library's
+        # decorator, run at import) rebuilds it from our answers: each name gets its own function
+        # object (``_own``), or one object under two names with different rules trips the index.
         import torch._dynamo  # noqa: F401
 
         c = torch.cuda
@@ -391,7 +394,7 @@ class FakeCuda:
             "set_stream": self.streams.set_current,
             "memory_allocated": answers["memory_allocated"],
             "max_memory_allocated": answers["max_memory_allocated"],
-            "empty_cache": noop,
+            "empty_cache": answers["empty_cache"],
         }.items():
             if hasattr(acc, name):
                 self._patch(acc, name, _distinct(value))
@@ -403,6 +406,11 @@ class FakeCuda:
 
         self._patch(autocast, "__init__", autocast_init)
         self._patch(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
+        # ``t.record_stream(s)``: the allocator's rule for reusing memory across streams; torch's
+        # argument parser refuses our streams before any mode sees the call.
+        record_stream = torch.Tensor.record_stream
+        self._patch(torch.Tensor, "record_stream",
+                    lambda t, s: None if isinstance(s, FakeStream) else record_stream(t, s))
         # torch.optim picks its multi-tensor (foreach) path by the parameters' device, which its own
         # code sees as the CPU, and by their type (FakeTensor here): let it take the path a GPU takes (the CPU foreach kernels exist), so
         # a default AdamW is captured as the few multi-tensor kernels a GPU runs, not a loop.

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -443,7 +444,6 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             self._set_writer(t, oid, partial=not whole)
         return out
 
-    # ---- result --------------------------------------------------------------------------------
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
         """Close the open segment; return the blocks the kept iteration's program uses, renumbered.
 

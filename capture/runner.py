@@ -9,6 +9,7 @@ recorder (also as the ``heterosim.annotate`` annotator), enters FakeTensorMode a
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import runpy
 import sys
@@ -139,10 +140,31 @@ def _hint(e: Exception) -> str:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
-        return ("\nTensors hold no data during capture: the script read a value (.item(), .tolist(), "
-                "print of a tensor, nonzero, boolean indexing). Skip that code while capturing, e.g. "
+        return ("\nTensors hold no data during capture: the script read values (.tolist(), print of a "
+                "tensor, nonzero, boolean indexing; a single .item() reads 0). Skip that code while capturing, e.g. "
                 "`if not heterosim.annotate.get_annotator().active: print(loss.item())`.")
     return ""
+
+
+VALUE_NUMEL_LIMIT = 1 << 16
+"""Tensors made from Python data (``torch.tensor(list)``) up to this many elements keep their
+values under FakeTensorMode (its ``CONSTANT_NUMEL_LIMIT``, 1 by default), through every op whose
+inputs all have values, c10d collectives included (the fake process group moves no data, so a
+broadcast leaves each rank its own values: the agreement every rank of a capture shares). So a
+framework's cross-rank consistency checks (DeepSpeed ZeRO-3 broadcasts its module order and
+compares) read what they compare."""
+
+
+@contextlib.contextmanager
+def _values_kept() -> Any:
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    saved = fake_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = max(saved, VALUE_NUMEL_LIMIT)
+    try:
+        yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = saved
 
 
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
@@ -169,7 +191,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
     sys.stderr = tail = _StderrTail(old_stderr)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), recorder:
+        with _values_kept(), FakeTensorMode(allow_non_fake_inputs=True), recorder:
             try:
                 if module:
                     runpy.run_module(script, run_name="__main__", alter_sys=True)

@@ -94,3 +94,26 @@ def test_dtensor_random_init_runs_on_the_fake_device(tmp_path):
     p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(tmp_path / "t"), str(script)],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
+
+
+def test_a_scalar_read_answers_zero_and_values_from_python_data_survive_a_broadcast(tmp_path):
+    """``.item()`` / ``bool()`` of a computed tensor reads 0 (False) and is recorded as the host
+    synchronization it is; a tensor made from a Python list keeps its values through ops and a
+    broadcast (each rank keeps its own: the agreement DeepSpeed ZeRO-3 checks), and reads them."""
+    script = tmp_path / "values.py"
+    script.write_text(
+        "import torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+        "dist.init_process_group('nccl')\n"
+        "x = torch.randn(4, device='cuda')\n"
+        "assert x.sum().item() == 0.0 and not bool(torch.isinf(x).any())\n"
+        "ids = torch.tensor([3, 1, 2], device='cuda')\n"
+        "dist.broadcast(ids, src=0)\n"
+        "assert [t.item() for t in ids.cpu()] == [3, 1, 2] and (ids + 1).tolist() == [4, 2, 3]\n"
+        "with torch.cuda.stream(torch.cuda.Stream()):\n"
+        "    x.record_stream(torch.cuda.current_stream())\n"
+        "torch.compile(lambda t: t + 1)\n")
+    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(tmp_path / "t"), str(script)],
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    reads = [o for o in load_trace(tmp_path / "t").roles[0].ops() if o.name == "aten._local_scalar_dense.default"]
+    assert [(o.dtype, o.bytes_read) for o in reads] == [("fp32", 4), ("bool", 1)]
