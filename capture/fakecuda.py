@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from capture.memory import MemoryTracker
 from capture.streams import FakeEvent, FakeStream, StreamTracker
@@ -52,6 +53,11 @@ def _is_cuda(d: Any) -> bool:
     if isinstance(d, str):
         return d == "cuda" or d.startswith("cuda:")
     return False
+
+
+def _holds_fake(data: Any) -> bool:
+    """Whether ``data`` is a (nested) list or tuple holding a fake tensor."""
+    return isinstance(data, (list, tuple)) and any(isinstance(x, FakeTensor) for x in tree_flatten(data)[0])
 
 
 class DeviceProperties:
@@ -83,7 +89,8 @@ class _DeviceMode(TorchFunctionMode):
         self.fake = fake
         T = torch.Tensor
         self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
-                        T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward"}
+                        T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward",
+                        T.type: "type"}
 
     def active(self) -> bool:
         """Whether the script's code is running (this mode on the stack), not torch's dispatch."""
@@ -97,10 +104,14 @@ class _DeviceMode(TorchFunctionMode):
                 return args[0]
             if special == "backward":
                 return self._backward(func, args, kwargs)
+            if special == "type":
+                return self._type(func, args, kwargs)
             t = args[0]
             if not isinstance(t, FakeTensor) or t.fake_device.type != "cpu":
                 return func(*args)  # real tensors (DeviceMesh's rank map) and meta ones say what they are
             return True if special == "is_cuda" else self.fake.device
+        if func in (torch.tensor, torch.as_tensor) and args and _holds_fake(args[0]):
+            return self._tensor_of_tensors(args[0], kwargs)
         dev = kwargs.get("device")
         if dev is not None and (_is_cuda(dev) or isinstance(dev, int)):
             kwargs = {**kwargs, "device": _CPU}
@@ -108,6 +119,38 @@ class _DeviceMode(TorchFunctionMode):
             args = tuple(_CPU if i and _is_cuda(a) else a for i, a in enumerate(args))
         return func(*args, **kwargs)
 
+
+    @staticmethod
+    def _type(func: Any, args: Any, kwargs: dict) -> Any:
+        # t.type() names a CUDA tensor type ("torch.cuda.FloatTensor"); t.type("torch.cuda.HalfTensor")
+        # converts to the CPU type of that name.
+        t, rest = args[0], list(args[1:])
+        to = rest[0] if rest else kwargs.get("dtype")
+        if isinstance(to, str):
+            to = to.replace("torch.cuda.", "torch.", 1)
+            return func(t, to, *rest[1:], **{k: v for k, v in kwargs.items() if k != "dtype"})
+        out = func(*args, **kwargs)
+        if to is None and isinstance(t, FakeTensor) and t.fake_device.type == "cpu":
+            return out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+    @staticmethod
+    def _tensor_of_tensors(data: Any, kwargs: dict) -> torch.Tensor:
+        # torch.tensor([t0, t1, ...]) of one-element fake tensors copies their data in C++, which
+        # fake tensors do not have (Megatron's local multi_tensor_l2norm builds one from per-tensor
+        # norms): stack them instead, the same values in the same shape.
+        def build(d: Any) -> torch.Tensor:
+            if isinstance(d, (list, tuple)):
+                return torch.stack([build(x) for x in d])
+            return d.reshape(()) if isinstance(d, torch.Tensor) else torch.tensor(d)
+
+        out = build(data)
+        dtype = kwargs.get("dtype")
+        if dtype is None and not out.dtype.is_floating_point and any(
+                isinstance(x, float) for x in tree_flatten(data)[0]):
+            dtype = torch.get_default_dtype()
+        out = out if dtype is None else out.to(dtype)
+        return out.requires_grad_() if kwargs.get("requires_grad") else out
 
     def _backward(self, func: Any, args: Any, kwargs: dict) -> None:
         # A mode is off the stack while its handler runs, so ``backward()`` would run hooks and
@@ -194,6 +237,9 @@ class FakeCuda:
         self.streams, self.mem, self.gpu = streams, mem, gpu
         self.device_count, self.device = device_count, device
         self.props = DeviceProperties(gpu)
+        # One CPU generator per fake GPU, as ``torch.cuda.default_generators`` (Megatron's RNG
+        # tracker reads and sets their states); random values do not matter to fake tensors.
+        self.generators = tuple(torch.Generator() for _ in range(device_count))
         self._saved: list[tuple[Any, str, Any, bool]] = []
         self._mode: _DeviceMode | None = None
 
@@ -206,6 +252,11 @@ class FakeCuda:
         if isinstance(d, str):
             d = torch.device(d)
         return d.index if d.index is not None else self.device
+
+    def generator(self, d: Any = "cuda") -> torch.Generator:
+        """``torch.cuda.default_generators`` entry of device ``d`` (-1: the current one)."""
+        i = self._index(d)
+        return self.generators[self.device if i < 0 else i]
 
     def set_device(self, d: Any) -> None:
         i = self._index(d)
@@ -265,10 +316,11 @@ class FakeCuda:
             "default_stream": lambda device=None: self.streams.default,
             "set_stream": self.streams.set_current,
             "stream": self.stream_ctx,
-            "get_rng_state": lambda *a, **k: torch.get_rng_state(),
-            "get_rng_state_all": lambda: [torch.get_rng_state()] * self.device_count,
-            "set_rng_state": noop,
-            "set_rng_state_all": noop,
+            "default_generators": self.generators,
+            "get_rng_state": lambda device="cuda": self.generator(device).get_state(),
+            "get_rng_state_all": lambda: [g.get_state() for g in self.generators],
+            "set_rng_state": lambda state, device="cuda": self.generator(device).set_state(state),
+            "set_rng_state_all": lambda states: [g.set_state(s) for g, s in zip(self.generators, states)],
             "manual_seed": noop,
             "manual_seed_all": noop,
             "seed": noop,
@@ -299,7 +351,14 @@ class FakeCuda:
 
         c = torch.cuda
         answers = self._answers()
+        # torch.cuda's submodules hold some of its functions under their own names
+        # (torch.cuda.random's get_rng_state calls its own ``current_device``): answer there too.
+        subs = [m for n, m in sorted(sys.modules.items()) if n.startswith("torch.cuda.") and m is not None]
         for name, value in answers.items():
+            orig = getattr(c, name, None)
+            for m in subs:
+                if orig is not None and vars(m).get(name) is orig:
+                    self._patch(m, name, value)
             self._patch(c, name, value)
         noop = lambda *a, **k: None  # noqa: E731
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):

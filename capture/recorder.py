@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -49,6 +50,8 @@ _ALLOC = {
     aten.new_empty_strided.default,
 }
 _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default, aten._local_scalar_dense.default}
+_UPLOADS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default, aten._to_copy.default}
+"""Ops that turn a real tensor into a device one (``torch.tensor(data)``, ``.to("cuda")``): fake."""
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
@@ -351,6 +354,13 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
+        if func.namespace == "aten" and func not in _UPLOADS and _host_data(args, kwargs):
+            # Real CPU tensors only (an RNG state the script compares with torch.get_rng_state()):
+            # host data, computed for real and read back by the script; no GPU kernel.
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if func is aten._local_scalar_dense.default:
+            return _read_scalar(func, args[0])
         out = func(*args, **kwargs)
         self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
@@ -455,6 +465,36 @@ class Recorder(CommRecorder, TorchDispatchMode, Annotator):
 
 
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
+FLOAT_READ_PLACEHOLDER = 1.0
+"""What ``.item()`` / ``float(t)`` of a fake floating-point tensor returns: fake tensors hold no
+data. Such reads are statistics (a loss to log, a gradient norm to clip by); 1.0 keeps the
+arithmetic on them finite (no division by zero) and makes Megatron's clip factor
+``max_norm / (norm + 1e-6)`` fall below 1 with ``clip_grad=1.0``, so the clipping kernels run, as
+they do whenever a GPU run clips."""
+
+
+def _read_scalar(func: Any, t: torch.Tensor) -> Any:
+    """``.item()``: a fake tensor's value where FakeTensorMode knows it (a constant), else
+    :data:`FLOAT_READ_PLACEHOLDER` for a floating-point tensor. Integers and booleans (sizes,
+    overflow flags: control flow) still fail, and the capture says why (``capture.runner``)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        return func(t)
+    except DataDependentOutputException:
+        if not (t.dtype.is_floating_point or t.dtype.is_complex):
+            raise
+        return FLOAT_READ_PLACEHOLDER
+
+
+def _host_data(args: Any, kwargs: dict) -> bool:
+    """Whether an op's tensors are all real CPU tensors (at least one; none fake)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ts = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    return bool(ts) and not any(isinstance(t, FakeTensor) or t.device.type != "cpu" for t in ts)
 
 
 def _is_fake_type(t: type) -> bool:
