@@ -32,6 +32,7 @@ import contextlib
 import inspect
 import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -53,6 +54,12 @@ def _is_cuda(d: Any) -> bool:
     if isinstance(d, str):
         return d == "cuda" or d.startswith("cuda:")
     return False
+
+
+def _alias(f: Any) -> Any:
+    """A distinct function object that calls function ``f`` (anything else as it is): Dynamo's
+    trace rules, rebuilt by every init_process_group, refuse one object under two names."""
+    return (lambda *a, **k: f(*a, **k)) if isinstance(f, (types.FunctionType, types.MethodType)) else f
 
 
 def _holds_fake(data: Any) -> bool:
@@ -358,11 +365,11 @@ class FakeCuda:
             orig = getattr(c, name, None)
             for m in subs:
                 if orig is not None and vars(m).get(name) is orig:
-                    self._patch(m, name, value)
-            self._patch(c, name, value)
+                    self._patch(m, name, _alias(value))
+            self._patch(c, name, _alias(value))
         noop = lambda *a, **k: None  # noqa: E731
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
-            self._patch(c.nvtx, name, noop)
+            self._patch(c.nvtx, name, _alias(noop))
         self._patch(c.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
         acc = torch.accelerator
         for name, value in {
@@ -381,7 +388,7 @@ class FakeCuda:
             "empty_cache": noop,
         }.items():
             if hasattr(acc, name):
-                self._patch(acc, name, value)
+                self._patch(acc, name, _alias(value))
         autocast = torch.amp.autocast_mode.autocast
         orig_autocast_init = autocast.__init__
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from capture.extensions import CudaExtensions
 from capture.fakecuda import FakeCuda
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
@@ -158,6 +159,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     recorder = Recorder(world, stop_after=iterations)
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
     cuda.install()
+    extensions = CudaExtensions()
+    extensions.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
@@ -182,6 +185,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
+        extensions.uninstall()
         cuda.uninstall()
         world.uninstall()
     return RankCapture(

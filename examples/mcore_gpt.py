@@ -67,6 +67,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--hidden-dropout", type=float, default=0.0)
     ap.add_argument("--attention-dropout", type=float, default=0.0)
     ap.add_argument("--bf16", action="store_true")
+    # Megatron-LM's fusions, on by default as there (fused CUDA kernels and torch.compile).
+    ap.add_argument("--no-masked-softmax-fusion", action="store_true")
+    ap.add_argument("--no-bias-gelu-fusion", action="store_true")
+    ap.add_argument("--no-bias-dropout-fusion", action="store_true")
+    ap.add_argument("--no-gradient-accumulation-fusion", action="store_true")
     return ap.parse_args()
 
 
@@ -104,8 +109,9 @@ def build_model(a: argparse.Namespace) -> tuple[DistributedDataParallel, Transfo
         num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk,
         moe_token_dispatcher_type="alltoall" if a.num_experts else "allgather",
         sequence_parallel=a.sequence_parallel, bf16=a.bf16, params_dtype=dtype, pipeline_dtype=dtype,
-        masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=not a.no_masked_softmax_fusion, bias_activation_fusion=not a.no_bias_gelu_fusion,
+        bias_dropout_fusion=not a.no_bias_dropout_fusion,
+        gradient_accumulation_fusion=not a.no_gradient_accumulation_fusion,
     )
     model = GPTModel(
         config=config, transformer_layer_spec=layer_spec(a, config),
