@@ -12,8 +12,11 @@ a device thread through CUDA's device guard). What the script sees is a CUDA dev
   the GPU catalogue ``heterosim/cluster/data/gpus.yaml``): ``is_available``, ``device_count``,
   ``current_device`` / ``set_device`` / ``device(i)``, ``get_device_properties`` / ``_name`` /
   ``_capability``, memory queries (``memory_allocated`` and its peak are the capture's own
-  storage accounting, :mod:`capture.memory`), ``synchronize``, RNG seeding, ``nvtx``;
-  ``torch.accelerator`` likewise;
+  storage accounting, :mod:`capture.memory`), ``synchronize``, RNG states (one CPU generator per
+  fake GPU as ``default_generators``), ``nvtx``; ``torch.accelerator`` likewise, and the
+  submodules of ``torch.cuda`` that bind these functions under their own names;
+- ``t.type()`` names a CUDA type, ``t.record_stream(s)`` is accepted, ``torch.tensor([t0, t1])``
+  of one-element fake tensors is their stack (it would copy data fake tensors do not have);
 - ``torch.cuda.Stream`` / ``Event`` / ``stream(s)`` / ``current_stream`` are recorded by the
   recorder's :class:`capture.streams.StreamTracker` (what they mean for the trace is there);
 - ``torch.autocast("cuda", dtype)`` runs as CPU autocast with the same dtype (same op list for
@@ -397,6 +400,11 @@ class FakeCuda:
 
         self._patch(autocast, "__init__", autocast_init)
         self._patch(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
+        # The caching allocator's bookkeeping of a fake stream (torch's argument parser refuses
+        # the fake stream before any mode sees the call).
+        orig_record = torch.Tensor.record_stream
+        self._patch(torch.Tensor, "record_stream",
+                    lambda t, s: None if isinstance(s, FakeStream) else orig_record(t, s))
         # torch.optim picks its multi-tensor (foreach) path by the parameters' device, which its own
         # code sees as the CPU, and by their type (FakeTensor here): let it take the path a GPU takes (the CPU foreach kernels exist), so
         # a default AdamW is captured as the few multi-tensor kernels a GPU runs, not a loop.

@@ -37,9 +37,16 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+# megatron-core 0.16.1 reads moe_utils.te_general_gemm without Transformer Engine (a NameError in
+# the MoE router); its fallback GEMM runs when it is None.
+if not hasattr(moe_utils, "te_general_gemm"):
+    moe_utils.te_general_gemm = None
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--expert-model-parallel-size", type=int, default=1)
     ap.add_argument("--num-experts", type=int, default=None)
     ap.add_argument("--moe-router-topk", type=int, default=2)
+    ap.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    ap.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--use-distributed-optimizer", action="store_true")
     ap.add_argument("--overlap-grad-reduce", action="store_true")
@@ -107,6 +116,8 @@ def build_model(a: argparse.Namespace) -> tuple[DistributedDataParallel, Transfo
         pipeline_model_parallel_size=a.pipeline_model_parallel_size,
         context_parallel_size=a.context_parallel_size, expert_model_parallel_size=a.expert_model_parallel_size,
         num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk,
+        moe_expert_capacity_factor=a.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity,
         moe_token_dispatcher_type="alltoall" if a.num_experts else "allgather",
         sequence_parallel=a.sequence_parallel, bf16=a.bf16, params_dtype=dtype, pipeline_dtype=dtype,
         masked_softmax_fusion=not a.no_masked_softmax_fusion, bias_activation_fusion=not a.no_bias_gelu_fusion,

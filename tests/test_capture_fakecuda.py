@@ -70,7 +70,7 @@ def test_unknown_gpu_is_one_clear_error(tmp_path):
 def test_reading_a_value_says_why_and_how_to_skip_it(tmp_path):
     script = tmp_path / "item.py"
     script.write_text("import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
-                      "print(torch.randn(4, device='cuda').sum().item())\n")
+                      "print(torch.randint(0, 9, (4,), device='cuda').sum().item())\n")
     p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(tmp_path / "t"), str(script)],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 1 and "raised DataDependentOutputException as rank 0" in p.stderr
