@@ -33,6 +33,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,14 +67,22 @@ def _wgrad_accum(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad
     torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=main_grad.dtype, out=main_grad)
 
 
-def _causal_module() -> types.ModuleType:
-    from models.layers import megatron_ops  # registers the heterosim ops
+def _softmax_ops() -> Any:
+    """``torch.ops.heterosim``, its causal softmax ops registered: models/layers/megatron_ops.py
+    registers them, loaded by path on first use so that a script's own ``models`` package is not
+    shadowed by ours."""
+    if not hasattr(torch.ops.heterosim, "scaled_upper_triang_masked_softmax"):
+        path = Path(__file__).resolve().parents[1] / "models" / "layers" / "megatron_ops.py"
+        spec = importlib.util.spec_from_file_location("_heterosim_megatron_ops", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return torch.ops.heterosim
 
-    fwd = torch.ops.heterosim.scaled_upper_triang_masked_softmax.default
-    bwd = torch.ops.heterosim.scaled_upper_triang_masked_softmax_backward.default
-    m = types.ModuleType("scaled_upper_triang_masked_softmax_cuda", megatron_ops.__doc__)
-    m.forward = lambda inputs, scale: fwd(inputs, float(scale))
-    m.backward = lambda grads, out, scale: bwd(grads, out, float(scale))
+
+def _causal_module() -> types.ModuleType:
+    m = types.ModuleType("scaled_upper_triang_masked_softmax_cuda")
+    m.forward = lambda inputs, scale: _softmax_ops().scaled_upper_triang_masked_softmax(inputs, float(scale))
+    m.backward = lambda grads, out, scale: _softmax_ops().scaled_upper_triang_masked_softmax_backward(
+        grads, out, float(scale))
     return m
 
 

@@ -21,7 +21,9 @@ extra of pyproject.toml).
 
 Context parallelism: the local spec's ``DotProductAttention`` asserts ``context_parallel_size ==
 1`` ("Context parallelism is only supported by TEDotProductAttention!"), so ``--context-parallel-size``
-needs the Transformer Engine spec, a CUDA extension.
+needs the Transformer Engine spec, a CUDA extension. Experts (``--num-experts``,
+``--expert-model-parallel-size``) run on GPUs; a capture stops where megatron-core reads the
+tokens per expert back to the host (``tokens_per_expert.tolist()``), integers fake tensors lack.
 """
 
 import argparse
