@@ -12,8 +12,11 @@ a device thread through CUDA's device guard). What the script sees is a CUDA dev
   the GPU catalogue ``heterosim/cluster/data/gpus.yaml``): ``is_available``, ``device_count``,
   ``current_device`` / ``set_device`` / ``device(i)``, ``get_device_properties`` / ``_name`` /
   ``_capability``, memory queries (``memory_allocated`` and its peak are the capture's own
-  storage accounting, :mod:`capture.memory`), ``synchronize``, RNG seeding, ``nvtx``;
-  ``torch.accelerator`` likewise;
+  storage accounting, :mod:`capture.memory`), ``synchronize``, RNG states (one CPU generator per
+  fake GPU as ``default_generators``), ``nvtx``; ``torch.accelerator`` likewise, and the
+  submodules of ``torch.cuda`` that bind these functions under their own names;
+- ``t.type()`` names a CUDA type, ``t.record_stream(s)`` is accepted, ``torch.tensor([t0, t1])``
+  of one-element fake tensors is their stack (it would copy data fake tensors do not have);
 - ``torch.cuda.Stream`` / ``Event`` / ``stream(s)`` / ``current_stream`` are recorded by the
   recorder's :class:`capture.streams.StreamTracker` (what they mean for the trace is there);
 - ``torch.autocast("cuda", dtype)`` runs as CPU autocast with the same dtype (same op list for
@@ -45,6 +48,7 @@ from typing import Any, Callable
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from capture.memory import MemoryTracker
 from capture.streams import FakeEvent, FakeStream, StreamTracker
@@ -67,6 +71,11 @@ def _is_cuda(d: Any) -> bool:
     if isinstance(d, str):
         return d == "cuda" or d.startswith("cuda:")
     return False
+
+
+def _holds_fake(data: Any) -> bool:
+    """Whether ``data`` is a (nested) list or tuple holding a fake tensor."""
+    return isinstance(data, (list, tuple)) and any(isinstance(x, FakeTensor) for x in tree_flatten(data)[0])
 
 
 class DeviceProperties:
@@ -99,7 +108,7 @@ class _DeviceMode(TorchFunctionMode):
         T = torch.Tensor
         self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
                         T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward",
-                        T.cpu: "to_host"}
+                        T.cpu: "to_host", T.type: "type"}
 
     def active(self) -> bool:
         """Whether the script's code is running (this mode on the stack), not torch's dispatch."""
@@ -116,10 +125,14 @@ class _DeviceMode(TorchFunctionMode):
             if special == "to_host":
                 self._to_host(args[0], kwargs.get("non_blocking", False))
                 return func(*args, **kwargs)
+            if special == "type":
+                return self._type(func, args, kwargs)
             t = args[0]
             if not isinstance(t, FakeTensor) or t.fake_device.type != "cpu":
                 return func(*args)  # real tensors (DeviceMesh's rank map) and meta ones say what they are
             return True if special == "is_cuda" else self.fake.device
+        if func in (torch.tensor, torch.as_tensor) and args and _holds_fake(args[0]):
+            return self._tensor_of_tensors(args[0], kwargs)
         dev = kwargs.get("device")
         if dev is not None and (_is_cuda(dev) or isinstance(dev, int)):
             kwargs = {**kwargs, "device": _CPU}
@@ -134,6 +147,38 @@ class _DeviceMode(TorchFunctionMode):
         reported to :attr:`FakeCuda.on_host_copy` (the tensor itself is already on the CPU)."""
         if isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and self.fake.on_host_copy is not None:
             self.fake.on_host_copy(t, bool(non_blocking))
+
+    @staticmethod
+    def _type(func: Any, args: Any, kwargs: dict) -> Any:
+        # t.type() names a CUDA tensor type ("torch.cuda.FloatTensor"); t.type("torch.cuda.HalfTensor")
+        # converts to the CPU type of that name.
+        t, rest = args[0], list(args[1:])
+        to = rest[0] if rest else kwargs.get("dtype")
+        if isinstance(to, str):
+            to = to.replace("torch.cuda.", "torch.", 1)
+            return func(t, to, *rest[1:], **{k: v for k, v in kwargs.items() if k != "dtype"})
+        out = func(*args, **kwargs)
+        if to is None and isinstance(t, FakeTensor) and t.fake_device.type == "cpu":
+            return out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+    @staticmethod
+    def _tensor_of_tensors(data: Any, kwargs: dict) -> torch.Tensor:
+        # torch.tensor([t0, t1, ...]) of one-element fake tensors copies their data in C++, which
+        # fake tensors do not have (Megatron's local multi_tensor_l2norm builds one from per-tensor
+        # norms): stack them instead, the same values in the same shape.
+        def build(d: Any) -> torch.Tensor:
+            if isinstance(d, (list, tuple)):
+                return torch.stack([build(x) for x in d])
+            return d.reshape(()) if isinstance(d, torch.Tensor) else torch.tensor(d)
+
+        out = build(data)
+        dtype = kwargs.get("dtype")
+        if dtype is None and not out.dtype.is_floating_point and any(
+                isinstance(x, float) for x in tree_flatten(data)[0]):
+            dtype = torch.get_default_dtype()
+        out = out if dtype is None else out.to(dtype)
+        return out.requires_grad_() if kwargs.get("requires_grad") else out
 
     def _backward(self, func: Any, args: Any, kwargs: dict) -> None:
         # A mode is off the stack while its handler runs, so ``backward()`` would run hooks and
@@ -168,6 +213,31 @@ def _philox_state() -> torch.Tensor:
     """What ``torch.cuda.get_rng_state`` returns: a CPU uint8 tensor of 16 bytes, the Philox seed
     and offset (int64 each); DTensor's RNG tracker reads and advances the offset in place."""
     return torch.zeros(16, dtype=torch.uint8)
+
+
+class _FakeGenerator:
+    """A ``torch.cuda.default_generators`` entry: keeps the state it is given (a CUDA generator's
+    is the 16-byte Philox seed and offset, :func:`_philox_state`); seeding changes nothing that a
+    fake tensor could show."""
+
+    def __init__(self, index: int) -> None:
+        self.device = torch.device("cuda", index)
+        self._state = _philox_state()
+
+    def get_state(self) -> torch.Tensor:
+        return self._state.clone()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self._state = state.clone()
+
+    def manual_seed(self, seed: int) -> "_FakeGenerator":
+        return self
+
+    def seed(self) -> int:
+        return 0
+
+    def initial_seed(self) -> int:
+        return 0
 
 
 def cpu_device_kwargs(kwargs: dict) -> dict:
@@ -262,6 +332,10 @@ class FakeCuda:
         self.streams, self.mem, self.gpu = streams, mem, gpu
         self.device_count, self.device = device_count, device
         self.props = DeviceProperties(gpu)
+        # One generator per fake GPU, as ``torch.cuda.default_generators`` (Megatron's RNG tracker
+        # reads and sets their states; DTensor's reads a 16-byte Philox state and advances its
+        # offset in place); random values do not matter to fake tensors.
+        self.generators = tuple(_FakeGenerator(i) for i in range(device_count))
         self._saved: list[tuple[Any, str, Any, bool]] = []
         self._mode: _DeviceMode | None = None
         self.on_host_copy: Callable[[torch.Tensor, bool], None] | None = None
@@ -276,6 +350,11 @@ class FakeCuda:
         if isinstance(d, str):
             d = torch.device(d)
         return d.index if d.index is not None else self.device
+
+    def generator(self, d: Any = "cuda") -> "_FakeGenerator":
+        """``torch.cuda.default_generators`` entry of device ``d`` (-1: the current one)."""
+        i = self._index(d)
+        return self.generators[self.device if i < 0 else i]
 
     def set_device(self, d: Any) -> None:
         i = self._index(d)
@@ -335,10 +414,11 @@ class FakeCuda:
             "default_stream": lambda device=None: self.streams.default,
             "set_stream": self.streams.set_current,
             "stream": self.stream_ctx,
-            "get_rng_state": lambda *a, **k: _philox_state(),
-            "get_rng_state_all": lambda: [_philox_state() for _ in range(self.device_count)],
-            "set_rng_state": noop,
-            "set_rng_state_all": noop,
+            "default_generators": self.generators,
+            "get_rng_state": lambda device="cuda": self.generator(device).get_state(),
+            "get_rng_state_all": lambda: [g.get_state() for g in self.generators],
+            "set_rng_state": lambda state, device="cuda": self.generator(device).set_state(state),
+            "set_rng_state_all": lambda states: [g.set_state(s) for g, s in zip(self.generators, states)],
             "manual_seed": noop,
             "manual_seed_all": noop,
             "seed": noop,
@@ -372,9 +452,16 @@ class FakeCuda:
 
         c = torch.cuda
         answers = self._answers()
-        # init_process_group clears that index (distributed_c10d.py): when it is rebuilt from our
-        # answers, no function object may stand under two names (rules differ per name).
+        # init_process_group clears Dynamo's index of torch functions (distributed_c10d.py): when it
+        # is rebuilt from our answers, no function object may stand under two names. torch.cuda's
+        # submodules hold some of its functions under their own names (torch.cuda.random's
+        # get_rng_state calls its own ``current_device``): answer there too.
+        subs = [m for n, m in sorted(sys.modules.items()) if n.startswith("torch.cuda.") and m is not None]
         for name, value in answers.items():
+            orig = getattr(c, name, None)
+            for m in subs:
+                if orig is not None and vars(m).get(name) is orig:
+                    self._patch(m, name, _distinct(value))
             self._patch(c, name, _distinct(value))
         noop = lambda *a, **k: None  # noqa: E731
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):

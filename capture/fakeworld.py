@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from capture.groupdesc import dim_of_desc
+
 __all__ = ["GroupRecord", "FakeWorld", "torchrun_env", "MESH_AXIS_DIMS"]
 
 MESH_AXIS_DIMS = {"fsdp": "dp", "hsdp": "dp", "batch": "dp", "efsdp": "dp"}
@@ -81,16 +83,18 @@ class FakeWorld:
     quiet: Callable[[], Any] = contextlib.nullcontext
     """Context in which the recorder records nothing (set by the runner)."""
     _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
-    _family_of_site: dict[str, list[str]] = field(default_factory=dict)
+    _family_of_site: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     _family_members: dict[str, set[int]] = field(default_factory=dict)
     _family_dim: dict[str, str] = field(default_factory=dict)
     _last_site: str | None = None
 
     # ---- group bookkeeping -------------------------------------------------------------------
-    def _family_for(self, site: str, ranks: tuple[int, ...]) -> str:
+    def _family_for(self, site: str, ranks: tuple[int, ...], kind: str = "") -> str:
         # Groups created one after another from the same call site form a family, as long as
-        # they are disjoint (a family partitions the ranks it covers).
-        fams = self._family_of_site.setdefault(site, [])
+        # they are disjoint (a family partitions the ranks it covers). ``kind`` (backend and
+        # description) keeps apart groups one loop creates in pairs (Megatron's NCCL group and its
+        # gloo twin) or one helper creates for every dimension (megatron-core's create_group).
+        fams = self._family_of_site.setdefault((site, kind), [])
         if fams and self._last_site == site:
             fam = fams[-1]
             members = self._family_members[fam]
@@ -102,13 +106,16 @@ class FakeWorld:
         self._family_members[fam] = set(ranks)
         return fam
 
-    def _register(self, ranks: tuple[int, ...], pg: Any, site: str) -> None:
+    def _register(self, ranks: tuple[int, ...], pg: Any, site: str, backend: Any = None, desc: str | None = None) -> None:
         gid = str(len(self.groups))
         if gid == "0":
             fam = "world"
             self._family_members["world"] = set(ranks)
         else:
-            fam = self._family_for(site, ranks)
+            fam = self._family_for(site, ranks, f"{backend}|{desc}")
+            dim = dim_of_desc(desc)
+            if dim is not None:
+                self._family_dim[fam] = dim
         self._last_site = site
         self.groups.append(GroupRecord(gid, ranks, fam, "world" if gid == "0" else self._family_dim.get(fam, "other")))
         if isinstance(pg, dist.ProcessGroup):
@@ -209,13 +216,13 @@ class FakeWorld:
             world._register(tuple(range(world.world_size)), dist.group.WORLD, "init")
 
         def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
-            kwargs.pop("backend", None)
+            backend = kwargs.pop("backend", args[1] if len(args) > 1 else None)
             kwargs.pop("pg_options", None)
             if args:
                 args = (args[0],)  # timeout; a positional backend is dropped
             pg = orig_new(ranks, *args, backend="fake", **kwargs)
             rs = tuple(sorted(ranks)) if ranks is not None else tuple(range(world.world_size))
-            world._register(rs, pg, world._call_site())
+            world._register(rs, pg, world._call_site(), backend, kwargs.get("group_desc"))
             return pg
 
         def batch_isend_irecv(p2p_op_list: Any) -> Any:
@@ -230,6 +237,7 @@ class FakeWorld:
         from torch.distributed import device_mesh
 
         self._patch_ddp()
+        self._patch_object_collectives()
         orig_init_mesh = device_mesh.init_device_mesh
         self._patch_device_mesh()
         # Re-exported by name (torch.distributed, torch.distributed.tensor[.device_mesh]): ours everywhere.
@@ -298,6 +306,40 @@ class FakeWorld:
             return buckets[::-1], list(caps)[::-1]
 
         self._patch(dist, "_compute_bucket_assignment_by_size", assign)
+
+    def _patch_object_collectives(self) -> None:
+        """``all_gather_object`` / ``gather_object`` / ``broadcast_object_list`` /
+        ``scatter_object_list``: answered as if every rank of the group held this rank's object.
+
+        They pickle Python objects through tensors and read them back, which fake tensors cannot
+        do. Every rank of a capture runs the same code (the assumption roles rest on), so the other
+        ranks' objects (Megatron's optimizer param-group keys) are copies of this one's. Nothing
+        is recorded: these are setup-time host messages, not an iteration's traffic.
+        """
+        import copy
+
+        import torch.distributed.distributed_c10d as c10d_mod
+
+        def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+            object_list[:] = [copy.deepcopy(obj) for _ in object_list]
+
+        def gather_object(obj: Any, object_gather_list: list | None = None, *args: Any, **kwargs: Any) -> None:
+            if object_gather_list is not None:
+                object_gather_list[:] = [copy.deepcopy(obj) for _ in object_gather_list]
+
+        def broadcast_object_list(object_list: list, *args: Any, **kwargs: Any) -> None:
+            return None  # the source's list is taken to equal this rank's
+
+        def scatter_object_list(output: list, inputs: list | None = None, *args: Any, **kwargs: Any) -> None:
+            if inputs is not None:  # the source: its own entry (others keep what they passed)
+                group = kwargs.get("group")
+                output[0] = copy.deepcopy(inputs[dist.get_rank(group) if group is not None else dist.get_rank()])
+
+        for name, fn in (("all_gather_object", all_gather_object), ("gather_object", gather_object),
+                         ("broadcast_object_list", broadcast_object_list),
+                         ("scatter_object_list", scatter_object_list)):
+            self._patch(dist, name, fn)
+            self._patch(c10d_mod, name, fn)
 
     def uninstall(self) -> None:
         """Undo every patch (in reverse order) and tear down the process group."""

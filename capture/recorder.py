@@ -21,6 +21,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -53,6 +54,8 @@ _ALLOC = {
     aten.new_empty_strided.default,
 }
 _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default}
+_UPLOADS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default, aten._to_copy.default}
+"""Ops that turn a real tensor into a device one (``torch.tensor(data)``, ``.to("cuda")``): fake."""
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
@@ -365,6 +368,11 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
+        if func.namespace == "aten" and func not in _UPLOADS and _host_data(args, kwargs):
+            # Real CPU tensors only (an RNG state the script compares with torch.get_rng_state()):
+            # host data, computed for real and read back by the script; no GPU kernel.
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         out = func(*args, **kwargs)
         self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
@@ -470,6 +478,14 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 register_flex_attention(Recorder)
 
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
+def _host_data(args: Any, kwargs: dict) -> bool:
+    """Whether an op's tensors are all real CPU tensors (at least one; none fake)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    ts = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    return bool(ts) and not any(isinstance(t, FakeTensor) or t.device.type != "cpu" for t in ts)
 
 
 def _is_fake_type(t: type) -> bool:

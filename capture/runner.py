@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from capture.extensions import CudaExtensions
 from capture.fakecuda import FakeCuda
 from capture.hostdata import HostData
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
@@ -185,6 +186,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     cuda.install()
     host_data = HostData(recorder.quiet)
     host_data.install()
+    extensions = CudaExtensions()
+    extensions.install()
     previous = set_annotator(recorder)
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
@@ -213,6 +216,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
         set_annotator(previous)
         host_data.uninstall()
+        extensions.uninstall()
         cuda.uninstall()
         world.uninstall()
     return RankCapture(

@@ -65,6 +65,16 @@ def test_bad_catalogue_rejected(tmp_path):
     p.write_text("schema_version: 1\ngpus:\n  - {name: X, vendor: nvidia}\n")
     with pytest.raises(ConfigError, match="GPU entry 'X' has unknown keys \\[\\] / missing keys"):
         load_catalogue(p)
+    import yaml
+
+    entry = {"name": "X", "vendor": "nvidia", "arch": "turing", "compute_capability": 75,
+             "peak_TFLOPs": {"fp32": 8, "tf32": 8, "bf16": 8, "fp16": 65, "fp8": 65}, "hbm_bw_GBps": 320,
+             "memory_GiB": 16, "sm_count": 40, "l2_MiB": 4, "nvlink_bw_GBps": 0, "pcie_bw_GBps": 16,
+             "tdp_W": 70, "sources": "test", "sustained_clock_ratio": 1.5}
+    p.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [entry]}))
+    with pytest.raises(ConfigError, match=r"X: sustained_clock_ratio must be a fraction in \(0, 1\] of the boost "
+                                          r"clock's tensor throughput, got 1.5"):
+        load_catalogue(p)
 
 
 def test_bad_yaml_is_one_clear_error(tmp_path):

@@ -37,9 +37,9 @@ _DEFAULT_PATH = Path(__file__).with_name("data") / "gpus.yaml"
 _ENTRY_KEYS = {
     "name", "aliases", "vendor", "arch", "compute_capability", "peak_TFLOPs", "hbm_bw_GBps",
     "memory_GiB", "sm_count", "l2_MiB", "nvlink_bw_GBps", "pcie_bw_GBps", "tdp_W", "sources", "notes",
-    "launch_overhead_us", "tensor_boost_power_W",
+    "launch_overhead_us", "tensor_boost_power_W", "sustained_clock_ratio",
 }
-_REQUIRED = _ENTRY_KEYS - {"aliases", "notes", "launch_overhead_us", "tensor_boost_power_W"}
+_REQUIRED = _ENTRY_KEYS - {"aliases", "notes", "launch_overhead_us", "tensor_boost_power_W", "sustained_clock_ratio"}
 
 
 def canonical_key(name: str) -> str:
@@ -79,6 +79,9 @@ class GpuSpec:
     """Fixed cost per kernel (launch plus ramp and tail), seconds."""
     tensor_boost_power_w: float = 0.0
     """Board power dense tensor-core work draws at the boost clock, watts; 0 = not known (no derate)."""
+    sustained_clock_ratio: float = 0.0
+    """Sustained / boost tensor throughput under dense load where it is published as a measurement
+    (it then replaces the power model of :attr:`power_clock_ratio`); 0 = not given."""
     aliases: tuple[str, ...] = ()
     """Other names that resolve to this GPU."""
     sources: str = ""
@@ -99,8 +102,12 @@ class GpuSpec:
         ``P_boost`` at the boost clock settles, once its power limiter acts (~0.1 s of load:
         ``benchmarks/bench_power_regime.py``), at the clock where that power equals its TDP.
         NB: ignores static (leakage) power, which does not scale with f: the true derate is a
-        little deeper than this.
+        little deeper than this. Far below boost, where the voltage stops falling with the clock,
+        the cube law no longer holds: a board measured there gives ``sustained_clock_ratio``
+        instead, which this returns as is.
         """
+        if self.sustained_clock_ratio > 0:
+            return self.sustained_clock_ratio
         if self.tensor_boost_power_w <= 0 or self.tdp_w <= 0:
             return 1.0
         return min(1.0, (self.tdp_w / self.tensor_boost_power_w) ** (1.0 / 3.0))
@@ -212,6 +219,10 @@ def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
     if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) for a in aliases):
         raise ConfigError(f"{where}: {name}: aliases must be a list of names")
     launch_us = float(e.get("launch_overhead_us", defaults.get("launch_overhead_us", 0.0)))
+    ratio = e.get("sustained_clock_ratio", 0.0)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"{where}: {name}: sustained_clock_ratio must be a fraction in (0, 1] of the boost "
+                          f"clock's tensor throughput, got {ratio!r:.60}")
     return GpuSpec(
         name=str(e["name"]),
         vendor=str(e["vendor"]),
@@ -227,6 +238,7 @@ def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
         tdp_w=float(e["tdp_W"]),
         launch_overhead_s=launch_us * 1e-6,
         tensor_boost_power_w=float(e.get("tensor_boost_power_W", 0.0)),
+        sustained_clock_ratio=float(ratio),
         aliases=tuple(str(a) for a in e.get("aliases", ())),
         sources=str(e["sources"]),
         notes=str(e.get("notes", "")),
