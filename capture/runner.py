@@ -9,6 +9,7 @@ recorder (also as the ``heterosim.annotate`` annotator), enters FakeTensorMode a
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import runpy
 import sys
@@ -21,6 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from capture.fakecuda import FakeCuda
 from capture.hostdata import HostData
+from capture.objectp2p import ObjectP2P, answerers
+from capture import pipelining
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
@@ -145,6 +148,13 @@ def _hint(e: Exception) -> str:
     return ""
 
 
+def _positions(world: FakeWorld, pg: Any, src: int, dst: int) -> tuple[str, int, int] | None:
+    """``(family, src position, dst position)`` of two global ranks in group ``pg``
+    (:mod:`capture.objectp2p`'s mailbox keys)."""
+    g = world.groups[int(world.gid_of(pg))]
+    return (g.family, g.ranks.index(src), g.ranks.index(dst)) if src in g.ranks and dst in g.ranks else None
+
+
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
              gpu: str = DEFAULT_GPU, iterations: int | None = None, module: bool = False) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
@@ -157,6 +167,9 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
     world = FakeWorld(rank=rank, world_size=world_size)
     world.install()
+    objects = ObjectP2P(functools.partial(_positions, world))
+    objects.install()
+    answerers.append(pipelining.answer)
     recorder = Recorder(world, stop_after=iterations)
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
     cuda.on_host_copy = recorder.host_copy
@@ -192,6 +205,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         set_annotator(previous)
         host_data.uninstall()
         cuda.uninstall()
+        answerers.remove(pipelining.answer)
+        objects.uninstall()
         world.uninstall()
     return RankCapture(
         rank=rank,
