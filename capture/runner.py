@@ -24,6 +24,7 @@ from capture.fakecuda import FakeCuda
 from capture.hostdata import HostData
 from capture.objectp2p import ObjectP2P, answerers
 from capture import pipelining
+from capture.recompute import RecomputeTagger
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
@@ -177,6 +178,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     host_data = HostData(recorder.quiet)
     host_data.install()
     previous = set_annotator(recorder)
+    recompute = RecomputeTagger(recorder.scope)
+    recompute.install()
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
@@ -202,6 +205,7 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         blocks, program = recorder.finish()
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
+        recompute.uninstall()
         set_annotator(previous)
         host_data.uninstall()
         cuda.uninstall()
