@@ -13,8 +13,8 @@ A receive is answered, in order, by the mailbox (waiting while a sender started 
 be running, :data:`WAIT_ENV`); by an *answerer* that knows the protocol in progress
 (:mod:`capture.pipelining`: a pipeline stage's gradient metadata is its output metadata, as torch's
 own static mode derives it), which never waits; else :class:`ObjectNotSentError` says which rank
-would have to run first. The receive still records the two receives NCCL runs (the objects' sizes,
-then their bytes), so the sender's two sends are matched.
+would have to run first. Both sides record the two messages NCCL carries (the objects' sizes, then
+their pickled bytes) on fake tensors, so sends and receives match in count and size.
 
 Ranks are captured in ascending order (rank 0 alone first, to find the roles), so objects sent to
 higher ranks are found: a pipeline's forward metadata flows from stage k to k+1. Not supported:
@@ -74,16 +74,16 @@ class ObjectP2P:
     def install(self) -> None:
         import torch.distributed.distributed_c10d as c10d
 
-        orig_send = dist.send_object_list
         box = os.environ.get(MAILBOX_ENV)
         wait_s = float(os.environ.get(WAIT_ENV, "0"))
         p2p = self
 
         def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
                              device: Any = None, group_dst: int | None = None, use_batch: bool = False) -> None:
-            orig_send(object_list, dst=dst, group=group, device=device, group_dst=group_dst, use_batch=use_batch)
             g = c10d._group_or_default_group(group)
-            dst_global = dist.get_global_rank(g, c10d._canonicalize_group_rank(g, dst, group_dst))
+            gdst = c10d._canonicalize_group_rank(g, dst, group_dst)
+            dst_global = dist.get_global_rank(g, gdst)
+            _transfer("send", list(object_list), g, gdst, device, use_batch)
             key = p2p._key(g, dist.get_rank(), dst_global)
             if box:
                 atomic_write_bytes(Path(box) / key, pickle.dumps(list(object_list)))
@@ -98,7 +98,7 @@ class ObjectP2P:
             if len(objects) != len(object_list):
                 raise ScriptError(f"recv_object_list expects {len(object_list)} objects from rank {src_global}; "
                                   f"it sent {len(objects)}")
-            _record_recv(objects, g, gsrc, device, use_batch)
+            _transfer("recv", objects, g, gsrc, device, use_batch)
             object_list[:] = objects
             return src_global
 
@@ -137,13 +137,17 @@ def _answer(box: str | None, key: str, wait_s: float, src: int, n: int) -> list[
         + "Pass the shapes the object describes to the script statically where it allows it.")
 
 
-def _record_recv(objects: list[Any], group: Any, gsrc: int, device: Any, use_batch: bool) -> None:
-    """The two receives ``recv_object_list`` issues (sizes, then bytes), so the sends match."""
+def _transfer(op: str, objects: list[Any], group: Any, peer: int, device: Any, use_batch: bool) -> None:
+    """The two sends or receives an object message is (its sizes, then its pickled bytes), as
+    ``send_object_list`` / ``recv_object_list`` issue them: recorded alike on both sides."""
     sizes = [len(pickle.dumps(o)) for o in objects]
     dev = device or dist.distributed_c10d._get_object_coll_device(group)
     for t in (torch.empty(len(objects), dtype=torch.long, device=dev),
               torch.empty(sum(sizes), dtype=torch.uint8, device=dev)):
         if use_batch:
-            dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, group_peer=gsrc, group=group)]).pop().wait()
+            fn = dist.isend if op == "send" else dist.irecv
+            dist.batch_isend_irecv([dist.P2POp(fn, t, group_peer=peer, group=group)]).pop().wait()
+        elif op == "send":
+            dist.send(t, group=group, group_dst=peer)
         else:
-            dist.recv(t, group=group, group_src=gsrc)
+            dist.recv(t, group=group, group_src=peer)
