@@ -7,14 +7,17 @@ runs one rank standalone, for debugging).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from heterosim.trace.store import check_trace_output, write_trace
+from capture.objectp2p import MAILBOX_ENV, WAIT_ENV
 from capture.rolecheck import check_roles, comm_signature
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
 from capture.runner import DEFAULT_GPU, RankCapture, run_rank
@@ -173,9 +176,22 @@ def capture(
         if on_rank_done:
             on_rank_done(done[0], done[1])
 
-    def run(rs: Sequence[int]) -> list[RankCapture]:
-        return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations, module)
+    def run(rs: Sequence[int], alone: bool = False) -> list[RankCapture]:
+        # Ranks share sent Python objects through a mailbox (capture.objectp2p); a receive may wait
+        # for a sender running beside it, never when the rank runs alone.
+        wait = "0" if alone or len(rs) == 1 else str(timeout or DEFAULT_RANK_TIMEOUT_S)
+        with _env({WAIT_ENV: wait}):
+            return _run_ranks(script, script_args, rs, world_size, nproc, jobs, tick, timeout, gpu, iterations,
+                              module)
 
+    with tempfile.TemporaryDirectory(prefix="heterosim-mailbox-") as box, _env({MAILBOX_ENV: box}):
+        trace = _capture_roles(run, ranks, listed, world_size, done, command)
+    return write_trace(trace, out, force=force)
+
+
+def _capture_roles(run: Callable[..., list[RankCapture]], ranks: str, listed: list[int] | None, world_size: int,
+                   done: list[int], command: list[str]):
+    """Capture the representatives (or every rank), prove the roles, merge into one trace."""
     if ranks == "all":
         done[1] = world_size
         caps = run(range(world_size))
@@ -183,7 +199,7 @@ def capture(
         reps = None
     else:
         done[1] = 1
-        first = run([0])[0]
+        first = run([0], alone=True)[0]
         roles = roles_from_groups(first.groups, world_size)
         reps = [r[0] for r in roles] if listed is None else listed
         rest = [r for r in reps if r != 0]
@@ -197,7 +213,22 @@ def capture(
     caps, roles, reps, check = prove_roles(caps, roles, reps, run_more)
     trace = merge_captures(caps, roles, command, representatives=reps)
     trace.meta["roles_check"] = check
-    return write_trace(trace, out, force=force)
+    return trace
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    """Environment variables set for the workers forked inside, restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def prove_roles(

@@ -108,7 +108,7 @@ class _DeviceMode(TorchFunctionMode):
         T = torch.Tensor
         self.special = {T.is_cuda.__get__: "is_cuda", T.get_device: "get_device", T.cuda: "self",
                         T.pin_memory: "self", T.backward: "backward", torch.autograd.backward: "backward",
-                        T.cpu: "to_host", T.type: "type"}
+                        torch.autograd.grad: "grad", T.cpu: "to_host", T.type: "type"}
 
     def active(self) -> bool:
         """Whether the script's code is running (this mode on the stack), not torch's dispatch."""
@@ -122,6 +122,8 @@ class _DeviceMode(TorchFunctionMode):
                 return args[0]
             if special == "backward":
                 return self._backward(func, args, kwargs)
+            if special == "grad":
+                return self._grad(func, args, kwargs)
             if special == "to_host":
                 self._to_host(args[0], kwargs.get("non_blocking", False))
                 return func(*args, **kwargs)
@@ -200,6 +202,25 @@ class _DeviceMode(TorchFunctionMode):
                 tensors, torch.autograd._tensor_or_tensors_to_tuple(grads, len(tensors)), is_grads_batched=False)
             torch.autograd.graph._engine_run_backward(tensors, grads, create if retain is None else retain, create,
                                                       inputs, allow_unreachable=True, accumulate_grad=True)
+
+
+    def _grad(self, func: Any, args: Any, kwargs: dict) -> Any:
+        # torch.autograd.grad as _backward runs backward(): the engine with the mode on the stack
+        # (pipeline stages' shape inference, DTensor's backward moving grads to "cuda").
+        a = inspect.signature(func).bind(*args, **kwargs).arguments
+        if a.get("is_grads_batched") or a.get("materialize_grads") or isinstance(a["inputs"], dict):
+            return func(*args, **kwargs)
+        outputs, inputs = a["outputs"], a["inputs"]
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        create = a.get("create_graph", False)
+        retain = a.get("retain_graph")
+        with self:
+            grads = torch.autograd._make_grads(outputs, torch.autograd._tensor_or_tensors_to_tuple(
+                a.get("grad_outputs"), len(outputs)), is_grads_batched=False)
+            return torch.autograd.graph._engine_run_backward(
+                outputs, grads, create if retain is None else retain, create, inputs,
+                a.get("allow_unused") or False, accumulate_grad=False)
 
 
 class Dispatching:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import runpy
 import sys
@@ -23,6 +24,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from capture.extensions import CudaExtensions
 from capture.fakecuda import FakeCuda
 from capture.hostdata import HostData
+from capture.objectp2p import ObjectP2P, answerers
+from capture import pipelining
+from capture.recompute import RecomputeTagger
 from capture.fakeworld import FakeWorld, GroupRecord, torchrun_env
 from heterosim.cluster.gpus import get_gpu
 from heterosim.trace.ir import COLUMNS, Block, Segment
@@ -168,6 +172,13 @@ def _values_kept() -> Any:
         fake_tensor.CONSTANT_NUMEL_LIMIT = saved
 
 
+def _positions(world: FakeWorld, pg: Any, src: int, dst: int) -> tuple[str, int, int] | None:
+    """``(family, src position, dst position)`` of two global ranks in group ``pg``
+    (:mod:`capture.objectp2p`'s mailbox keys)."""
+    g = world.groups[int(world.gid_of(pg))]
+    return (g.family, g.ranks.index(src), g.ranks.index(dst)) if src in g.ranks and dst in g.ranks else None
+
+
 def run_rank(script: str, script_args: list[str], rank: int, world_size: int, nproc_per_node: int,
              gpu: str = DEFAULT_GPU, iterations: int | None = None, module: bool = False) -> RankCapture:
     """Run ``script`` as ``rank`` of a ``world_size`` job in the fake world; raise ScriptError on failure.
@@ -180,6 +191,9 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     os.environ.update(torchrun_env(rank, world_size, nproc_per_node))
     world = FakeWorld(rank=rank, world_size=world_size)
     world.install()
+    objects = ObjectP2P(functools.partial(_positions, world))
+    objects.install()
+    answerers.append(pipelining.answer)
     recorder = Recorder(world, stop_after=iterations)
     cuda = FakeCuda(recorder.streams, recorder.mem, spec, nproc_per_node)
     cuda.on_host_copy = recorder.host_copy
@@ -189,6 +203,8 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     extensions = CudaExtensions()
     extensions.install()
     previous = set_annotator(recorder)
+    recompute = RecomputeTagger(recorder.scope)
+    recompute.install()
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
@@ -214,10 +230,13 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
         blocks, program = recorder.finish()
     finally:
         sys.argv, sys.path[:], sys.stderr = old_argv, old_path, old_stderr
+        recompute.uninstall()
         set_annotator(previous)
         host_data.uninstall()
         extensions.uninstall()
         cuda.uninstall()
+        answerers.remove(pipelining.answer)
+        objects.uninstall()
         world.uninstall()
     return RankCapture(
         rank=rank,
