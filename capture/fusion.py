@@ -26,16 +26,16 @@ NB: approximations. One kernel per run of fusible ops: Inductor may split a run 
 kernels (a reduction over another iteration space, a size limit) or fuse differently across a
 GEMM (epilogues are not fused into cuBLAS calls). What a forward saves for backward is decided by
 AOTAutograd's min-cut partitioner, which prefers recomputing pointwise ops in backward from the
-region's inputs to storing intermediates: intermediates are not counted as written in forward,
-and a backward kernel counts what it reads of them as its reads (about the bytes of the inputs it
-would recompute them from). Memory accounting is unchanged: eager autograd still keeps the
-intermediates alive, where Inductor's saved set is smaller.
+region's inputs to storing intermediates (Inductor docs, "min-cut rematerialization"): an
+intermediate is not counted as written in forward, and a backward kernel that reads one reads
+its forward kernel's inputs instead (once); this ignores the partitioner's real choice (it may
+save an intermediate when recomputing costs more reads). Memory accounting is unchanged: eager
+autograd still keeps the intermediates alive, where Inductor's saved set is smaller.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
