@@ -26,7 +26,8 @@ NB: approximations. One kernel per run of fusible ops: Inductor may split a run 
 kernels (a reduction over another iteration space, a size limit) or fuse differently across a
 GEMM (epilogues are not fused into cuBLAS calls). What a forward saves for backward is decided by
 AOTAutograd's min-cut partitioner, which prefers recomputing pointwise ops in backward from the
-region's inputs to storing intermediates (Inductor docs, "min-cut rematerialization"): an
+region's inputs to storing intermediates (`min_cut_rematerialization_partition`,
+torch/_functorch/partitioners.py): an
 intermediate is not counted as written in forward, and a backward kernel that reads one reads
 its forward kernel's inputs instead (once); this ignores the partitioner's real choice (it may
 save an intermediate when recomputing costs more reads). Memory accounting is unchanged: eager
