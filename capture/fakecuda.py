@@ -50,6 +50,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from capture.fusion import compile_eagerly
 from capture.memory import MemoryTracker
 from capture.streams import FakeEvent, FakeStream, StreamTracker
 
@@ -323,11 +324,6 @@ def _checkpoint_metadata(x: torch.Tensor) -> dict:
     return {"shape": x.shape, "dtype": x.dtype, "device": x.fake_device if isinstance(x, FakeTensor) else x.device}
 
 
-def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
-    """``torch.compile`` during capture: the function or module itself (as a decorator too)."""
-    return model if model is not None else (lambda fn: fn)
-
-
 def _distinct(value: Any) -> Any:
     """A function as a new function object of its own (classes and other values as they are)."""
     if not isinstance(value, (types.FunctionType, types.MethodType)):
@@ -529,8 +525,9 @@ class FakeCuda:
         self._patch(optim_mod, "_foreach_supported_types", [*optim_mod._foreach_supported_types, FakeTensor])
         self._patch_dtensor_rng()
         # A dispatch mode makes Dynamo skip every frame, which fails a fullgraph=True compile
-        # (eager flex_attention compiles its own wrapper so): compiled code runs eagerly.
-        self._patch(torch, "compile", _eager_compile)
+        # (eager flex_attention compiles its own wrapper so): compiled code runs eagerly, its
+        # pointwise ops recorded as the fused kernels Inductor would generate (capture/fusion.py).
+        self._patch(torch, "compile", compile_eagerly)
         # Non-reentrant checkpointing compares each recomputed tensor's device with the saved one's;
         # the two are read where the script's device view differs (C++ pack hook vs. backward).
         import torch.utils.checkpoint as ckpt

@@ -33,6 +33,8 @@ __all__ = [
     "causal_fraction",
     "unmasked_elements",
     "FLASH_TILE",
+    "read_tensors",
+    "unique_nbytes",
 ]
 
 aten = torch.ops.aten
@@ -147,13 +149,31 @@ def kernel_class_of(packet: str, func: Any, phase: str) -> str:
     return "elementwise" if torch.Tag.pointwise in tags else "copy"
 
 
-def _unique_nbytes(t: torch.Tensor) -> int:
-    # Broadcast (stride-0) dims are read once, not numel times.
+def unique_nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t`` a kernel moves: broadcast (stride-0) dims are read once, not numel times."""
     n = 1
     for size, stride in zip(t.shape, t.stride()):
         if stride != 0:
             n *= size
     return n * t.element_size()
+
+
+def read_tensors(func: Any, args: Sequence[Any], kwargs: dict, mutated: Sequence[torch.Tensor],
+                 ins: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors among ``ins`` an op reads, each once: not the destination of an op that
+    overwrites it (``fill_``, ``copy_``...), nor the ``self`` of a GEMM with ``beta=0``."""
+    packet = func._overloadpacket.__name__
+    seen: set[int] = set()
+    if packet in _WRITE_ONLY:  # the destination is overwritten, not read
+        seen.update(id(t) for t in mutated)
+    if packet in _BETA_GEMM and kwargs.get("beta", 1) == 0:
+        seen.add(id(args[0]))
+    out = []
+    for t in ins:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,19 +276,10 @@ def describe(
     kc = kernel_class_of(packet, func, phase)
     floats = [t.dtype for t in ins + outs if t.dtype.is_floating_point]
     dtype = dtype_name(floats[0]) if floats else (dtype_name(ins[0].dtype) if ins else "")
-    seen: set[int] = set()
-    if packet in _WRITE_ONLY:  # the destination is overwritten, not read
-        seen.update(id(t) for t in mutated)
-    if packet in _BETA_GEMM and kwargs.get("beta", 1) == 0:
-        seen.add(id(args[0]))
-    bytes_read = 0
-    for t in ins:
-        if id(t) not in seen:
-            seen.add(id(t))
-            bytes_read += _unique_nbytes(t)
+    bytes_read = sum(unique_nbytes(t) for t in read_tensors(func, args, kwargs, mutated, ins))
     out_ids = {id(t) for t in outs}
     written = outs + [t for t in mutated if id(t) not in out_ids]
-    bytes_written = sum(_unique_nbytes(t) for t in written)
+    bytes_written = sum(unique_nbytes(t) for t in written)
     numel = max([t.numel() for t in ins + outs] or [0])
     if kc == "gemm":
         dims = _gemm_dims(packet, ins)

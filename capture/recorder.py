@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from capture import comm as comm_info
 from capture.commrec import CommRecorder, _skey
 from capture.fakecuda import Dispatching, cpu_device_kwargs
+from capture.fusion import Fuser, fusible
 from capture.hoist import hoist
 from capture.graphs import GraphRecorder
 from capture.hostsync import SCALAR_READ, HostSyncs
@@ -39,7 +40,7 @@ from capture.modpaths import ModulePaths
 from capture.streams import StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
-from capture.opinfo import describe
+from capture.opinfo import describe, read_tensors
 from heterosim.annotate import Annotator
 
 __all__ = ["Recorder"]
@@ -98,6 +99,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         self.iterations_seen = 0
         self.paths = ModulePaths()
         self.streams = StreamTracker(self._emit_wait, lambda: self.next_id, self.host_synced)
+        self.fuser = Fuser()  # torch.compile'd regions as fused kernels (capture/fusion.py)
         self._reset_iteration()
         # Storage lifetimes (capture/memory.py): events are filed under the op they precede, in
         # the block being recorded (``block_mem``) or between segments (``gaps``).
@@ -118,6 +120,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         self.writers: dict[int, list[int]] = {}
         self.paths.seq2mod = {}
         self.streams.reset()
+        self.fuser.reset()
         self.works: dict[int, Any] = {}  # first op id -> capture.streams.RecWork
         self.unwaited: dict[int, list[tuple[int, int, int]]] = {}
         """storage -> (comm op, first byte, end byte) an async c10d op writes and nobody waited for."""
@@ -128,6 +131,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
     def _close_segment(self, final: bool = False) -> None:
         """Turn the open segment into a block; ``final``: no later op refers to its ops by id (an
         iteration ends), so side-stream work may move up to where a GPU starts it (capture/hoist.py)."""
+        self.fuser.seal()
         if self.in_block is None and self.rows:
             bid = f"i{len(self.blocks)}"
             self._file_events(self.seg_mem, len(self.rows))
@@ -151,12 +155,14 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
     def _storage_died(self, key: int) -> None:
         # A storage's address may be reused by a new one: forget what the dead one held.
         self.writers.pop(key, None)
+        self.fuser.storage_died(key)
         self.pending_funcol.pop(key, None)
         self.unwaited.pop(key, None)
 
     def _append(self, row: dict) -> int:
         if self._divert(row):  # inside a CUDA graph capture: kept for its replays (capture/graphs.py)
             return -1
+        self.fuser.close()
         if self.in_block is None:
             key = (self.tags.mb, self.tags.chunk)
             if self.seg_key != key:
@@ -257,6 +263,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         try:
             out = fn(*args)
         finally:
+            self.fuser.seal()
             rows, self.in_block = self.rows, None
             self._file_events(self.seg_mem, len(rows))
             self.block_mem[bid], self.seg_mem = self.seg_mem, []
@@ -312,6 +319,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 
     def __enter__(self) -> "Recorder":
         self.paths.install()
+        self.fuser.install()
         self.streams.activate()
         self.clock.install()
         self._graphs = self.graphs_installed()
@@ -337,6 +345,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 
     def __exit__(self, *a: Any) -> Any:
         self.paths.uninstall()
+        self.fuser.uninstall()
         self.streams.deactivate()
         self.clock.uninstall()
         self._graphs.__exit__(None, None, None)
@@ -365,6 +374,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         if func is SCALAR_READ:  # .item(): no data to read back; a placeholder (capture/hostsync.py)
             return self.read_scalar(args[0], record=True)
         if func in comm_info.NO_FAKE_IMPL:
+            self.fuser.escape(_tensors(args, kwargs))
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
@@ -376,6 +386,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         out = func(*args, **kwargs)
         self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
+            self.fuser.escape(_tensors(args, kwargs))
             return self._record_comm(func, args, kwargs, out)
         return self._record_compute(func, args, kwargs, out)
 
@@ -426,6 +437,15 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             self._flush_unwaited(ins)
         self.paths.map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
+        region = self._region(func, cost.kernel_class, in_bwd)
+        reads = read_tensors(func, args, kwargs, mutated, ins) if region is not None else ins
+        kernel = self.fuser.joinable(region, self.rows[-1] if self.rows else None)
+        if kernel is not None:  # one more op of a compiled region's fused kernel
+            self._join(kernel, self._deps(ins))
+            self.fuser.add(kernel, cost.kernel_class, reads, outs, mutated, cost.flops, cost.flops_full)
+            self._writes(kernel.oid, outs, mutated)
+            return out
+        self.fuser.escape(ins)
         oid = self._append(
             {
                 "kind": "compute",
@@ -443,6 +463,28 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
                 "deps": self._deps(ins),
             }
         )
+        if region is not None and oid >= 0:
+            self.fuser.start(region, self.rows[-1], oid, cost.kernel_class, reads, outs, mutated)
+        self._writes(oid, outs, mutated)
+        return out
+
+    def _region(self, func: Any, kernel_class: str, in_bwd: bool) -> tuple | None:
+        """The compiled region (and stream) a fusible op joins a kernel of; None: a row of its own."""
+        if self.graph_rows is not None or not fusible(func, kernel_class):
+            return None
+        region = self.fuser.region(in_bwd)
+        stream = self.streams.current
+        if region is None or (stream.stream_id and stream.after):
+            return None  # NB: a side stream that synchronised since its last op starts a new kernel
+        return (region, stream.stream_id)
+
+    def _join(self, kernel: Any, deps: list[int]) -> None:
+        row, oid = kernel.row, kernel.oid
+        self._file_events(self.seg_mem, len(self.rows) - 1)  # its allocations belong to the kernel
+        lo = self.seg_start if self.in_block is not None else 0
+        row["deps"] = sorted(set(row["deps"]) | {oid - d for d in deps if lo <= d < oid})
+
+    def _writes(self, oid: int, outs: list, mutated: list) -> None:
         mut_ids = {id(t) for t in mutated}
         for t in outs:
             if id(t) not in mut_ids:
@@ -450,7 +492,6 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         for t in mutated:
             whole = t.numel() * t.element_size() >= t.untyped_storage().nbytes()
             self._set_writer(t, oid, partial=not whole)
-        return out
 
     def finish(self) -> tuple[dict[str, Block], list[Segment]]:
         """Close the open segment; return the blocks the kept iteration's program uses, renumbered.
@@ -478,6 +519,10 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 register_flex_attention(Recorder)
 
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
+def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
+    return [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
 
 
 def _host_data(args: Any, kwargs: dict) -> bool:
