@@ -201,13 +201,13 @@ def run_rank(script: str, script_args: list[str], rank: int, world_size: int, np
     host_data = HostData(recorder.quiet)
     host_data.install()
     extensions = CudaExtensions()
-    extensions.install()
     previous = set_annotator(recorder)
     recompute = RecomputeTagger(recorder.scope)
     recompute.install()
     old_argv, old_path, old_stderr = sys.argv, list(sys.path), sys.stderr
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
+    extensions.install()  # after the script's directory is on the path: its own modules win
     sys.stderr = tail = _StderrTail(old_stderr)
     try:
         with _values_kept(), FakeTensorMode(allow_non_fake_inputs=True), recorder:
