@@ -5,28 +5,18 @@ module x @ w1 -> gelu(+ b1) -> @ w2, Megatron's bias-GeLU as a compiled function
 pointwise ops) and a compiled (x + b) * 2, forward and backward with a given output gradient.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from heterosim.trace.store import load_trace
+from capture_script import capture_script
 
-ROOT = Path(__file__).resolve().parents[1]
 T, H, F, E = 256, 512, 1024, 4  # tokens, hidden, MLP width, fp32 bytes
 POI, RED = "inductor.triton_poi_fused.default", "inductor.triton_red_fused.default"
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compiled") / "t"
-    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "1", "-o", str(out),
-                        str(ROOT / "tests" / "scripts" / "compiled_regions.py")], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ))
-    assert p.returncode == 0, p.stderr
-    return [o for o in load_trace(out).roles[0].ops() if o.module]
+    _, trace = capture_script(tmp_path_factory.mktemp("compiled") / "t", "compiled_regions.py")
+    return [o for o in trace.roles[0].ops() if o.module]
 
 
 def _rows(ops, module, phase):

@@ -1,26 +1,15 @@
 """CUDA graphs in capture (capture/graphs.py): a graph's ops are recorded at each replay, the
 first as the graph launch and the rest as launched with it; make_graphed_callables works."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from heterosim.trace.store import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
+from capture_script import capture_script
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cg") / "t"
-    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "1", "-o", str(out),
-                        str(ROOT / "tests" / "scripts" / "cuda_graphs.py")], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ))
-    assert p.returncode == 0, p.stderr
-    return load_trace(out).roles[0].ops()
+    _, trace = capture_script(tmp_path_factory.mktemp("cg") / "t", "cuda_graphs.py")
+    return trace.roles[0].ops()
 
 
 def test_a_replay_is_one_launch_of_the_captured_ops(ops):

@@ -1,29 +1,18 @@
 """Host syncs in capture (capture/hostsync.py): .item() runs and returns a placeholder, and the op
 after every read back, .cpu() copy or torch.cuda.synchronize() is marked host_sync."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from capture.hostsync import placeholder
-from heterosim.trace.store import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
+from capture_script import capture_script
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hs") / "t"
-    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "1", "-o", str(out),
-                        str(ROOT / "tests" / "scripts" / "host_syncs.py")], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ))
-    assert p.returncode == 0, p.stderr
+    p, trace = capture_script(tmp_path_factory.mktemp("hs") / "t", "host_syncs.py")
     assert "step 2 loss 0.000" in p.stdout  # loss.item() is 0.0 under capture
-    return load_trace(out).roles[0].ops()
+    return trace.roles[0].ops()
 
 
 def test_placeholders_are_the_values_of_a_healthy_step():

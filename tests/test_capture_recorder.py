@@ -1,25 +1,14 @@
 """Recorder details: functional-collective waits at first use, DTensor local shapes, grouped p2p."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from heterosim.trace.store import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
+from capture_script import capture_script
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fd") / "t"
-    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "4", "-o", str(out),
-                        str(ROOT / "tests" / "scripts" / "funcol_dtensor.py")], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ))
-    assert p.returncode == 0, p.stderr
-    return load_trace(out).roles[0].ops()
+    _, trace = capture_script(tmp_path_factory.mktemp("fd") / "t", "funcol_dtensor.py", world=4)
+    return trace.roles[0].ops()
 
 
 def test_funcol_wait_lands_at_first_use(ops):
