@@ -116,10 +116,12 @@ def test_simulate_on_a_preset_prices_with_kernel_db_and_plans_with_ncclshim():
     r = simulate(trace, "dgx-a100")
     assert r.gpu_counts == {"A100-SXM4-80GB": 16}
     assert set(r.price_sources_s) == {"roofline"}
-    # compute = priced GPU time + the time the GPU waits for its host to issue (replay.host): here
-    # the first op's forward dispatch, DEFAULT_DISPATCH_US["fwd"], on every rank
-    assert r.stats["host_stall_s"] == pytest.approx(DEFAULT_DISPATCH_US["fwd"] * 1e-6)
-    assert r.price_sources_s["roofline"] + 16 * r.stats["host_stall_s"] == pytest.approx(16 * r.breakdown.compute_s)
+    # compute = priced GPU time + the time the GPU waits for its host to issue (replay.host): none
+    # here. The steady iteration is GPU-bound, so the CPU's lead from the iteration before (carried
+    # across blocks, no value read back) already covers the first op's dispatch
+    # (DEFAULT_DISPATCH_US["fwd"], which an iteration entered with the GPU idle would wait for).
+    assert r.stats["host_stall_s"] == 0.0 < DEFAULT_DISPATCH_US["fwd"]
+    assert r.price_sources_s["roofline"] == pytest.approx(16 * r.breakdown.compute_s)
     assert r.breakdown.exposed_inter_node_s > 0 and r.breakdown.exposed_intra_node_s > 0
     assert r.stats["symmetry"] == "exact"
     ref = simulate(trace, "dgx-a100", engine="reference")
