@@ -187,9 +187,12 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     running = tmp_path / "running"  # written by the script once a worker runs it
     script.write_text(f"import time\nopen({str(running)!r}, 'w').close()\nwhile True:\n    time.sleep(0.1)\n")
     out = tmp_path / "x"
+    # A test run started in the background (``.ci/run &``) inherits SIGINT ignored, as a shell does
+    # for asynchronous commands; the capture must see it as a terminal's Ctrl-C would arrive.
     p = subprocess.Popen([sys.executable, "-m", "capture", "--world-size", "2", "-o", str(out), str(script)],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, TQDM_DISABLE="1"))
+                         env=dict(os.environ, TQDM_DISABLE="1"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300  # a loaded CI machine may take long to import torch and fork
     while not running.exists() and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)
