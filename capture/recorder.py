@@ -378,7 +378,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
-        if func.namespace == "aten" and func not in _UPLOADS and _host_data(args, kwargs):
+        if (func.namespace == "aten" and func not in _UPLOADS and not _REAL_TYPES.isdisjoint(types)
+                and _host_data(args, kwargs)):
             # Real CPU tensors only (an RNG state the script compares with torch.get_rng_state()):
             # host data, computed for real and read back by the script; no GPU kernel.
             with unset_fake_temporarily():
@@ -519,6 +520,9 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 register_flex_attention(Recorder)
 
 _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+_REAL_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+"""Types a real (non-fake) tensor argument shows in ``types``: without one, an op has no host data
+to run for real, and the per-op argument walk of :func:`_host_data` is skipped."""
 
 
 def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
