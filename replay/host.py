@@ -216,7 +216,7 @@ def role_leads(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> dict[
     NB: a loop whose lead grows by less than 1/64 of the queue's GPU time per iteration is read
     before it reaches its cap (a lower lead: the error is toward host-bound).
     """
-    caps = [_queue_cap(program, blocks, i) for i in range(len(program))]
+    caps = _queue_caps(program, blocks)
     lead = 0.0
     for _ in range(_MAX_PASSES):
         start = lead
@@ -231,21 +231,24 @@ def role_leads(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> dict[
     return leads
 
 
-def _queue_cap(program: Sequence[str], blocks: Mapping[str, BlockHost], i: int) -> float:
-    """GPU seconds of the last LAUNCH_QUEUE_DEPTH ops up to the end of segment ``i`` (earlier
-    segments, and earlier iterations of the program, fill what segment ``i`` lacks)."""
+def _queue_caps(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> list[float]:
+    """GPU seconds of the last LAUNCH_QUEUE_DEPTH ops up to the end of each segment of ``program``
+    (earlier segments, and earlier iterations of the program, fill what a segment lacks)."""
     n = len(program)
-    per_iter = sum(blocks[b].tail_s.size - 1 for b in program)
-    if per_iter == 0:
-        return 0.0
-    left, total, k = LAUNCH_QUEUE_DEPTH, 0.0, 0
-    while left > 0:
-        tail = blocks[program[(i - k) % n]].tail_s
-        take = min(left, tail.size - 1)
-        total += float(tail[take])
-        left -= take
-        k += 1
-    return total
+    tails = [blocks[b].tail_s for b in program]
+    if sum(t.size - 1 for t in tails) == 0:
+        return [0.0] * n
+    caps = []
+    for i in range(n):
+        left, total, k = LAUNCH_QUEUE_DEPTH, 0.0, 0
+        while left > 0:
+            tail = tails[(i - k) % n]
+            take = min(left, tail.size - 1)
+            total += float(tail[take])
+            left -= take
+            k += 1
+        caps.append(total)
+    return caps
 
 
 def dispatch_costs(kinds: Sequence[str], phases: Sequence[str], per_class_s: dict[str, float],
