@@ -276,24 +276,29 @@ def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.Pa
                    *, script: str | os.PathLike = _SCRIPT) -> Path:
     """The trace of ``script flags`` at ``world_size`` (``--ranks auto``), captured once per
     (flags, world size, code version) under ``cache_dir``."""
+    return cached_trace(flags, world_size, cache_dir, script=script)[0]
+
+
+def cached_trace(flags: Sequence[str], world_size: int, cache_dir: str | os.PathLike | None = None,
+                 *, script: str | os.PathLike = _SCRIPT) -> tuple[Path, Any]:
+    """(directory, loaded trace) of :func:`capture_cached`: the trace is read once, whether it
+    comes from the cache or from a fresh capture."""
     from capture.api import capture
+    from heterosim.errors import TraceSchemaError
+    from heterosim.trace.store import load_trace
 
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     key = hashlib.sha256(json.dumps({"script": Path(script).name, "flags": list(flags), "world": world_size,
                                      "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
     out = cache / key
     if (out / "trace.json").is_file():
-        from heterosim.errors import TraceSchemaError
-        from heterosim.trace.store import load_trace
-
         try:
-            load_trace(out)
-            return out
+            return out, load_trace(out)
         except TraceSchemaError:  # a damaged cache entry (a crash, a full disk): capture it again
             shutil.rmtree(out, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     capture(str(script), list(flags), out, world_size=world_size, ranks="auto")
-    return out
+    return out, load_trace(out)
 
 
 # ------------------------------------------------------------------------------------- cases
@@ -319,7 +324,6 @@ def _missing_feature(msg: str) -> str | None:
 def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
     from heterosim.cluster import load_cluster
     from heterosim.trace.ir import flop_totals
-    from heterosim.trace.store import load_trace
     from replay.simulate import simulate
 
     try:
@@ -331,14 +335,13 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
         raise
     notes = list(inputs.assumptions)
     try:
-        path = capture_cached(inputs.flags, inputs.world_size, cache_dir)
+        _, trace = cached_trace(inputs.flags, inputs.world_size, cache_dir)
     except HeteroSimError as e:
         miss = _missing_feature(str(e))
         if miss:
             return CaseResult(id=case.id, category=case.category, status="missing_feature",
                               assumptions=tuple(notes), message=f"capture cannot run it: {miss}")
         raise
-    trace = load_trace(path)
     cluster = load_cluster(inputs.cluster, num_gpus=inputs.world_size, layout=trace.layout)
     res = simulate(trace, cluster, kernel_db, nccl_env=nccl_env)
     t_pred = res.iteration_time_s
