@@ -107,7 +107,8 @@ _DEFAULTS: dict[str, Any] = {
     "sequence_parallel": False, "recompute_granularity": None, "recompute_method": None,
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
-    "overlap_param_gather": False, "no_align_grad_reduce": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
+    "overlap_param_gather": False, "no_align_grad_reduce": False,
+    "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
     "overlap_p2p_communication": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
@@ -161,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
-              "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication"):
+              "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
+              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         add(f)
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
@@ -209,16 +211,20 @@ def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | No
         if a["decoder_first_pipeline_num_layers"] is not None or a["decoder_last_pipeline_num_layers"] is not None:
             raise ConfigError("--pipeline-stage-layers cannot be combined with "
                               "--decoder-first/last-pipeline-num-layers; give one of them")
+    embed, loss = a["account_for_embedding_in_pipeline_split"], a["account_for_loss_in_pipeline_split"]
     split = split_stage_layers(a["num_layers"], pp, first=a["decoder_first_pipeline_num_layers"],
-                               last=a["decoder_last_pipeline_num_layers"], explicit=explicit)
+                               last=a["decoder_last_pipeline_num_layers"], explicit=explicit,
+                               embed_slot=embed, loss_slot=loss)
     counts = tuple(len(chunks[0]) for chunks in split)
+    slots = tuple(int(embed and s == 0) + int(loss and s == pp - 1) for s in range(pp))
     per_chunk = a["num_layers_per_virtual_pipeline_stage"]
     if per_chunk is None:
         return counts, None
     if pp == 1:
         raise ConfigError("--num-layers-per-virtual-pipeline-stage needs "
                           "--pipeline-model-parallel-size > 1")
-    vpps = {c // per_chunk if per_chunk > 0 and c % per_chunk == 0 else None for c in counts}
+    vpps = {(c + e) // per_chunk if per_chunk > 0 and (c + e) % per_chunk == 0 else None
+            for c, e in zip(counts, slots)}
     if None in vpps or len(vpps) != 1:
         raise ConfigError(
             f"layers per stage {counts} are not all the same multiple of "
@@ -284,6 +290,8 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
         ep=a["expert_model_parallel_size"], vpp=vpp, sequence_parallel=a["sequence_parallel"],
         cp_comm_type=a["cp_comm_type"], stage_layers=counts,
+        embed_slot=a["account_for_embedding_in_pipeline_split"],
+        loss_slot=a["account_for_loss_in_pipeline_split"],
         use_distributed_optimizer=a["use_distributed_optimizer"],
         overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],

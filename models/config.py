@@ -108,6 +108,11 @@ class ParallelConfig:
     cp_comm_type: Literal["p2p", "all_gather", "a2a"] = "p2p"
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage (len pp); None: even split (or first/last overrides)."""
+    embed_slot: bool = False
+    """The input embedding counts as one layer of the pipeline split (Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split``; :func:`models.parallel_state.split_stage_layers`)."""
+    loss_slot: bool = False
+    """The output layer and loss count as one layer of the split (``--account-for-loss-in-pipeline-split``)."""
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False

@@ -100,11 +100,13 @@ class ParallelState:
         last: int | None = None,
         explicit: Sequence[int] | None = None,
         vpp: int | None = None,
+        embed_slot: bool = False,
+        loss_slot: bool = False,
     ) -> list[list[range]]:
         """Global layer indices per pipeline stage per model chunk; see :func:`split_stage_layers`."""
         return split_stage_layers(
             num_layers, self.pp_size, first=first, last=last, explicit=explicit,
-            vpp=vpp if vpp is not None else self.vpp_size,
+            vpp=vpp if vpp is not None else self.vpp_size, embed_slot=embed_slot, loss_slot=loss_slot,
         )
 
 
@@ -129,15 +131,25 @@ def split_stage_layers(
     last: int | None = None,
     explicit: Sequence[int] | None = None,
     vpp: int | None = None,
+    embed_slot: bool = False,
+    loss_slot: bool = False,
 ) -> list[list[range]]:
     """Split ``num_layers`` over ``pp`` stages and ``vpp`` chunks per stage.
 
     ``explicit`` gives the layer count of every stage; ``first`` / ``last`` are Megatron's
     ``--decoder-first/last-pipeline-num-layers`` (the other stages share the rest evenly).
+    ``embed_slot`` / ``loss_slot`` are Megatron-Core's ``--account-for-embedding-in-pipeline-split``
+    / ``--account-for-loss-in-pipeline-split``: the input embedding (the loss) takes the place of one
+    layer in the first chunk of the first stage (the last chunk of the last stage), so 126 layers
+    split over pp 8 x vpp 8 as 128 slots of 2 (``get_num_layers_to_build``).
     Layers are numbered in the order the interleaved schedule visits virtual stages: chunk 0 of
     stages 0..pp-1, then chunk 1 of every stage, ... (Megatron's ``get_transformer_layer_offset``).
     """
     chunks = vpp or 1
+    slots = [int(embed_slot and s == 0) + int(loss_slot and s == pp - 1) for s in range(pp)]
+    if (embed_slot or loss_slot) and (first is not None or last is not None):
+        raise ConfigError("--account-for-embedding/loss-in-pipeline-split cannot be combined with "
+                          "--decoder-first/last-pipeline-num-layers; give one of them")
     if explicit is not None:
         counts = [int(c) for c in explicit]
         if len(counts) != pp:
@@ -154,25 +166,26 @@ def split_stage_layers(
             fixed[pp - 1] = last
         if pp == 1 and fixed:
             raise ConfigError("--decoder-first/last-pipeline-num-layers need pipeline parallel size > 1")
-        rest = num_layers - sum(fixed.values())
+        rest = num_layers + sum(slots) - sum(fixed.values())
         middle = pp - len(fixed)
         if rest < 0 or (middle == 0 and rest != 0) or (middle and rest % middle):
             raise ConfigError(
                 f"{num_layers} layers do not split over {pp} pipeline stages with first={first}, "
                 f"last={last}: the remaining {rest} layers must divide evenly over {middle} stages"
             )
-        counts = [fixed.get(s, rest // middle if middle else 0) for s in range(pp)]
+        counts = [fixed.get(s, rest // middle if middle else 0) - slots[s] for s in range(pp)]
     if any(c < 0 for c in counts):
         raise ConfigError(f"stage layer counts {tuple(counts)} must be >= 0")
     for s, c in enumerate(counts):
-        if c % chunks:
+        if (c + slots[s]) % chunks:
             raise ConfigError(f"stage {s} has {c} layers, not divisible by the {chunks} virtual "
                               f"pipeline chunks; adjust --num-layers-per-virtual-pipeline-stage")
     out: list[list[range]] = [[] for _ in range(pp)]
     start = 0
     for c in range(chunks):
         for s in range(pp):
-            n = counts[s] // chunks
+            n = (counts[s] + slots[s]) // chunks
+            n -= int(embed_slot and s == 0 and c == 0) + int(loss_slot and s == pp - 1 and c == chunks - 1)
             out[s].append(range(start, start + n))
             start += n
     return out

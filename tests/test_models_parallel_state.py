@@ -58,6 +58,20 @@ def test_split_stage_layers_even_uneven_and_interleaved():
     assert split_stage_layers(8, 2, vpp=2) == [[range(0, 2), range(4, 6)], [range(2, 4), range(6, 8)]]
 
 
+def test_split_accounts_for_embedding_and_loss():
+    """Megatron-Core's account-for-embedding/loss: 6 layers + 2 slots over pp 2 x vpp 2 are 4 chunks of
+    2 slots; the first chunk of stage 0 and the last chunk of stage 1 hold one layer each. Llama 3.1
+    405B's 126 layers over pp 8 x vpp 8 (NeMo's recipe) give 1 + 7 x 2 layers on stage 0."""
+    assert split_stage_layers(6, 2, vpp=2, embed_slot=True, loss_slot=True) == [
+        [range(0, 1), range(3, 5)], [range(1, 3), range(5, 6)]]
+    assert split_stage_layers(5, 2, embed_slot=True) == [[range(0, 2)], [range(2, 5)]]
+    big = split_stage_layers(126, 8, vpp=8, embed_slot=True, loss_slot=True)
+    assert [len(r) for r in big[0]] == [1] + [2] * 7 and [len(r) for r in big[7]] == [2] * 7 + [1]
+    assert sorted(i for st in big for r in st for i in r) == list(range(126))
+    with pytest.raises(ConfigError, match="cannot be combined with --decoder-first/last"):
+        split_stage_layers(6, 2, first=2, embed_slot=True)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_layers=10, pp=4), "10 layers do not split over 4 pipeline stages with first=None, last=None: "
                                 "the remaining 10 layers must divide evenly over 4 stages"),

@@ -209,7 +209,10 @@ def test_attention_backend_from_gpu_and_source_year():
     before 2023 (Megatron-LM gained flash attention then), flash otherwise or when the case says so."""
     v100 = {"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2", "intra_node": "NVLink2 + NVSwitch",
             "inter_node": "8 x 100 Gb/s EDR"}
-    unfused = ["--attention-backend", "unfused", "--attention-dropout", "0.1"]
+    # A Llama's attention dropout is 0 (its released configuration); Megatron's default is 0.1.
+    unfused = ["--attention-backend", "unfused", "--attention-dropout", "0.0"]
+    gpt = {**_case().model, "arch": "GPT (GQA, GeLU, LayerNorm, learned)"}
+    assert megatron_flags(_case(hardware=v100, model=gpt)).flags[-1] == "0.1"
     ci = megatron_flags(_case(hardware=v100))
     assert ci.flags[-4:] == tuple(unfused)
     assert "V100-SXM2-32GB (sm_70) has no flash-attention kernel" in " | ".join(ci.assumptions)
@@ -388,3 +391,91 @@ def test_an_unreadable_field_names_the_case():
     c = _case(parallelism={**_case().parallelism, "sequence_parallel": "maybe"})
     with pytest.raises(ConfigError, match=re.escape("case t: parallelism.sequence_parallel is 'maybe'; say true or false")):
         megatron_flags(c)
+
+
+def test_nemo2_source_takes_nemo2_recipe_settings():
+    """No published run fits, the source names NeMo 25.04: SP on (TP 4), TE TP overlap, overlapped p2p
+    (vpp 2), distributed optimizer with 128 Mi-element buckets in bf16, each cited."""
+    c = _case(source={"title": "NeMo performance summary", "software": "NeMo 25.04"},
+              parallelism={"tp": 4, "pp": 2, "dp": 2, "vpp": 2})
+    ci = megatron_flags(c)
+    f = list(ci.flags)
+    for flag in ("--sequence-parallel", "--tp-comm-overlap", "--overlap-p2p-communication",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--grad-reduce-in-bf16"):
+        assert flag in f
+    assert f[f.index("--ddp-bucket-size") + 1] == str(128 * 1024 * 1024)
+    assert any(a.startswith("sequence parallelism not stated: on (NeMo 2 pre-training recipes") for a in ci.assumptions)
+
+
+def test_nemo_launcher_source_has_no_bucket_size():
+    """NeMo 24.05 (the launcher's YAML recipes): the same overlaps, Megatron's own bucket size."""
+    c = _case(source={"title": "x", "software": "NeMo 24.05"}, parallelism={"tp": 4, "pp": 1, "dp": 4})
+    f = list(megatron_flags(c).flags)
+    assert "--use-distributed-optimizer" in f and "--tp-comm-overlap" in f and "--ddp-bucket-size" not in f
+
+
+@pytest.mark.parametrize("text,gen", [
+    ("NVIDIA/dgxc-benchmarking v25.03 llama3.1/README_70b.md", 1),
+    ("https://github.com/NVIDIA/dgxc-benchmarking/blob/v25.04/llama3.1/README.md", 2),
+    ("NeMo 2.0 recipes", 2), ("NeMo Framework performance summary", 2), ("NeMo 24.09", 1),
+    ("Megatron-LM SC'21", None),
+])
+def test_nemo_generation(text, gen):
+    from heterosim.validation.frameworks import nemo_generation
+    assert nemo_generation(text) == gen
+
+
+def test_layers_that_do_not_divide_account_for_embedding_and_loss():
+    """126 layers on pp 8 x vpp 8 (NeMo's Llama 3.1 405B): 128 slots of 2, said so."""
+    c = _case(model={**_case().model, "layers": 126}, parallelism={"tp": 8, "pp": 8, "dp": 1, "vpp": 8})
+    ci = megatron_flags(c)
+    f = list(ci.flags)
+    assert "--account-for-embedding-in-pipeline-split" in f and "--account-for-loss-in-pipeline-split" in f
+    assert f[f.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+    assert any("126 layers do not split over 64 pipeline parts" in a for a in ci.assumptions)
+    with pytest.raises(ConfigError, match=re.escape("case t: 125 layers do not split into pp 8 x vpp 8")):
+        megatron_flags(_case(model={**_case().model, "layers": 125}, parallelism={"tp": 8, "pp": 8, "dp": 1, "vpp": 8}))
+
+
+def test_moe_words_and_fields():
+    """'MoE, 8 experts, top-2 routing' -> --num-experts 8 --moe-router-topk 2; fields win over words;
+    a MoE without a count is one error naming the fix; 'NA' for ep is 1."""
+    moe = {**_case().model, "arch": "MoE, 8 experts, top-2 routing, SwiGLU, RMSNorm, RoPE"}
+    f = list(megatron_flags(_case(model=moe, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8})).flags)
+    assert f[f.index("--num-experts"):f.index("--num-experts") + 4] == ["--num-experts", "8", "--moe-router-topk", "2"]
+    assert f[f.index("--expert-model-parallel-size") + 1] == "8"
+    f = list(megatron_flags(_case(model={**moe, "experts": 16, "topk": 4, "moe_ffn": 1024},
+                                  parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": "NA"})).flags)
+    assert f[f.index("--num-experts"):f.index("--num-experts") + 6] == [
+        "--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "1024"]
+    assert "--expert-model-parallel-size" not in f
+    with pytest.raises(ConfigError, match=re.escape("case t: model.arch names a mixture of experts but no expert "
+                                                    "count; give model.experts (and model.topk)")):
+        megatron_flags(_case(model={**moe, "arch": "MoE (SwiGLU, RMSNorm, RoPE)"}))
+
+
+def test_model_family_configuration_and_absent_keys():
+    """A Llama without a recipe: no bias, untied output layer, dropout 0 (its released config); an absent
+    sequence_parallel key is as unstated as 'not stated'."""
+    ci = megatron_flags(_case(parallelism={"tp": 4, "pp": 1, "dp": 4}))
+    f = list(ci.flags)
+    assert "--disable-bias-linear" in f and "--untie-embeddings-and-output-weights" in f
+    assert f[f.index("--hidden-dropout") + 1] == "0.0"
+    assert "linear layers without bias (Llama's released configuration)" in ci.assumptions
+    assert "sequence parallelism not stated: off (Megatron-LM default without --sequence-parallel)" in ci.assumptions
+    gpt = megatron_flags(_case(model={**_case().model, "arch": "GPT (MHA, GeLU, LayerNorm, learned)", "kv_heads": 32}))
+    assert "--disable-bias-linear" not in gpt.flags and "--hidden-dropout" not in gpt.flags
+
+
+def test_rack_scale_nvlink_domain_is_one_nvswitch_node():
+    """GB200 NVL72 (trays of 4): a 128-GPU job spans NVSwitch domains of 64 GPUs (the largest multiple
+    of 4 that divides 128 and fits 72), each with its 16 trays' 4 NICs."""
+    hw = {"gpu": "NVIDIA GB200 (B200 GPU)", "gpus_per_node": 4, "system": "GB200 NVL72",
+          "intra_node": "NVLink5, 72-GPU NVLink domain, 1.8 TB/s per GPU", "inter_node": "4 x 800 Gb/s InfiniBand XDR"}
+    d, gpu, notes = cluster_for(hw, 128)
+    node = d["node_types"]["node"]
+    assert gpu == "B200" and node["gpus_per_node"] == 64 and node["nvlink"]["kind"] == "nvswitch"
+    assert node["nics"] == {"count": 64, "bw_Gbps": 800.0}
+    assert "NVLink domain of 72 GPUs: modelled as NVSwitch nodes of 64 GPUs (16 trays of 4) with their trays' NICs" in notes
+    assert load_cluster(d, num_gpus=128).num_nodes == 2

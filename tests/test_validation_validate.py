@@ -277,3 +277,18 @@ def test_fp8_pairs_and_precision_summary():
     assert "| a-fp8 | a-bf16 | 0.600 | 0.629 | +4.8% |" in rep.table(markdown=True)
     assert json.loads(rep.to_json())["fp8_pairs"][0]["fp8"] == "a-fp8"
     assert "fp8_pairs" not in json.loads(Report(cases=rep.cases[:1]).to_json())
+
+
+def test_iteration_time_from_a_throughput_or_other_units():
+    """tokens/s per GPU: 128 sequences x 8192 tokens / (3600 x 64 GPUs) = 4.5511 s; a step time in ms;
+    nothing usable gives None."""
+    from heterosim.validation.validate import _time_from_rate
+
+    flags = ["--seq-length", "8192", "--global-batch-size", "128"]
+    t, note = _time_from_rate({"tokens_per_s_per_gpu": 3600}, flags, 64)
+    assert t == pytest.approx(128 * 8192 / (3600 * 64)) and note == (
+        "derived: global batch 128 x seq 8192 / tokens_per_s_per_gpu x 64 GPUs")
+    assert _time_from_rate({"tokens_per_s": 1048576}, flags, 64)[0] == pytest.approx(1.0)
+    assert _time_from_rate({"samples_per_s": 64}, flags, 8)[0] == pytest.approx(2.0)
+    assert _time_from_rate({"iteration_time_ms": 1500}, flags, 8) == (1.5, "from iteration_time_ms")
+    assert _time_from_rate({"mfu": 0.4}, flags, 8) == (None, "")

@@ -35,6 +35,7 @@ from .flags import (ASYNC_TP_ALLREDUCE_YEAR, CORE_P2P_YEAR, TORCH_DDP_BUCKET_BYT
                     model_flags, parallel_flags, parallel_sizes)
 from .hardware import cluster_for, gpu_from_text
 from .phrases import ARCH_WORDS, positive_int, precision_flags
+from .frameworks import family_settings, framework_settings
 from .published_runs import published_settings
 
 __all__ = ["Case", "CaseInputs", "load_cases", "positive_int", "gpu_from_text", "cluster_for", "megatron_flags",
@@ -107,6 +108,8 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     """
     notes: list[str] = []
     pub, script = published_settings(case)
+    if not pub:
+        pub, script = framework_settings(case)
     f = Fields(case, pub, script, notes)
     flags = model_flags(f)
     size = parallel_sizes(case)
@@ -149,7 +152,8 @@ def _attention(case: Case, gpu: str, year: int | None, pub: Mapping[str, Any],
     its recipe's, else the GPU's and the era's."""
     word = str(case.model.get("attention", "")).lower()
     cc = get_gpu(gpu).compute_capability
-    dropout = pub.get("attention_dropout", ATTENTION_DROPOUT_DEFAULT)
+    dropout = pub.get("attention_dropout", family_settings(case.model)[0].get("attention_dropout",
+                                                                          ATTENTION_DROPOUT_DEFAULT))
     unfused = ["--attention-backend", "unfused", "--attention-dropout", str(dropout)]
     if not word and pub.get("attention") == "unfused":
         return unfused, [f"attention not stated: unfused, dropout {dropout} ({script})"]
@@ -162,15 +166,15 @@ def _attention(case: Case, gpu: str, year: int | None, pub: Mapping[str, Any],
                                   "flash-attention kernel (FlashAttention needs sm_80+); fix the case")
             return [], [f"attention: flash (model.attention {word!r})"]
         if any(w in word for w in ("unfused", "local", "baddbmm", "softmax")):
-            return unfused, [f"attention: unfused (model.attention {word!r}), dropout {ATTENTION_DROPOUT_DEFAULT}"]
+            return unfused, [f"attention: unfused (model.attention {word!r}), dropout {dropout}"]
         raise ConfigError(f"case {case.id}: model.attention {word!r} is not understood; "
                           "write 'flash' or 'unfused'")
     if 0 < cc < 80:
         return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
-                         f"{ATTENTION_DROPOUT_DEFAULT}, bmm): {gpu} (sm_{cc}) has no flash-attention kernel"]
+                         f"{dropout}, bmm): {gpu} (sm_{cc}) has no flash-attention kernel"]
     if year is not None and year < FLASH_IN_MEGATRON_YEAR:
         return unfused, [f"attention not stated: unfused (baddbmm, fused softmax, dropout "
-                         f"{ATTENTION_DROPOUT_DEFAULT}, bmm), Megatron-LM's core attention in {year} "
+                         f"{dropout}, bmm), Megatron-LM's core attention in {year} "
                          f"(flash attention arrived in {FLASH_IN_MEGATRON_YEAR})"]
     return [], ["attention not stated: flash attention (today's Megatron-LM default"
                 + (f"; source year {year})" if year else "; source year unknown)")]

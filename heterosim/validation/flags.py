@@ -11,10 +11,12 @@ parameters) is printed as not modelled.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Protocol
 
 from heterosim.errors import ConfigError
 
+from .frameworks import family_settings
 from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
 
 
@@ -46,6 +48,11 @@ p2p tensor over the TP ranks and all-gathered it after (``--scatter-gather-tenso
 default on; Narayanan et al., SC'21, section 4.1)."""
 
 _GRAD_BYTES = {"bf16": 2, "fp32": 4}
+
+ACCOUNT_SPLIT_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+ACCOUNT_SPLIT_SOURCE = ("Megatron-Core's account_for_embedding/loss_in_pipeline_split do for layer counts that "
+                        "do not divide (NeMo's llama31_405b recipe sets both: 126 layers on pp 8 x vpp 8, "
+                        "NVIDIA/NeMo@8cfedd7 nemo/collections/llm/recipes/llama31_405b.py)")
 
 
 class Fields:
@@ -125,16 +132,61 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         f.notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
-    if f.pub.get("bias") is False:
+    flags += _moe_flags(f)
+    fam, fam_src = family_settings(m)
+
+    def pick(key: str) -> tuple[Any, str | None]:  # the recipe's value, else the model family's
+        return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)
+
+    bias, src = pick("bias")
+    if bias is False:
         flags.append("--disable-bias-linear")
-        f.notes.append(f"linear layers without bias ({f.script})")
-    if f.pub.get("untie_embeddings"):
+        f.notes.append(f"linear layers without bias ({src})")
+    untie, src = pick("untie_embeddings")
+    if untie:
         flags.append("--untie-embeddings-and-output-weights")
-        f.notes.append(f"output layer untied from the input embedding ({f.script})")
-    if "hidden_dropout" in f.pub:
-        flags += ["--hidden-dropout", str(f.pub["hidden_dropout"])]
-        f.notes.append(f"hidden dropout {f.pub['hidden_dropout']} ({f.script})")
+        f.notes.append(f"output layer untied from the input embedding ({src})")
+    dropout, src = pick("hidden_dropout")
+    if dropout is not None:
+        flags += ["--hidden-dropout", str(dropout)]
+        f.notes.append(f"hidden dropout {dropout} ({src})")
     return flags
+
+
+_MOE_KEYS = {"experts": ("experts", "num_experts"), "topk": ("topk", "top_k", "router_topk"),
+             "ffn": ("moe_ffn", "expert_ffn", "moe_ffn_hidden")}
+MOE_TOPK_DEFAULT = 2
+"""Megatron-LM's ``--moe-router-topk`` default."""
+
+
+def _moe_flags(f: Fields) -> list[str]:
+    """``--num-experts`` / ``--moe-router-topk`` / ``--moe-ffn-hidden-size`` of a mixture-of-experts
+    model: the fields ``model.experts``, ``model.topk``, ``model.moe_ffn`` (or their other names),
+    else the counts of the arch phrase ("MoE, 8 experts, top-2 routing")."""
+    m, arch = f.case.model, str(f.case.model.get("arch", ""))
+
+    def field(name: str) -> int | None:
+        key = next((k for k in _MOE_KEYS[name] if k in m), None)
+        return f.count("model", key, required=False) if key else None
+
+    experts = field("experts")
+    if experts is None and (hit := re.search(r"(\d+)\s*(?:routed\s+)?experts?\b", arch, re.I)):
+        experts = int(hit.group(1))
+    named = bool(re.search(r"\bmoe\b|mixture[\s-]+of[\s-]+experts", arch, re.I))
+    if experts is None:
+        if named:
+            raise ConfigError(f"case {f.case.id}: model.arch names a mixture of experts but no expert count; "
+                              "give model.experts (and model.topk)")
+        return []
+    topk = field("topk")
+    if topk is None and (hit := re.search(r"\btop[\s-]*(\d+)", arch, re.I)):
+        topk = int(hit.group(1))
+    if topk is None:
+        topk = MOE_TOPK_DEFAULT
+        f.notes.append(f"router top-k not stated: {topk} (Megatron-LM's --moe-router-topk default)")
+    flags = ["--num-experts", str(experts), "--moe-router-topk", str(topk)]
+    ffn = field("ffn")
+    return flags + (["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else [])
 
 
 # ----------------------------------------------------------------------------------- parallelism
@@ -143,6 +195,8 @@ def parallel_sizes(case: Case) -> dict[str, int]:
     size = {}
     for dim in ("tp", "pp", "dp", "cp", "ep"):
         v = case.parallelism.get(dim, 1)
+        if dim in ("cp", "ep") and is_unstated(v):  # "NA" in a table without that dimension
+            v = 1
         try:
             size[dim] = count(v, f"parallelism.{dim}")[0]
         except ConfigError:
@@ -160,8 +214,9 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--expert-model-parallel-size", str(size["ep"])]
     flags += _interleave_flags(f, size["pp"], layers)
     try:
-        sp = flag_word(par.get("sequence_parallel", False), "parallelism.sequence_parallel")
-        rc = recompute_word(par.get("recompute", "none"))
+        # An absent key is as unstated as "not stated": the recipe or the framework's default decides.
+        sp = flag_word(par.get("sequence_parallel"), "parallelism.sequence_parallel")
+        rc = recompute_word(par.get("recompute"))
     except ConfigError as e:
         raise ConfigError(f"case {f.case.id}: {e}") from None
     if sp is None and size["tp"] > 1:
@@ -211,11 +266,17 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
     elif stated is not None and vpp is None and pp > 1:
         f.notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
                        "--num-layers-per-virtual-pipeline-stage)")
+    parts = pp * (vpp if vpp is not None and vpp > 1 else 1)
+    slots: list[str] = []
+    if layers % parts and not (layers + 2) % parts:
+        slots = list(ACCOUNT_SPLIT_FLAGS)
+        f.notes.append(f"{layers} layers do not split over {parts} pipeline parts: the input embedding and the "
+                       f"loss each take a layer's place ({(layers + 2) // parts} per part), as {ACCOUNT_SPLIT_SOURCE}")
     if vpp is None or vpp <= 1:
-        return []
-    if layers % (pp * vpp):
+        return slots
+    if layers % parts and not slots:
         raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} x vpp {vpp}")
-    return [flag, str(layers // (pp * vpp))]
+    return slots + [flag, str((layers + (2 if slots else 0)) // parts)]
 
 
 def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bool) -> list[str]:

@@ -123,10 +123,24 @@ def _nvlink(text: str, gpu_nvlink_GBps: float) -> dict[str, Any] | None:
         n = round(float(bidir.group(1)) / 2 / lane)
     else:  # the GPU's datasheet NVLink bandwidth per direction
         n = round(gpu_nvlink_GBps / lane)
-    if "nvswitch" not in low:
+    if "nvswitch" not in low and _nvlink_domain(text) is None:
         raise ConfigError(f"intra_node {text!r}: NVLink without NVSwitch needs a mesh; write a cluster "
                           "YAML (docs/clusters.md) for it")
     return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": "nvls" in low or "sharp" in low}
+
+
+def _nvlink_domain(text: str) -> int | None:
+    """GPUs of a rack-scale NVLink domain the text names ("GB200 NVL72", "72-GPU NVLink domain"),
+    else None."""
+    m = re.search(r"\bnvl\s*(\d+)", text, re.I) or re.search(r"(\d+)[-\s]*gpus?\s+nvlink\s+domain", text, re.I)
+    return int(m.group(1)) if m else None
+
+
+def _domain_gpus(domain: int, tray: int, num_gpus: int) -> int:
+    """GPUs of the NVLink domain one job's share of a rack spans: the largest multiple of the tray's
+    GPUs that divides the job and fits the domain (a 128-GPU job on NVL72 racks: two domains of 64)."""
+    fits = [g for g in range(tray, min(domain, num_gpus) + 1, tray) if num_gpus % g == 0]
+    return max(fits) if fits else min(domain, num_gpus)
 
 
 def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, Any], str, list[str]]:
@@ -177,6 +191,16 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
             node.pop("nvlink", None)
         else:
             node["nvlink"] = {**node.get("nvlink", {}), **nv}
+    domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
+    if domain is not None and domain > gpn and base is None:
+        # One NVSwitch fabric joins the trays of a rack (NVIDIA GB200 NVL72: 18 trays of 4 GPUs, 72
+        # GPUs at full NVLink bandwidth): the model's "node" is the domain, each tray's NICs kept.
+        span = _domain_gpus(domain, gpn, num_gpus)
+        if count is not None:
+            count = count * span // gpn
+        notes.append(f"NVLink domain of {domain} GPUs: modelled as NVSwitch nodes of {span} GPUs "
+                     f"({span // gpn} trays of {gpn}) with their trays' NICs")
+        gpn = node["gpus_per_node"] = span
     if count is None and rate is not None:
         count = _nic_summary(node["nics"])[0] if node.get("nics") else gpn
         notes.append(f"NICs per node not stated: {count}")

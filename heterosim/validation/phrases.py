@@ -148,7 +148,9 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
 ARCH_FILLERS = frozenset((
     "gpt", "llama", "nemotron", "mistral", "style", "like", "based", "standard", "dense", "decoder", "only",
     "causal", "transformer", "architecture", "model", "mlp", "ffn", "pos", "position", "positional",
-    "embedding", "embeddings", "attention", "pre", "ln", "and", "with", "a", "the", "of", "in"))
+    "embedding", "embeddings", "attention", "pre", "ln", "and", "with", "a", "the", "of", "in",
+    # mixture-of-experts words: the counts beside them are read by the flag builder (flags._moe_flags)
+    "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral"))
 _PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
 
 

@@ -26,7 +26,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from heterosim.errors import ConfigError, HeteroSimError
 
@@ -312,6 +312,38 @@ def _num(v: Any) -> tuple[float | None, bool]:
     return (float(m.group(2)), bool(m.group(1))) if m and float(m.group(2)) > 0 else (None, False)
 
 
+# Measured fields that give the iteration time by another name: (keys, per what).
+_TIME_KEYS = {("iteration_time_ms", "step_time_ms", "time_per_step_ms"): 1e-3,
+              ("step_time_s", "time_per_step_s", "train_step_time_s", "seconds_per_step"): 1.0}
+_RATE_KEYS = {  # tokens (or sequences) per second, whole job or per GPU
+    ("tokens_per_s", "tokens_per_sec", "throughput_tokens_per_s"): ("tokens", False),
+    ("tokens_per_s_per_gpu", "tokens_per_sec_per_gpu", "tokens_per_gpu_per_s"): ("tokens", True),
+    ("samples_per_s", "sequences_per_s", "samples_per_sec"): ("samples", False),
+    ("samples_per_s_per_gpu", "sequences_per_s_per_gpu"): ("samples", True),
+}
+
+
+def _time_from_rate(meas: Mapping[str, Any], flags: Sequence[str], world: int) -> tuple[float | None, str]:
+    """(iteration time, note) from a measured step time in other units or a throughput: a step
+    holds global batch x sequence length tokens (``flags``' values); None when none is given."""
+    for keys, scale in _TIME_KEYS.items():
+        for k in keys:
+            v, _ = _num(meas.get(k))
+            if v:
+                return v * scale, f"from {k}"
+    f = list(flags)
+    gbs, seq = int(f[f.index("--global-batch-size") + 1]), int(f[f.index("--seq-length") + 1])
+    for keys, (unit, per_gpu) in _RATE_KEYS.items():
+        for k in keys:
+            v, _ = _num(meas.get(k))
+            if v:
+                work = gbs * (seq if unit == "tokens" else 1)
+                return work / (v * (world if per_gpu else 1)), (
+                    f"derived: global batch {gbs}{f' x seq {seq}' if unit == 'tokens' else ''} / {k}"
+                    + (f" x {world} GPUs" if per_gpu else ""))
+    return None, ""
+
+
 def _missing_feature(msg: str) -> str | None:
     """The feature an error says is missing (capture raising on an unsupported flag), or None."""
     low = msg.lower()
@@ -349,6 +381,9 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
     meas = case.measured
     t_meas, _ = _num(meas.get("iteration_time_s"))
     t_note = ""
+    if t_meas is None:
+        t_meas, t_note = _time_from_rate(meas, inputs.flags, inputs.world_size)
+        t_meas = t_meas or None
     conv = flop_convention(case)
     tf_meas, _ = _num(meas.get("tflops_per_gpu"))
     if conv is None and tf_meas and t_meas:  # infer which count the source's TFLOP/s used

@@ -1,0 +1,114 @@
+"""What a training framework runs when a case names it and leaves a setting unstated.
+
+A published run with its own recipe file wins (:mod:`heterosim.validation.published_runs`). Without
+one, a case whose source names NeMo 2 (NeMo containers from 24.12, the ``nemo.collections.llm``
+recipes, or NVIDIA's DGX Cloud benchmarking collection from v25.04, whose launch scripts call those
+recipes with ``performance_mode=True``) takes the settings NeMo 2's pre-training recipes and their
+performance mode set for every model:
+
+- sequence parallelism whenever TP > 1 (``scripts/performance/helpers.py``
+  ``set_primary_perf_configs``: ``sequence_parallel = bool(tp_size > 1)``);
+- the distributed optimizer (``recipes/optim/adam.py``: ``use_distributed_optimizer=True``), with
+  gradient reduce-scatter and parameter all-gather overlapped (the recipes' DDP config and
+  ``MegatronCommOverlapCallback._get_optimizer_overlap_cfgs``: ``overlap_grad_reduce``,
+  ``overlap_param_gather``, buckets of 128 Mi elements when DP > 1) and gradients reduced in bf16
+  (performance mode: ``grad_reduce_in_fp32 = False``);
+- Transformer Engine's TP communication overlap (performance mode's ``tp_comm_overlap=True``; the
+  callback turns it off below TP 2 or without sequence parallelism) and, with virtual pipeline
+  stages, overlapped pipeline p2p (``overlap_p2p_comm = True`` when vp > 1);
+- no recompute, Transformer Engine's fused attention, fp8 as ``bf16_with_fp8_mixed`` (hybrid).
+
+Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
+before v25.04) take the same settings without the bucket size (:data:`NEMO1_SCRIPT`).
+
+Sources: NVIDIA/NeMo at 8cfedd7 (2025-09), ``nemo/collections/llm/recipes/{llama3_70b,llama31_405b,
+gpt3_175b,nemotron4_340b}.py`` (``trainer``, ``pretrain_performance_optimizations``),
+``nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py``; NVIDIA/dgxc-benchmarking v25.04
+``llama3.1/pretrain_llama31.py``. Nothing here is a measured value.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Protocol
+
+__all__ = ["framework_settings", "family_settings", "nemo_generation", "NEMO2_SETTINGS", "NEMO2_SCRIPT", "NEMO1_SCRIPT"]
+
+NEMO2_SCRIPT = ("NeMo 2 pre-training recipes, performance mode (NVIDIA/NeMo@8cfedd7 nemo/collections/llm/recipes, "
+                "megatron_comm_overlap.py, scripts/performance/helpers.py)")
+
+# NeMo's bucket_size is 128 * 1024 * 1024 elements; bucket_mb is MiB of bf16 gradients.
+NEMO2_SETTINGS: dict[str, Any] = {
+    "sequence_parallel": True, "recompute": "none", "ddp": "distributed", "bucket_mb": 256,
+    "overlap_grad_reduce": True, "overlap_param_gather": True, "grad_sync_dtype": "bf16",
+    "tp_comm_overlap": True, "overlap_p2p_comm": True, "fp8_recipe": "hybrid", "attention": "flash",
+}
+
+NEMO2_FIRST = (24, 12)
+"""First NeMo container (YY.MM) whose LLM pre-training runs the NeMo 2 recipes by default."""
+
+DGXC_NEMO2_FIRST = (25, 4)
+"""First DGX Cloud benchmarking release (vYY.MM) whose NeMo workloads launch NeMo 2 recipes
+(``llama3.1/pretrain_llama31.py``); v24.11.1-v25.03 ran the NeMo launcher's YAML recipes."""
+
+NEMO1_SCRIPT = ("NeMo launcher performance recipes (NVIDIA/dgxc-benchmarking@35a9aec gpt3_175b_hydra.yaml, "
+                "llama3.1_{8b,70b,405b}.yaml, nemotron4-{15b,340b}-synth.yaml: the settings all of them share)")
+"""The YAML recipes before NeMo 2 agree on everything in :data:`NEMO2_SETTINGS` but the bucket size
+(75-220 MiB by model), which is left at Megatron's default."""
+
+
+class CaseSource(Protocol):
+    source: Mapping[str, Any]
+
+
+def _text(case: CaseSource) -> str:
+    return " ".join(str(case.source.get(k, "")) for k in ("title", "url", "software"))
+
+
+def nemo_generation(text: str) -> int | None:
+    """2 for NeMo 2 recipes, 1 for the NeMo launcher's YAML recipes, None when ``text`` names no
+    NeMo (a source naming NeMo without a version is taken as today's NeMo 2)."""
+    low = text.lower()
+    dgxc = "dgxc-benchmarking" in low or "dgx cloud benchmarking" in low
+    if "nemo" not in low and not dgxc:
+        return None
+    if re.search(r"nemo[\s_-]*2(?:\.\d|\b)|nemo\.collections\.llm|nemo[\s-]*run", low):
+        return 2
+    gens = [2 if (int(yy), int(mm)) >= NEMO2_FIRST else 1
+            for yy, mm in re.findall(r"nemo\D{0,20}?\b(2[0-9])\.(\d\d)\b", low)]
+    if dgxc:
+        gens += [2 if (int(yy), int(mm)) >= DGXC_NEMO2_FIRST else 1
+                 for yy, mm in re.findall(r"\bv(2[0-9])\.(\d\d)", low)]
+    return min(gens) if gens else 2
+
+
+def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:
+    """(settings, where they come from) of the framework the case's source names; ({}, None) if it
+    names none this module knows."""
+    gen = nemo_generation(_text(case))
+    if gen == 2:
+        return dict(NEMO2_SETTINGS), NEMO2_SCRIPT
+    if gen == 1:
+        return {k: v for k, v in NEMO2_SETTINGS.items() if k != "bucket_mb"}, NEMO1_SCRIPT
+    return {}, None
+
+
+# Model families whose released configurations differ from Megatron-LM's GPT defaults (bias in
+# every linear layer, output layer tied to the input embedding, dropout 0.1): Llama 2/3/3.1
+# (Meta's config.json: attention_bias false, tie_word_embeddings false for 7B and up; NeMo's
+# LlamaConfig: add_bias_linear False, share_embeddings_and_output_weights False, dropout 0.0),
+# Mistral / Mixtral (config.json: no bias, untied; NeMo MixtralConfig dropout 0.0), Nemotron-4
+# (arXiv 2402.16819 / 2406.11704: no bias, untied; NeMo Nemotron4Config dropout 0.0), Qwen2/3
+# (untied above 7B; attention bias only on q/k/v, priced here as none) and DeepSeek-V2/V3.
+FAMILY_SETTINGS: dict[str, Any] = {"bias": False, "untie_embeddings": True, "hidden_dropout": 0.0,
+                                   "attention_dropout": 0.0}
+FAMILY_WORDS = ("llama", "mistral", "mixtral", "nemotron", "qwen", "deepseek")
+
+
+def family_settings(model: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(settings, where from) of the model family that ``model.name`` or ``model.arch`` names."""
+    text = f"{model.get('name', '')} {model.get('arch', '')}".lower()
+    for word in FAMILY_WORDS:
+        if re.search(rf"\b{word}", text):
+            return dict(FAMILY_SETTINGS), f"{word.capitalize()}'s released configuration"
+    return {}, None
