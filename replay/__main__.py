@@ -69,12 +69,15 @@ def _validate(a: argparse.Namespace) -> int:
     def progress(case_id: str) -> None:
         print(f"validate: {case_id}", file=sys.stderr, flush=True)
 
+    def finished(case_id: str, seconds: float) -> None:
+        print(f"validate: {case_id} done in {seconds:.1f} s", file=sys.stderr, flush=True)
+
     from heterosim.errors import ConfigError
 
     if a.jobs < 1:
         raise ConfigError(f"--jobs {a.jobs}: give 1 or more")
     rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
-                   progress=None if a.json else progress, jobs=a.jobs)
+                   progress=None if a.json else progress, jobs=a.jobs, finished=finished)
     if a.plot:
         rep.write_plot(a.plot)
     if a.json:

@@ -204,9 +204,12 @@ def test_jobs_runs_cases_in_forked_workers_with_the_same_report(env):
     from replay.__main__ import main
     from heterosim.validation.validate import validate
 
-    one = validate(env[1], cache_dir=env[2])
+    times: list[tuple[str, float]] = []
+    one = validate(env[1], cache_dir=env[2], finished=lambda i, s: times.append((i, s)))
+    assert sorted(i for i, _ in times) == sorted(r.id for r in one.cases) and all(s >= 0 for _, s in times)
     seen: list[str] = []
-    two = validate(env[1], cache_dir=env[2], jobs=2, progress=seen.append)
+    two = validate(env[1], cache_dir=env[2], jobs=2, progress=seen.append, finished=lambda i, s: times.append((i, s)))
+    assert len(times) == 2 * len(one.cases)
     assert two.to_json() == one.to_json()
     assert [r.id for r in two.cases] == [r.id for r in one.cases]
     assert seen[0] == "small-1gpu"  # an end-to-end case before the collective one

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -502,11 +503,14 @@ def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env
 
 def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
              cache_dir: str | os.PathLike | None = None, nccl_env: Any = None, kernel_db: Any = None,
-             progress: Callable[[str], None] | None = None, jobs: int = 1) -> Report:
+             progress: Callable[[str], None] | None = None, jobs: int = 1,
+             finished: Callable[[str, float], None] | None = None) -> Report:
     """Run every end-to-end and collective case of ``path`` (or those in ``only``).
 
     ``jobs`` > 1 runs that many cases at a time, each in a process forked from this one, largest
     world first (the report keeps the file's order and is the same as with ``jobs=1``).
+    ``progress(id)`` is called when a case starts, ``finished(id, seconds)`` when it ends (wall
+    seconds, capture included); neither enters the report, which stays the same run to run.
     """
     cases = load_cases(path)
     if only:
@@ -517,19 +521,29 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
         cases = [c for c in cases if c.id in set(only)]
     todo = [c for c in cases if c.category in ("end_to_end", "collective")]
     kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db}
+    started: dict[int, float] = {}
+
+    def start(i: int) -> None:
+        started[i] = time.perf_counter()
+        if progress is not None:
+            progress(todo[i].id)
+
+    def end(i: int) -> None:
+        if finished is not None:
+            finished(todo[i].id, time.perf_counter() - started[i])
+
     if jobs > 1 and len(todo) > 1:
         from heterosim.forkpool import run_forked
 
         results = run_forked(todo, functools.partial(_run_one, kw=kw), jobs=jobs,
                              order=sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i])),
-                             name=lambda i: f"validate case {todo[i].id}",
-                             on_start=(lambda i: progress(todo[i].id)) if progress is not None else None)
+                             name=lambda i: f"validate case {todo[i].id}", on_start=start, on_done=end)
     else:
         results = []
-        for c in todo:
-            if progress is not None:
-                progress(c.id)
+        for i, c in enumerate(todo):
+            start(i)
             results.append(_run_one(c, kw))
+            end(i)
     return Report(cases=tuple(r for r in results if r is not None))
 
 
