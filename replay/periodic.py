@@ -58,10 +58,13 @@ def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] |
         L = q - m
         if m + 2 * L > n or hs[m:m + L] != hs[m + L:m + 2 * L]:
             continue
-        lo = m
+        lo, hi = m, m + L
+        while lo >= L and hs[lo - L:lo] == hs[lo:lo + L]:  # a period at a time, then point by point
+            lo -= L
         while lo > 0 and hs[lo - 1] == hs[lo - 1 + L]:
             lo -= 1
-        hi = m + L
+        while hi + L <= n and hs[hi:hi + L] == hs[hi - L:hi]:
+            hi += L
         while hi < n and hs[hi] == hs[hi - L]:
             hi += 1
         if hi - lo >= max(4 * L, n // 3):  # the steady phase, not a short run of alike points
