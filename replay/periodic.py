@@ -145,6 +145,8 @@ class Skipper:
                 return None
             f = self._frontier(ci)
             L = self.periods[ci][0]
+            if cl.pc - f > 4 * L:  # an op in flight since long ago: not the steady phase (and each
+                return None        # checkpoint would read the whole window)
             fronts.append(f)
             struct.append((cl.pc - f, cl.blocked,
                            tuple(q - f for q in range(f, cl.pc) if cl.end[q] != cl.end[q] and cl.sk.kind[q] != "wait")))
