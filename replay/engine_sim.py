@@ -23,6 +23,7 @@ from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload
                      busy_change, span_step)
 from .flows import FluidNetwork, solo_time
 from .holds import end_span
+from .periodic import Skipper
 
 __all__ = ["FastRun"]
 
@@ -54,6 +55,8 @@ class FastRun:
     """``max`` mode: largest (slowest - fastest replica) / slowest replica duration."""
     restarts: int = 0
     network_recomputes: int = 0
+    periods_skipped: int = 0
+    """Steady 1F1B periods advanced in closed form (:mod:`replay.periodic`), 0 if none."""
 
     def rank_times(self, rank: int) -> RankTimes:
         """Times of ``rank`` (those of its class)."""
@@ -122,7 +125,8 @@ class _Class:
 
 class _Sim:
     def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any,
-                 exact: bool = True, refine: Callable[[list[list[int]]], bool] | None = None):
+                 exact: bool = True, refine: Callable[[list[list[int]]], bool] | None = None,
+                 periodic: bool = True):
         self.w = w
         self.exact = exact
         self.refine = refine
@@ -175,6 +179,8 @@ class _Sim:
         if self.slow:
             for cl in self.classes:
                 cl.compute = 0.0  # accumulated as the spans run (stretched)
+        self.skipper = Skipper(self) if periodic and not self.slow and w.link_sharing else None
+        """Advances a repeating steady 1F1B phase by whole periods (:mod:`replay.periodic`)."""
 
     # -- keys ---------------------------------------------------------------------------------
     def _shape(self, ci: int, p: int) -> "_Shape":
@@ -501,7 +507,7 @@ class _Sim:
     def run(self, progress: Callable[[int], None] | None) -> FastRun:
         for ci in range(len(self.classes)):
             self.advance(ci)
-        heap, net, timers, reach = self.heap, self.net, self.timers, self.reach
+        heap, net, timers, reach, skip = self.heap, self.net, self.timers, self.reach, self.skipper
         steps = 0
         # Only net.step and arrive (net.start) change the network: its next event time is read
         # again after those alone (next_time is a function of the network's state).
@@ -526,6 +532,8 @@ class _Sim:
             else:
                 t, _, ci, p = heapq.heappop(heap)
                 self.arrive(t, ci, p)
+                if not ci and skip is not None and skip.is_checkpoint(ci, p):
+                    skip.at_checkpoint(t)
                 t_net = net.next_time()
                 steps += 1
                 if progress is not None and steps % 4096 == 0:
@@ -547,7 +555,8 @@ class _Sim:
                        skeletons=self.skeletons, times=times, point_time=point_time, comm_meta=meta,
                        blocker=self.blocker, symmetry="exact" if self.exact else "max",
                        asymmetric=self.asymmetric, max_spread=self.max_spread,
-                       network_recomputes=self.net.recomputes)
+                       network_recomputes=self.net.recomputes,
+                       periods_skipped=self.skipper.skipped if self.skipper is not None else 0)
 
     def _check_done(self) -> None:
         stuck = [cl for cl in self.classes if cl.pc < len(cl.sk)]

@@ -217,11 +217,12 @@ def role_leads(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> dict[
     before it reaches its cap (a lower lead: the error is toward host-bound).
     """
     caps = _queue_caps(program, blocks)
+    exits = [blocks[b].exit_lead for b in program]
     lead = 0.0
     for _ in range(_MAX_PASSES):
         start = lead
-        for b, cap in zip(program, caps):
-            lead = min(blocks[b].exit_lead(lead), cap)
+        for exit_lead, cap in zip(exits, caps):
+            lead = min(exit_lead(lead), cap)
         if abs(lead - start) <= 1e-12:
             break
     leads: dict[str, float] = {}
@@ -235,16 +236,17 @@ def _queue_caps(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> list
     """GPU seconds of the last LAUNCH_QUEUE_DEPTH ops up to the end of each segment of ``program``
     (earlier segments, and earlier iterations of the program, fill what a segment lacks)."""
     n = len(program)
-    tails = [blocks[b].tail_s for b in program]
-    if sum(t.size - 1 for t in tails) == 0:
+    as_list = {b: (blocks[b].tail_s.tolist(), blocks[b].tail_s.size - 1) for b in dict.fromkeys(program)}
+    tails = [as_list[b] for b in program]
+    if sum(size for _, size in tails) == 0:
         return [0.0] * n
     caps = []
     for i in range(n):
         left, total, k = LAUNCH_QUEUE_DEPTH, 0.0, 0
         while left > 0:
-            tail = tails[(i - k) % n]
-            take = min(left, tail.size - 1)
-            total += float(tail[take])
+            tail, size = tails[(i - k) % n]
+            take = left if left < size else size
+            total += tail[take]
             left -= take
             k += 1
         caps.append(total)

@@ -45,11 +45,16 @@ def plan_to_transfer(plan: Any, never_binding: frozenset[int] = frozenset()) -> 
     """
     eff = float(getattr(plan, "efficiency", 1.0)) or 1.0
     by_phase: dict[int, list[FlowSpec]] = {}
+    made: dict[tuple, FlowSpec] = {}  # flows of equal path and size share one (immutable) spec
     for f in plan.flows:
-        links = tuple(int(l) for l in f.path)
-        if never_binding:
-            links = tuple(l for l in links if l not in never_binding)
-        by_phase.setdefault(int(f.phase), []).append(FlowSpec(links=links, nbytes=float(f.bytes) / eff))
+        key = (f.path, f.bytes)
+        spec = made.get(key)
+        if spec is None:
+            links = tuple(int(l) for l in f.path)
+            if never_binding:
+                links = tuple(l for l in links if l not in never_binding)
+            spec = made[key] = FlowSpec(links=links, nbytes=float(f.bytes) / eff)
+        by_phase.setdefault(int(f.phase), []).append(spec)
     phases = sorted(by_phase)
     lat = float(getattr(plan, "latency_s", 0.0))
     if not phases:

@@ -54,6 +54,47 @@ def test_program_walk_replays_block_events_per_reference():
     assert p.reserved == 125 + POOL_ALLOWANCE and p.peak_segment == 2
 
 
+
+def _walk_event_by_event(mem, program):
+    """memory_peak's rule applied one event at a time (what the per-block sweeps must equal)."""
+    run = list(mem.baseline)
+    alloc, slack = sum(run[:5]), run[5]
+    peak, peak_res, at, where = alloc, alloc + slack, list(run), -1
+    for j in range(len(program) + 1):
+        evs = [(c, b) for s, c, b in mem.gaps if s == j]
+        if j < len(program):
+            evs += [(c, b) for _, c, b in mem.blocks.get(program[j].block, ())]
+        for cat, b in evs:
+            run[cat] += b
+            if cat == 5:
+                slack += b
+            else:
+                alloc += b
+            if b > 0:
+                if alloc > peak:
+                    peak, at, where = alloc, list(run), j
+                peak_res = max(peak_res, alloc + slack)
+    return peak, peak_res + POOL_ALLOWANCE, at[:5], alloc, where
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_program_walk_per_block_equals_the_walk_event_by_event(seed):
+    """Folding a block's events once (net change, highest rise, first event reaching it) gives
+    the peaks, their composition and the peak segment of applying every event in turn."""
+    import random
+
+    rng = random.Random(seed)
+    mem = RoleMemory(tuple(rng.randrange(0, 50) for _ in range(6)),
+                     {b: [[0, rng.randrange(6), rng.choice([-1, 1]) * rng.randrange(0, 20)]
+                          for _ in range(rng.randrange(0, 6))] for b in ("f", "b")},
+                     [[rng.randrange(0, 9), rng.randrange(6), rng.randrange(-10, 10)] for _ in range(3)])
+    role = _role(mem, [(rng.choice("fb"), m) for m in range(8)])
+    p = memory_peak(mem, role.program)
+    peak, reserved, at, end, where = _walk_event_by_event(mem, role.program)
+    assert (p.allocated, p.reserved, list(p.at_peak.values()), p.end, p.peak_segment) == (
+        peak, reserved, at, end, where)
+
+
 def test_memory_is_optional_in_the_trace(tmp_path):
     mem = RoleMemory((1, 2, 3, 4, 5, 0), {"f": [[0, 3, 7]]}, [[1, 4, -2]])
     t = Trace(world_size=1, groups={"0": GroupInfo((0,), "world", "0")}, roles=[_role(mem, [("f", 0)])])

@@ -320,17 +320,27 @@ def flop_totals(trace: Trace) -> dict[str, float]:
     - ``hardware``: the same with recomputation included (their 96·B·s·l·h²·(...) with full recompute).
     - ``executed``: every op's executed FLOPs, causal attention as a flash kernel computes it.
     """
+    import numpy as np
+
     model = hardware = executed = 0.0
     for role in trace.roles:
-        m = h = e = 0.0
-        for seg in role.program:
-            cols = role.blocks[seg.block].columns
+        # Each distinct block's addends are listed once (an op that adds nothing is left out:
+        # x + 0.0 == x); the sums then run over the program with cumsum, which adds one element
+        # after another in order (unlike np.sum), so they equal a plain loop over every op bit for bit.
+        adds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for b in dict.fromkeys(seg.block for seg in role.program):
+            cols = role.blocks[b].columns
+            es, hs, ms = [], [], []
             for kc, ph, f, ff in zip(cols["kernel_class"], cols["phase"], cols["flops"], cols["flops_full"]):
-                e += f
+                es.append(f)
                 if kc in ("gemm", "attention"):
-                    h += ff
+                    hs.append(ff)
                     if ph != "recompute":
-                        m += ff
+                        ms.append(ff)
+            adds[b] = (np.asarray(es, dtype=np.float64), np.asarray(hs, dtype=np.float64),
+                       np.asarray(ms, dtype=np.float64))
+        e, h, m = (float(np.cumsum(np.concatenate([np.zeros(1)] + [adds[seg.block][i] for seg in role.program]))[-1])
+                   for i in range(3))
         k = len(role.ranks)
         model += m * k
         hardware += h * k

@@ -132,7 +132,10 @@ class MemoryPeak:
 
 
 def memory_peak(mem: RoleMemory, program: Sequence[Any]) -> MemoryPeak:
-    """Walk ``program`` (segments with a ``block`` attribute) applying ``mem``'s events in order."""
+    """Walk ``program`` (segments with a ``block`` attribute) applying ``mem``'s events in order.
+
+    A block's events are folded once into a :class:`_BlockSweep` (integer sums: the same peaks as
+    applying them one by one), so the walk costs one step per segment, not one per event."""
     run = list(mem.baseline)
     alloc = sum(run[:SLACK])
     slack = run[SLACK]
@@ -140,11 +143,9 @@ def memory_peak(mem: RoleMemory, program: Sequence[Any]) -> MemoryPeak:
     gaps: dict[int, list] = {}
     for seg, cat, b in mem.gaps:
         gaps.setdefault(seg, []).append((cat, b))
+    sweeps = {b: _BlockSweep([(c, n) for _, c, n in ev]) for b, ev in mem.blocks.items() if ev}
     for j in range(len(program) + 1):
-        evs = [(c, b) for c, b in gaps.get(j, ())]
-        if j < len(program):
-            evs += [(c, b) for _, c, b in mem.blocks.get(program[j].block, ())]
-        for cat, b in evs:
+        for cat, b in gaps.get(j, ()):
             run[cat] += b
             if cat == SLACK:
                 slack += b
@@ -154,6 +155,49 @@ def memory_peak(mem: RoleMemory, program: Sequence[Any]) -> MemoryPeak:
                 if alloc > peak:
                     peak, at, where = alloc, list(run), j
                 peak_res = max(peak_res, alloc + slack)
+        sw = sweeps.get(program[j].block) if j < len(program) else None
+        if sw is None:
+            continue
+        if sw.rise is not None:
+            if alloc + sw.rise > peak:
+                peak, where = alloc + sw.rise, j
+                at = [a + d for a, d in zip(run, sw.at_rise)]
+            peak_res = max(peak_res, alloc + slack + sw.rise_res)
+        for i, d in sw.delta:
+            run[i] += d
+        alloc += sw.alloc
+        slack += sw.slack
     return MemoryPeak(allocated=peak, reserved=peak_res + POOL_ALLOWANCE,
                       at_peak={c: at[i] for i, c in enumerate(CATEGORIES[:SLACK])},
                       baseline=sum(mem.baseline[:SLACK]), end=alloc, peak_segment=where)
+
+
+class _BlockSweep:
+    """A block's events as :func:`memory_peak` needs them: the net change per category, and over
+    the events that allocate (``bytes > 0``: where the walk reads its peaks) the highest allocated
+    and allocated + slack bytes reached, relative to the block's start, with the change per
+    category at the first event reaching the former (a strictly higher total moves the peak, an
+    equal one does not)."""
+
+    __slots__ = ("delta", "alloc", "slack", "rise", "rise_res", "at_rise")
+
+    def __init__(self, events: list[tuple[int, int]]):
+        run = [0] * len(CATEGORIES)
+        alloc = slack = 0
+        rise: int | None = None
+        rise_res: int | None = None
+        at_rise = run
+        for cat, b in events:
+            run[cat] += b
+            if cat == SLACK:
+                slack += b
+            else:
+                alloc += b
+            if b > 0:
+                if rise is None or alloc > rise:
+                    rise, at_rise = alloc, list(run)
+                if rise_res is None or alloc + slack > rise_res:
+                    rise_res = alloc + slack
+        self.delta = [(i, d) for i, d in enumerate(run) if d]
+        self.alloc, self.slack = alloc, slack
+        self.rise, self.rise_res, self.at_rise = rise, rise_res, at_rise

@@ -93,16 +93,8 @@ def _tree_time(q: Query, proto: str, nbytes: int, dtype: str, bw: float, lat: fl
     return lat + nbytes / (1000 * bw), lat
 
 
-def _chains(g: GroupGraph, view: TopologyView, pattern: int) -> list[list[int]]:
-    if g.n_nodes == 1:
-        return [list(g.node_members[0])]
-    return [node_segment(m, pattern, view)[0] for m in g.node_members]
-
-
-def _nic_channel(view: TopologyView, dst: int, pattern: int, g: GroupGraph) -> int:
-    """Router channel that lands on the NIC the pattern's ring enters ``dst``'s node by."""
-    members = next(m for m in g.node_members if dst in m)
-    _, nic = node_segment(members, pattern, view)
+def _nic_index(view: TopologyView, dst: int, nic: int) -> int:
+    """Router channel of ``dst`` that lands on ``nic`` (0 when ``nic`` is not one of its own)."""
     nics = view.gpus[dst].nics
     return nics.index(nic) if nic in nics else 0
 
@@ -113,7 +105,12 @@ def _tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: i
     t_parents = dtree_parents(g.n_nodes)
     share = 0.5 / patterns  # each of the 2 trees x R patterns carries S / (2R) per direction
     for p in range(patterns):
-        chains = _chains(g, view, p)
+        # each node's chain in the pattern's ring and the NIC the ring enters the node by
+        if g.n_nodes == 1:
+            chains, entry_nic = [list(g.node_members[0])], []
+        else:
+            segs = [node_segment(m, p, view) for m in g.node_members]
+            chains, entry_nic = [c for c, _ in segs], [nic for _, nic in segs]
         for t, parents in enumerate(t_parents):
             ch = p + t * patterns
             for chain in chains:
@@ -123,11 +120,11 @@ def _tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: i
             for k, par in enumerate(parents):
                 if par < 0:
                     continue
-                child, parent = chains[k][0], chains[par][0]
+                child, parent = chains[k][0], chains[par][0]  # chain k is node k's
                 out.append((child, parent, share, ch,
-                            view.route(child, parent, _nic_channel(view, parent, p, g), pxn=pxn), 0))
+                            view.route(child, parent, _nic_index(view, parent, entry_nic[par]), pxn=pxn), 0))
                 out.append((parent, child, share, ch,
-                            view.route(parent, child, _nic_channel(view, child, p, g), pxn=pxn), 0))
+                            view.route(parent, child, _nic_index(view, child, entry_nic[k]), pxn=pxn), 0))
     return out
 
 

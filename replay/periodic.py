@@ -1,0 +1,302 @@
+"""The steady 1F1B phase advanced by whole periods: the fast engine's skip-ahead.
+
+In the steady phase of a 1F1B pipeline every stage repeats one forward and one backward
+micro-batch, so every class's points repeat with a period of ``L_c`` points (:func:`point_period`:
+the same network signature, kind, stream, wait / coalescing offsets and compute span) and, once
+the pipeline has settled, the whole simulation state repeats too: shifted by ``L_c`` points per
+class, by one counter period per transfer kind and by ``T`` seconds. :class:`Skipper` looks for
+that at a fixed point of one class's period (a *checkpoint*): when two consecutive checkpoints
+hold the same state (every class one period further, the same transfers in flight, the same
+pending events, every time at the same offset from the checkpoint's), it advances ``K`` periods at
+once: the points in between get the last period's records (end, start, reach times, waits,
+blockers) ``j * T`` later, and the state in flight moves ``K * T`` later and ``K`` periods
+further. ``K`` stops one period before the first class leaves its steady range, so the cool-down
+is simulated event by event.
+
+It applies only where the state is small enough to move: no overlap slowdown, link sharing on,
+and a network that holds only batches running wholly solo (:mod:`replay.holds`; no fluid flow, no
+per-link owner), as in the benchmark's 1F1B cases on adaptive-routing clusters.
+
+NB (approximation): two checkpoints count as the same state when every time offset agrees within
+:data:`TIME_TOL` seconds, and the skipped records are the last period's plus ``j * T`` rather than
+the sums the event-by-event run would round. The iteration time stays within 1e-9 relative of the
+run without skipping on the benchmark's 1F1B cases and the engine tests' random pipelines (tested,
+``tests/test_replay_periodic.py``); ``run_fast(..., periodic=False)`` turns it off.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from .expand import RoleSkeleton, WaitRecord
+
+__all__ = ["point_period", "Skipper", "TIME_TOL"]
+
+TIME_TOL = 1e-12
+"""Two checkpoints' time offsets (seconds from the checkpoint) count as equal within this."""
+
+_MIN_PERIODS = 2
+"""Skip only when at least this many whole periods can be advanced."""
+
+
+def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] | None:
+    """``(L, lo, hi)``: points ``q`` in ``[lo, hi)`` repeat those ``L`` earlier (``q - L >= lo``)
+    and later, as the engine sees them; None without such a repetition around the middle."""
+    n = len(sk)
+    if n < 8:
+        return None
+
+    tgt = [t - q if t >= 0 else 0 for q, t in enumerate(sk.target)]
+    coal = [c - q for q, c in enumerate(sk.coalesced)]
+    hs = list(zip(sk.sig, sk.kind, sk.stream, tgt, coal, spans[:n]))
+    m = n // 2
+    for q in range(m + 1, min(n, m + n // 3)):
+        if hs[q] != hs[m]:
+            continue
+        L = q - m
+        if m + 2 * L > n or hs[m:m + L] != hs[m + L:m + 2 * L]:
+            continue
+        lo, hi = m, m + L
+        while lo >= L and hs[lo - L:lo] == hs[lo:lo + L]:  # a period at a time, then point by point
+            lo -= L
+        while lo > 0 and hs[lo - 1] == hs[lo - 1 + L]:
+            lo -= 1
+        while hi + L <= n and hs[hi:hi + L] == hs[hi - L:hi]:
+            hi += L
+        while hi < n and hs[hi] == hs[hi - L]:
+            hi += 1
+        if hi - lo >= max(4 * L, n // 3):  # the steady phase, not a short run of alike points
+            return L, lo, hi
+    return None
+
+
+def _rel(x: float, t: float) -> float:
+    return x - t if x == x else math.nan
+
+
+def _same(a: list[float], b: list[float]) -> bool:
+    for x, y in zip(a, b):
+        if x != x or y != y:
+            if (x == x) != (y == y):
+                return False
+        elif abs(x - y) > TIME_TOL:
+            return False
+    return len(a) == len(b)
+
+
+class Skipper:
+    """Checkpoints of one :class:`replay.engine_sim._Sim` run; :meth:`at_checkpoint` skips ahead."""
+
+    def __init__(self, sim: Any):
+        self.sim = sim
+        self.periods: list[tuple[int, int, int]] = []
+        self.anchor_point = -1
+        self.last: tuple | None = None
+        self.skipped = 0
+        """Periods advanced in closed form (0: none)."""
+        self.fronts: dict[int, int] = {}
+        found: dict[tuple[int, str], tuple[int, int, int] | None] = {}
+        for cl in sim.classes:
+            rk = (cl.sk.role, sim.w.gpu_type[cl.rep])  # classes of one role and GPU type share a program
+            if rk not in found:
+                found[rk] = point_period(cl.sk, cl.spans)
+            got = found[rk]
+            if got is None:
+                self.periods = []
+                return
+            self.periods.append(got)
+        L, lo, _ = self.periods[0]
+        kinds = sim.classes[0].sk.kind
+        self.anchor_point = next(q for q in range(lo + L, lo + 2 * L) if kinds[q] != "wait")  # an issued point
+
+    def is_checkpoint(self, ci: int, p: int) -> bool:
+        if ci or not self.periods or self.skipped:
+            return False
+        L, lo, hi = self.periods[0]
+        return p >= self.anchor_point and (p - self.anchor_point) % L == 0 and p < hi
+
+    # -- state ----------------------------------------------------------------------------------
+    def _frontier(self, ci: int) -> int:
+        """The class's first comm point not yet complete (or its compute position; a wait point
+        has no end of its own)."""
+        cl = self.sim.classes[ci]
+        end, kind = cl.end, cl.sk.kind
+        f = self.fronts.get(ci, 0)
+        while f < cl.pc and (end[f] == end[f] or kind[f] == "wait"):
+            f += 1
+        self.fronts[ci] = f
+        return f
+
+    def _state(self, t: float) -> tuple | None:
+        """(structure, time offsets, per-class frontiers, counters, waits lengths) or None when the
+        state is not one this module can move."""
+        sim = self.sim
+        net = sim.net
+        if (net._flows or net._transfers or net._owned or net._reserved or net._pending_start
+                or sim.timers or sim.reach):
+            return None
+        if any(b.info is None for b in net._batches.values()):
+            return None
+        fronts, struct, times = [], [], []
+        for ci, cl in enumerate(sim.classes):
+            if cl.tail:
+                return None
+            f = self._frontier(ci)
+            L = self.periods[ci][0]
+            if cl.pc - f > 4 * L:  # an op in flight since long ago: not the steady phase (and each
+                return None        # checkpoint would read the whole window)
+            fronts.append(f)
+            struct.append((cl.pc - f, cl.blocked,
+                           tuple(q - f for q in range(f, cl.pc) if cl.end[q] != cl.end[q] and cl.sk.kind[q] != "wait")))
+            times.append(cl.tc - t)
+            for q in range(f, cl.pc):
+                times += (_rel(cl.end[q], t), _rel(cl.start[q], t), _rel(cl.t_at[q], t))
+            for s in sorted(cl.stream_groups):
+                cg, cur, prev = cl.stream_groups[s]
+                struct.append((s, self._off(cg, f, L), tuple(self._off(q, f, L) for q in cur),
+                               tuple(self._off(q, f, L) for q in prev)))
+        base = self._bases()
+        heap = sorted(sim.heap)
+        struct.append(tuple((ci, p - fronts[ci]) for _, _, ci, p in heap))
+        times += [e[0] - t for e in heap]
+        for key in sorted(sim.arrivals, key=repr):
+            struct.append((key[0], key[1] - base[key[0]], tuple((c, p - fronts[c]) for c, p in sim.arrivals[key])))
+        for key in sorted(sim.inst, key=repr):
+            got, t0, _ = sim.inst[key]
+            struct.append((key[0], key[1] - base[key[0]], tuple((c, p - fronts[c]) for c, p in got)))
+            times.append(t0 - t)
+        for (ci, q) in sorted(sim.stream_waiters):
+            ws = sim.stream_waiters[(ci, q)]
+            struct.append((ci, q - fronts[ci], tuple(p - fronts[ci] for p, _ in ws)))
+            times += [it - t for _, it in ws]
+        held = sorted(net._batches.values(), key=lambda b: (b.key[0], b.key[1]))
+        struct.append(tuple((b.key[0], b.key[1] - base[b.key[0]], id(b.info)) for b in held))
+        times += [b.t0 - t for b in held]
+        counters = [dict(cl.counters) for cl in sim.classes]
+        waits = [len(cl.waits) for cl in sim.classes]
+        return tuple(struct), times, fronts, counters, waits, base, t
+
+    @staticmethod
+    def _off(q: int, f: int, L: int) -> Any:
+        return "old" if q < f - L else q - f
+
+    def _bases(self) -> dict[int, int]:
+        base: dict[int, int] = {}
+        for cl in self.sim.classes:
+            for (ident, _), k in cl.counters.items():
+                if k > base.get(ident, -1):
+                    base[ident] = k
+        return base
+
+    # -- the skip -------------------------------------------------------------------------------
+    def at_checkpoint(self, t: float) -> float | None:
+        """Called when the anchor class reaches a checkpoint at ``t``: the new time if it skipped."""
+        now = self._state(t)
+        last, self.last = self.last, now
+        if now is None or last is None or now[0] != last[0] or not _same(now[1], last[1]):
+            return None
+        fronts, fronts0 = now[2], last[2]
+        if any(f - f0 != L for f, f0, (L, _, _) in zip(fronts, fronts0, self.periods)):
+            return None
+        T = t - last[6]
+        if not T > 0:
+            return None
+        K = min((hi - L - cl.pc) // L for cl, (L, _, hi) in zip(self.sim.classes, self.periods))
+        if K < _MIN_PERIODS:
+            return None
+        self._advance(K, T, last, now)
+        self.skipped = K
+        self.last = None
+        return t + K * T
+
+    def _advance(self, K: int, T: float, last: tuple, now: tuple) -> None:
+        sim = self.sim
+        fronts, counters0, waits0, base0 = now[2], last[3], last[4], last[5]
+        base = now[5]
+        dk = {ident: base[ident] - base0.get(ident, 0) for ident in base}
+        shift_t = K * T
+        for ci, cl in enumerate(sim.classes):
+            L = self.periods[ci][0]
+            f, pc = fronts[ci], cl.pc
+            S = K * L
+            # the state in flight, K periods on
+            for q in range(pc - 1, f - 1, -1):
+                cl.end[q + S] = cl.end[q] + shift_t if cl.end[q] == cl.end[q] else math.nan
+                cl.start[q + S] = cl.start[q] + shift_t if cl.start[q] == cl.start[q] else math.nan
+                cl.t_at[q + S] = cl.t_at[q] + shift_t
+                if q in cl.keys:
+                    key, sh = cl.keys[q]
+                    cl.keys[q + S] = ((key[0], key[1] + K * dk[key[0]]), sh)
+                if q in sim.blocker[ci]:
+                    cj, pj = sim.blocker[ci][q]
+                    sim.blocker[ci][q + S] = (cj, pj + K * self.periods[cj][0])
+            # the skipped periods: the last complete period, j * T later (nan, a wait's end, stays
+            # nan); a skipped point keeps its shape, the sequence number in its key is never read again
+            src, ds = f - L, [j * T for j in range(1, K + 1)]
+            cl.end[f:f + S] = [x + d for d in ds for x in cl.end[src:f]]
+            cl.start[f:f + S] = [x + d for d in ds for x in cl.start[src:f]]
+            cl.t_at[f:f + S] = [x + d for d in ds for x in cl.t_at[src:f]]
+            keyed = [r for r in range(L) if src + r in cl.keys]
+            cl.keys.update(zip([f + j * L + r for j in range(K) for r in keyed],
+                               [cl.keys[src + r] for r in keyed] * K))
+            blk = sim.blocker[ci]
+            by = [(r, cj, pj, self.periods[cj][0]) for r in range(L) if src + r in blk
+                  for cj, pj in (blk[src + r],)]
+            blk.update(zip([f + j * L + r for j in range(K) for r, _, _, _ in by],
+                           [(cj, pj + j * lj) for j in range(1, K + 1) for _, cj, pj, lj in by]))
+            cl.waits += [WaitRecord(t_block=w.t_block + d, t_end=w.t_end + d, t_start=w.t_start + d, dim=w.dim,
+                                    inter_node=w.inter_node, point=w.point + j * L)
+                         for j, d in enumerate(ds, 1) for w in cl.waits[waits0[ci]:]]
+            for ck, k in cl.counters.items():
+                cl.counters[ck] = k + K * (k - counters0[ci].get(ck, 0))
+            for s, (cg, cur, prev) in list(cl.stream_groups.items()):
+                mv = self._mover(f, L, S)
+                cl.stream_groups[s] = (mv(cg), [mv(q) for q in cur], [mv(q) for q in prev])
+            cl.pc += S
+            cl.tc += shift_t
+            cl.finish += shift_t
+            self.fronts[ci] = f + S
+        fr = [(fronts[ci], K * self.periods[ci][0]) for ci in range(len(sim.classes))]
+
+        def key_on(key: tuple) -> tuple:
+            return (key[0], key[1] + K * dk[key[0]])
+
+        sim.heap[:] = [(e[0] + shift_t, e[1], e[2], e[3] + fr[e[2]][1]) for e in sim.heap]
+        heapq.heapify(sim.heap)
+        arrivals = {key_on(k): [(c, p + fr[c][1]) for c, p in v] for k, v in sim.arrivals.items()}
+        sim.arrivals.clear()
+        sim.arrivals.update(arrivals)
+        inst = {key_on(k): ([(c, p + fr[c][1]) for c, p in got], t0 + shift_t, sh)
+                for k, (got, t0, sh) in sim.inst.items()}
+        sim.inst.clear()
+        sim.inst.update(inst)
+        waiters = {}
+        for (ci, q), ws in sim.stream_waiters.items():
+            cl = sim.classes[ci]
+            S = fr[ci][1]
+            for p, _ in ws:
+                cl.preds[p + S] = [self._mover(fr[ci][0], self.periods[ci][0], S)(x) for x in cl.preds[p]]
+            waiters[(ci, q + S)] = [(p + S, it + shift_t) for p, it in ws]
+        sim.stream_waiters.clear()
+        sim.stream_waiters.update(waiters)
+        net = sim.net
+        entries = []
+        for e in net._heap:
+            b = net._batches.get(e[3])
+            if e[2] == 2 and b is not None and b.version == e[4]:
+                entries.append(e)
+        for b in net._batches.values():
+            b.key = key_on(b.key)
+            b.t0 += shift_t
+        net._heap[:] = [(net._batches[e[3]].t0 + net._batches[e[3]].info.longest, e[1], 2, e[3], e[4])
+                        for e in entries]
+        heapq.heapify(net._heap)
+        net.now += shift_t
+
+    @staticmethod
+    def _mover(f: int, L: int, S: int):
+        def mv(q: int) -> int:
+            return q if q < f - L else q + S
+        return mv

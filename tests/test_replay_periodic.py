@@ -1,0 +1,126 @@
+"""The steady 1F1B phase advanced by whole periods (replay/periodic.py): where it applies, the fast
+engine's times stay within 1e-9 of simulating every event, and of the per-rank reference."""
+
+import random
+
+import numpy as np
+import pytest
+
+from replay.engine import run_fast
+from replay.periodic import point_period
+from replay.reference import run_reference
+from tests.test_replay_engine import assert_same, coll, comp, make_trace, p2p, toy_workload, wait
+
+
+def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40):
+    """TP2 x PP ``pp`` x DP2, ``mbs`` micro-batches in 1F1B, random stage speeds, no shared NIC (every
+    transfer runs solo, the state the skip can move)."""
+    rng = random.Random(seed)
+    tp, dp = 2, 2
+    world = tp * pp * dp
+
+    def rank(t, d, s):
+        return t + tp * (d + dp * s)
+
+    groups: dict[str, tuple] = {}
+    for d in range(dp):
+        for s in range(pp):
+            groups[f"tp{d}_{s}"] = ([rank(t, d, s) for t in range(tp)], "tp", "tp")
+    for t in range(tp):
+        for s in range(pp):
+            groups[f"dp{t}_{s}"] = ([rank(t, d, s) for d in range(dp)], "dp", "dp")
+        for d in range(dp):
+            groups[f"pp{t}_{d}"] = ([rank(t, d, s) for s in range(pp)], "pp", "pp")
+    roles = []
+    for s in range(pp):
+        tg, dg, pg = f"tp0_{s}", f"dp0_{s}", "pp0_0"
+        fwd, bwd = ([p2p("recv", pg, s - 1, 1 << 20), wait(1)] if s else []), []
+        fwd += [comp(rng.uniform(1e9, 3e9)), coll("all_reduce", tg, 1 << 20), wait(1)]
+        if s < pp - 1:
+            fwd.append(p2p("send", pg, s + 1, 1 << 20))
+            bwd += [p2p("recv", pg, s + 1, 1 << 20), wait(1)]
+        bwd += [comp(rng.uniform(2e9, 6e9), "bwd"), coll("all_reduce", tg, 1 << 20, phase="bwd"), wait(1)]
+        if s:
+            bwd.append(p2p("send", pg, s - 1, 1 << 20))
+        opt = [coll("all_reduce", dg, 1 << 22, phase="grad_sync"), wait(1), comp(1e9, "optimizer")]
+        warm = min(pp - s - 1, mbs)
+        prog = [("fwd", m) for m in range(warm)]
+        for i in range(mbs - warm):
+            prog += [("fwd", warm + i), ("bwd", i)]
+        prog += [("bwd", m) for m in range(mbs - warm, mbs)] + [("opt", -1)]
+        roles.append(([rank(t, d, s) for d in range(dp) for t in range(tp)], {"fwd": fwd, "bwd": bwd, "opt": opt},
+                      prog))
+    trace = make_trace(world, groups, roles, layout={"tp": tp, "pp": pp, "dp": dp})
+    return toy_workload(trace, latency=1e-5)
+
+
+def _close(a, b, rel=1e-9):
+    for ta, tb in zip(a.times, b.times):
+        assert ta.finish_s == pytest.approx(tb.finish_s, rel=rel)
+        assert ta.compute_s == pytest.approx(tb.compute_s, rel=rel)
+        np.testing.assert_allclose(ta.comm_end, tb.comm_end, rtol=rel)
+        np.testing.assert_allclose(ta.comm_start, tb.comm_start, rtol=rel)
+        assert [w.point for w in ta.waits] == [w.point for w in tb.waits]
+        assert sum(w.t_end - w.t_block for w in ta.waits) == pytest.approx(
+            sum(w.t_end - w.t_block for w in tb.waits), rel=rel, abs=1e-15)
+        np.testing.assert_allclose([w.t_end for w in ta.waits], [w.t_end for w in tb.waits], rtol=rel)
+    assert [{p: c for p, (c, _) in d.items()} for d in a.blocker] == [{p: c for p, (c, _) in d.items()}
+                                                                      for d in b.blocker]
+
+
+def test_point_period_finds_the_steady_1f1b_repetition():
+    """A stage's points repeat with one forward and one backward micro-batch between the warm-up
+    and the cool-down."""
+    w = one_f_one_b_case(0)
+    run = run_fast(w, periodic=False)
+    sk = run.skeletons[0]
+    L, lo, hi = point_period(sk, sk.spans["A"].tolist())
+    # stage 0: forward all_reduce, wait, send; backward recv, wait, all_reduce, wait
+    assert L == 7
+    assert hi - lo >= 4 * L and all(sk.sig[q] == sk.sig[q + L] for q in range(lo, hi - L))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5])
+def test_skipping_the_steady_phase_keeps_every_time_within_1e9(seed):
+    """Periods are skipped, and every class's times, waits and blockers match simulating every
+    event to 1e-9; the per-rank reference agrees too."""
+    w = one_f_one_b_case(seed)
+    on, off = run_fast(w), run_fast(w, periodic=False)
+    assert on.periods_skipped > 0 and off.periods_skipped == 0
+    _close(on, off)
+    assert_same(w)
+
+
+def test_a_pipeline_that_never_repeats_is_simulated_event_by_event():
+    """Seed 2's stages keep drifting against each other (two checkpoints never hold the same state
+    within TIME_TOL): nothing is skipped."""
+    w = one_f_one_b_case(2, mbs=80)
+    assert run_fast(w).periods_skipped == 0
+
+
+def test_no_skip_with_overlap_slowdown():
+    """The compute clock under overlap slowdown is event-driven state the skip does not move."""
+    w = one_f_one_b_case(0)
+    w.overlap_slowdown = 0.2
+    assert run_fast(w).periods_skipped == 0
+
+
+def test_skipping_on_a_megatron_shaped_1f1b_job_on_dgx_a100():
+    """The benchmark's GPT-3 175B shape on 64 GPUs (real NCCL plans, adaptive-routing cluster): the
+    steady phase is skipped and the classes' times stay within 1e-9 of the event-by-event run."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_replay import CASES, synth_trace
+
+    from heterosim.cluster import load_cluster
+    from replay.simulate import _pricer, build_workload
+
+    c = CASES["gpt3-175b-64"]
+    trace = synth_trace(c)
+    cluster = load_cluster(c.cluster, num_gpus=trace.world_size)
+    w = build_workload(trace, cluster, _pricer(None, cluster.catalogue))
+    on, off = run_fast(w), run_fast(w, periodic=False)
+    assert on.periods_skipped > 50
+    _close(on, off)
