@@ -27,8 +27,11 @@ Exact. The rates of a flow depend only on the flows it shares links with, transi
 (:mod:`replay.maxmin`: exact ties, so disjoint parts of the network never influence each other's
 filling), and every lane starts the same batches at the same instants from the same states, so
 every lane's flows have lane 0's rates, remaining bytes and finish times bit for bit, at the same
-network instants: a mirrored replica ends when lane 0's does. The fast engine gives the same
-results with and without mirrors (tested, bit for bit).
+network instants: a mirrored replica ends when lane 0's does. Batches that end at one instant are
+reported in the order of their lane-0 transfers; without the mirror, in the order of their last
+lanes, the same order, since each lane orders its events as lane 0 does (an unfolded copy's event
+takes the sequence number of lane 0's). The fast engine gives the same results with and without
+mirrors (tested, bit for bit, on random lanes and an interleaved pipeline).
 """
 
 from __future__ import annotations
@@ -62,13 +65,15 @@ class _Form:
     """A uniform shape's links by position: ``loc[r][p]`` is replica r's p-th link (in the order
     its spec names them); ``live`` holds the positions of links that carry bytes."""
 
-    __slots__ = ("loc", "live", "cols")
+    __slots__ = ("loc", "live", "cols", "links")
 
     def __init__(self, loc: list[tuple[int, ...]], live: tuple[int, ...]):
         self.loc = loc
         self.live = live
         self.cols = {p: tuple(ls[p] for ls in loc) for p in live}
         """Position -> that link in every lane (lane 0 first)."""
+        self.links = tuple(l for col in self.cols.values() for l in col)
+        """Every lane's links that carry bytes."""
 
 
 class Lanes:
@@ -143,10 +148,16 @@ def try_join(net: "FluidNetwork", bid: int, info: _ShapeInfo, specs: Sequence[Tr
     hit_o = owned.keys() & link_set if owned else set()
     if not hit_m and not hit_o:
         return None
-    mirrors = sorted({mirror_of[l] for l in hit_m}, key=lambda m: min(m.reps))  # a fixed order
     n = len(specs)
-    ok = allowed and n > 1 and not (reserved and not (reserved.keys() & link_set) <= hit_m)  # no plain fluid hit
-    owners = sorted({owned[l] for l in hit_o})
+    # What lane 0 hits; aligned shapes hit the same in every lane, so n times as many links in all:
+    # more means a lane meets something lane 0 does not (checked below, with the shapes).
+    hit0_m = [l for l in info.links[0] if l in mirror_of]
+    hit0_o = [l for l in info.links[0] if l in owned]
+    mirrors = sorted({mirror_of[l] for l in hit0_m}, key=_first)
+    owners = sorted({owned[l] for l in hit0_o})
+    ok = (allowed and n > 1 and bool(hit0_m or hit0_o) and len(hit_m) == n * len(hit0_m)
+          and len(hit_o) == n * len(hit0_o)
+          and not (reserved and not (reserved.keys() & link_set) <= hit_m))  # no plain fluid transfer hit
     sigma: list[tuple[_ShapeInfo, Sequence[TransferSpec]]] = []
     if ok:
         for m in mirrors:
@@ -167,10 +178,8 @@ def try_join(net: "FluidNetwork", bid: int, info: _ShapeInfo, specs: Sequence[Tr
         ok = all(f is not None for f in forms) and all(
             lanes.aligned(sigma[x][0], forms[x], sigma[y][0], forms[y])
             for x in range(len(sigma)) for y in range(x + 1, len(sigma)))
-    # Every lane collides as lane 0 does (aligned shapes): lane 0 must collide for the batch to run fluid.
-    ok = ok and any(l in mirror_of or l in owned for l in info.links[0])
     if not ok:
-        for m in mirrors:
+        for m in sorted({mirror_of[l] for l in hit_m}, key=_first):
             unfold(net, m)
         return None
     m = _merge(net, mirrors, n)
@@ -193,6 +202,10 @@ def try_join(net: "FluidNetwork", bid: int, info: _ShapeInfo, specs: Sequence[Tr
     return done
 
 
+def _first(m: Mirror) -> int:
+    return min(m.reps)
+
+
 def _merge(net: "FluidNetwork", mirrors: list[Mirror], n: int) -> Mirror:
     """One mirror standing for ``mirrors`` (their lanes are disjoint: merging them is renaming)."""
     if not mirrors:
@@ -202,8 +215,7 @@ def _merge(net: "FluidNetwork", mirrors: list[Mirror], n: int) -> Mirror:
         for tid, rep in o.reps.items():
             net._transfers[tid].mirror = m
             m.reps[tid] = rep
-            for col in rep[2].cols.values():
-                net._mirror_of.update(dict.fromkeys(col, m))
+            net._mirror_of.update(dict.fromkeys(rep[2].links, m))
     return m
 
 
@@ -211,9 +223,7 @@ def _hold(net: "FluidNetwork", m: Mirror, tid: int, bid: int, info: _ShapeInfo, 
     """Transfer ``tid`` (lane 0 of batch ``bid``) joins ``m``: every lane's links become the mirror's."""
     form = net._lanes.form(info, specs)
     m.reps[tid] = (bid, info, form)
-    mirror_of = net._mirror_of
-    for col in form.cols.values():
-        mirror_of.update(dict.fromkeys(col, m))
+    net._mirror_of.update(dict.fromkeys(form.links, m))
 
 
 def _join_solo(net: "FluidNetwork", m: Mirror, ob: int, now: float) -> None:
