@@ -28,6 +28,7 @@ from heterosim.errors import ReplayError
 
 from .holds import Holds, SoloEnds
 from .maxmin import _REL_TOL, refill
+from .mirrors import Lanes, leave, try_join
 from .transfers import FlowSpec, PhaseSpec, TransferSpec, _Batch, _Flow, _Group, _ShapeInfo, _Transfer
 
 __all__ = ["FlowSpec", "PhaseSpec", "TransferSpec", "FluidNetwork", "solo_time"]
@@ -56,12 +57,13 @@ class FluidNetwork:
     engine runs that way, and the tests compare the two).
     """
 
-    def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True):
+    def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True, mirror: bool = True):
         cap = np.asarray(capacity_Bps, dtype=np.float64)
         if cap.ndim != 1 or (cap.size and not np.all(cap > 0)):
             raise ReplayError("link capacities must be a 1-D vector of positive bytes/s")
         self.capacity = cap
         self.solo_enabled = solo
+        self.mirror_enabled = mirror
         self._link_flows: dict[int, dict[int, None]] = {}
         self._flows: dict[int, _Flow] = {}
         self._transfers: dict[int, _Transfer] = {}
@@ -80,6 +82,9 @@ class FluidNetwork:
         self._reserved: dict[int, int] = {}
         """link -> fluid transfers in flight that use it in some phase (fast path only): a solo group
         must not start on a link a fluid transfer will use after its latency or in a later phase."""
+        self._mirror_of: dict[int, object] = {}
+        """link -> the mirror (:mod:`replay.mirrors`) holding it, in any lane (fast path only)."""
+        self._lanes = Lanes(cap)
         self._new: dict[int, None] = {}  # flows added since the last solve
         self._pending_start: dict[int, float] = {}  # transfer -> time its next phase starts
         self._spec_info: dict[int, tuple[TransferSpec, np.ndarray, float]] = {}
@@ -89,6 +94,8 @@ class FluidNetwork:
         """Number of max-min solves done (a cost counter for benchmarks)."""
         self.solo_batches = 0
         """Batches that ran on the fast path (never materialized)."""
+        self.mirrored_batches = 0
+        """Batches that started in a mirror, lane 0 standing for every lane (:mod:`replay.mirrors`)."""
 
     # -- public -------------------------------------------------------------------------------
     def idle(self) -> bool:
@@ -136,9 +143,10 @@ class FluidNetwork:
         info = self._shape_info.get(id(shape)) if shape is not None else None
         if info is None:
             info = self._shape(specs, shape)
-        reserved, owned, holds = self._reserved, self._owned, self._holds
+        reserved, owned, holds, mirror_of = self._reserved, self._owned, self._holds, self._mirror_of
         clear = ((not reserved or reserved.keys().isdisjoint(info.link_set))
                  and (not owned or owned.keys().isdisjoint(info.link_set))
+                 and (not mirror_of or mirror_of.keys().isdisjoint(info.link_set))
                  and (not holds.held or holds.free(info)))
         if clear and info.simple:
             # Every group runs solo (the common case): O(1) bookkeeping, its links held by shape,
@@ -153,6 +161,10 @@ class FluidNetwork:
                 self._demote(ob)  # collides with this batch: per-link ownership from here on
         fluid: list[int] = []
         batch.t0, batch.specs, batch.groups = now, specs, info.groups
+        if mirror_of or (owned and self.mirror_enabled):
+            done = try_join(self, bid, info, specs, now, self.mirror_enabled and info.simple)
+            if done is not None:
+                return done
         for gi, g in enumerate(info.groups):
             if g.fluid or any(l in reserved or l in owned for l in g.links):
                 fluid.extend(g.members)
@@ -379,8 +391,12 @@ class FluidNetwork:
     def _transfer_done(self, tr: _Transfer, t: float, done: list) -> None:
         bid, j = tr.key
         b = self._batches[bid]
-        b.ends[j] = t
-        b.left -= 1
+        if tr.mirror is None:
+            b.ends[j] = t
+            b.left -= 1
+        else:  # lane 0 of a mirror: every lane ends now
+            b.ends = [t] * len(b.ends)
+            b.left -= len(b.ends)
         if b.left == 0:
             del self._batches[bid]
             done.append((b.key, b.ends))
@@ -465,6 +481,8 @@ class FluidNetwork:
                 del self._transfers[tid]
                 if tr.links:
                     self._release(tr.links)
+                if tr.mirror is not None:
+                    leave(self, tid, tr)
                 return True
             ph = phases[tr.phase]
             if ph.latency_s > 0:

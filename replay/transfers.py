@@ -61,7 +61,7 @@ class _Flow:
 
 
 class _Transfer:
-    __slots__ = ("key", "spec", "phase", "pending", "t0", "links")
+    __slots__ = ("key", "spec", "phase", "pending", "t0", "links", "mirror")
 
     def __init__(self, key: Hashable, spec: TransferSpec, t0: float = 0.0, links: tuple[int, ...] = ()):
         self.key = key  # (batch id, replica index)
@@ -70,6 +70,7 @@ class _Transfer:
         self.pending = 0
         self.t0 = t0
         self.links = links  # every link of every phase, reserved while it is in flight (fast path on)
+        self.mirror: Any = None  # the replay.mirrors.Mirror it runs lane 0 of: it stands for every lane
 
 
 class _Batch:
