@@ -39,12 +39,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from .transfers import TransferSpec, _Flow, _ShapeInfo, _Transfer
 
-if TYPE_CHECKING:
-    from .flows import FluidNetwork
+FluidNetwork = Any
+"""The network these functions work on, :class:`replay.flows.FluidNetwork` (named, not imported:
+flows imports this module)."""
 
 __all__ = ["Mirror", "Lanes"]
 
@@ -137,7 +138,7 @@ class Lanes:
         return v
 
 
-def try_join(net: "FluidNetwork", bid: int, info: _ShapeInfo, specs: Sequence[TransferSpec],
+def try_join(net: FluidNetwork, bid: int, info: _ShapeInfo, specs: Sequence[TransferSpec],
              now: float, allowed: bool = True) -> list | None:
     """Start batch ``bid`` in a mirror with what it collides with (what it returns: see
     :meth:`FluidNetwork.start`); None when it collides with nothing, or the shapes do not allow
@@ -206,7 +207,7 @@ def _first(m: Mirror) -> int:
     return min(m.reps)
 
 
-def _merge(net: "FluidNetwork", mirrors: list[Mirror], n: int) -> Mirror:
+def _merge(net: FluidNetwork, mirrors: list[Mirror], n: int) -> Mirror:
     """One mirror standing for ``mirrors`` (their lanes are disjoint: merging them is renaming)."""
     if not mirrors:
         return Mirror(n)
@@ -219,14 +220,14 @@ def _merge(net: "FluidNetwork", mirrors: list[Mirror], n: int) -> Mirror:
     return m
 
 
-def _hold(net: "FluidNetwork", m: Mirror, tid: int, bid: int, info: _ShapeInfo, specs) -> None:
+def _hold(net: FluidNetwork, m: Mirror, tid: int, bid: int, info: _ShapeInfo, specs) -> None:
     """Transfer ``tid`` (lane 0 of batch ``bid``) joins ``m``: every lane's links become the mirror's."""
     form = net._lanes.form(info, specs)
     m.reps[tid] = (bid, info, form)
     net._mirror_of.update(dict.fromkeys(form.links, m))
 
 
-def _join_solo(net: "FluidNetwork", m: Mirror, ob: int, now: float) -> None:
+def _join_solo(net: FluidNetwork, m: Mirror, ob: int, now: float) -> None:
     """Solo batch ``ob`` (every replica its own solo group) joins ``m``: lane 0 is replayed alone up
     to ``now`` and continues as fluid flows, the other lanes follow it (what
     :meth:`FluidNetwork._materialize` does to every replica)."""
@@ -268,7 +269,7 @@ def _join_solo(net: "FluidNetwork", m: Mirror, ob: int, now: float) -> None:
         net._recompute(touched, now)
 
 
-def leave(net: "FluidNetwork", tid: int, tr: _Transfer) -> None:
+def leave(net: FluidNetwork, tid: int, tr: _Transfer) -> None:
     """Lane-0 transfer ``tid`` completed (its links released): free the lanes' links no member uses."""
     m = tr.mirror
     _, _, form = m.reps.pop(tid)
@@ -279,7 +280,7 @@ def leave(net: "FluidNetwork", tid: int, tr: _Transfer) -> None:
             deque(map(mirror_of.__delitem__, col), maxlen=0)
 
 
-def unfold(net: "FluidNetwork", m: Mirror) -> None:
+def unfold(net: FluidNetwork, m: Mirror) -> None:
     """Copy lane 0's transfers and flows onto every lane as real ones; ``m`` is gone."""
     rename: list[dict[int, int]] = [{} for _ in range(m.n)]
     members = []
