@@ -179,7 +179,7 @@ class _Sim:
         if self.slow:
             for cl in self.classes:
                 cl.compute = 0.0  # accumulated as the spans run (stretched)
-        self.skipper = Skipper(self) if periodic and not self.slow and w.link_sharing else None
+        self.skipper = Skipper(self) if periodic and w.link_sharing else None
         """Advances a repeating steady 1F1B phase by whole periods (:mod:`replay.periodic`)."""
 
     # -- keys ---------------------------------------------------------------------------------

@@ -13,15 +13,22 @@ blockers) ``j * T`` later, and the state in flight moves ``K * T`` later and ``K
 further. ``K`` stops one period before the first class leaves its steady range, so the cool-down
 is simulated event by event.
 
-It applies only where the state is small enough to move: no overlap slowdown, link sharing on,
-and a network that holds only batches running wholly solo (:mod:`replay.holds`; no fluid flow, no
-per-link owner), as in the benchmark's 1F1B cases on adaptive-routing clusters.
+With overlap slowdown the compute clock is part of that state: per class the work (full-speed
+seconds) left in the span in progress, the count of its comm ops in flight, the pending end of the
+span (compared as time offsets, moved ``K * T`` later; a re-planned, stale end event is dropped,
+as popping it would do nothing) and the started transfers that count as in flight (moved ``K``
+periods further). The compute seconds accumulated grow by ``K`` times the last period's.
+
+It applies only where the state is small enough to move: link sharing on and a network that holds
+only batches running wholly solo (:mod:`replay.holds`; no fluid flow, no per-link owner), as in the
+benchmark's 1F1B cases on adaptive-routing clusters.
 
 NB (approximation): two checkpoints count as the same state when every time offset agrees within
 :data:`TIME_TOL` seconds, and the skipped records are the last period's plus ``j * T`` rather than
 the sums the event-by-event run would round. The iteration time stays within 1e-9 relative of the
-run without skipping on the benchmark's 1F1B cases and the engine tests' random pipelines (tested,
-``tests/test_replay_periodic.py``); ``run_fast(..., periodic=False)`` turns it off.
+run without skipping on the benchmark's 1F1B cases and the engine tests' random pipelines, with and
+without overlap slowdown (tested, ``tests/test_replay_periodic.py``); ``run_fast(...,
+periodic=False)`` turns it off.
 """
 
 from __future__ import annotations
@@ -135,11 +142,12 @@ class Skipper:
         sim = self.sim
         net = sim.net
         if (net._flows or net._transfers or net._owned or net._reserved or net._pending_start
-                or sim.timers or sim.reach):
+                or sim.timers):
             return None
         if any(b.info is None for b in net._batches.values()):
             return None
         fronts, struct, times = [], [], []
+        due = {(e[2], e[3]) for e in sim.reach}  # pending span ends: (class, version)
         for ci, cl in enumerate(sim.classes):
             if cl.tail:
                 return None
@@ -151,6 +159,13 @@ class Skipper:
             struct.append((cl.pc - f, cl.blocked,
                            tuple(q - f for q in range(f, cl.pc) if cl.end[q] != cl.end[q] and cl.sk.kind[q] != "wait")))
             times.append(cl.tc - t)
+            if sim.slow:  # the compute clock: work left in the span in progress, its pending end
+                pending = cl.work is not None and (ci, cl.ver) in due
+                struct.append((cl.work is None, cl.busy, pending))
+                if cl.work is not None:
+                    times.append(cl.work)
+                if pending:
+                    times.append(cl.t_reach - t)
             for q in range(f, cl.pc):
                 times += (_rel(cl.end[q], t), _rel(cl.start[q], t), _rel(cl.t_at[q], t))
             for s in sorted(cl.stream_groups):
@@ -174,9 +189,11 @@ class Skipper:
         held = sorted(net._batches.values(), key=lambda b: (b.key[0], b.key[1]))
         struct.append(tuple((b.key[0], b.key[1] - base[b.key[0]], id(b.info)) for b in held))
         times += [b.t0 - t for b in held]
+        struct.append(tuple(sorted((k[0], k[1] - base[k[0]]) for k in sim.in_flight)))
         counters = [dict(cl.counters) for cl in sim.classes]
         waits = [len(cl.waits) for cl in sim.classes]
-        return tuple(struct), times, fronts, counters, waits, base, t
+        compute = [cl.compute for cl in sim.classes]
+        return tuple(struct), times, fronts, counters, waits, base, t, compute
 
     @staticmethod
     def _off(q: int, f: int, L: int) -> Any:
@@ -213,7 +230,7 @@ class Skipper:
 
     def _advance(self, K: int, T: float, last: tuple, now: tuple) -> None:
         sim = self.sim
-        fronts, counters0, waits0, base0 = now[2], last[3], last[4], last[5]
+        fronts, counters0, waits0, base0, compute0 = now[2], last[3], last[4], last[5], last[7]
         base = now[5]
         dk = {ident: base[ident] - base0.get(ident, 0) for ident in base}
         shift_t = K * T
@@ -257,6 +274,8 @@ class Skipper:
             cl.pc += S
             cl.tc += shift_t
             cl.finish += shift_t
+            cl.compute += K * (cl.compute - compute0[ci])  # 0 without slowdown (the spans' sum)
+            cl.t_reach += shift_t  # the work left and the comm ops in flight stay as they are
             self.fronts[ci] = f + S
         fr = [(fronts[ci], K * self.periods[ci][0]) for ci in range(len(sim.classes))]
 
@@ -265,6 +284,12 @@ class Skipper:
 
         sim.heap[:] = [(e[0] + shift_t, e[1], e[2], e[3] + fr[e[2]][1]) for e in sim.heap]
         heapq.heapify(sim.heap)
+        # a span end re-planned since (an older version) would be dropped when popped: dropped now
+        sim.reach[:] = [(e[0] + shift_t, e[1], e[2], e[3]) for e in sim.reach if e[3] == sim.classes[e[2]].ver]
+        heapq.heapify(sim.reach)
+        in_flight = {key_on(k) for k in sim.in_flight}
+        sim.in_flight.clear()
+        sim.in_flight.update(in_flight)
         arrivals = {key_on(k): [(c, p + fr[c][1]) for c, p in v] for k, v in sim.arrivals.items()}
         sim.arrivals.clear()
         sim.arrivals.update(arrivals)

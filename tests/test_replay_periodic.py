@@ -12,9 +12,10 @@ from replay.reference import run_reference
 from tests.test_replay_engine import assert_same, coll, comp, make_trace, p2p, toy_workload, wait
 
 
-def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40):
+def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40, overlap: bool = False):
     """TP2 x PP ``pp`` x DP2, ``mbs`` micro-batches in 1F1B, random stage speeds, no shared NIC (every
-    transfer runs solo, the state the skip can move)."""
+    transfer runs solo, the state the skip can move). ``overlap``: each backward also reduces a
+    gradient bucket over DP while its compute runs (issued before it, waited after it)."""
     rng = random.Random(seed)
     tp, dp = 2, 2
     world = tp * pp * dp
@@ -39,7 +40,11 @@ def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40):
         if s < pp - 1:
             fwd.append(p2p("send", pg, s + 1, 1 << 20))
             bwd += [p2p("recv", pg, s + 1, 1 << 20), wait(1)]
-        bwd += [comp(rng.uniform(2e9, 6e9), "bwd"), coll("all_reduce", tg, 1 << 20, phase="bwd"), wait(1)]
+        if overlap:
+            bwd += [coll("all_reduce", dg, 1 << 21, phase="bwd"), comp(rng.uniform(2e9, 6e9), "bwd"),
+                    coll("all_reduce", tg, 1 << 20, phase="bwd"), wait(1), wait(4)]
+        else:
+            bwd += [comp(rng.uniform(2e9, 6e9), "bwd"), coll("all_reduce", tg, 1 << 20, phase="bwd"), wait(1)]
         if s:
             bwd.append(p2p("send", pg, s - 1, 1 << 20))
         opt = [coll("all_reduce", dg, 1 << 22, phase="grad_sync"), wait(1), comp(1e9, "optimizer")]
@@ -98,16 +103,26 @@ def test_a_pipeline_that_never_repeats_is_simulated_event_by_event():
     assert run_fast(w).periods_skipped == 0
 
 
-def test_no_skip_with_overlap_slowdown():
-    """The compute clock under overlap slowdown is event-driven state the skip does not move."""
-    w = one_f_one_b_case(0)
-    w.overlap_slowdown = 0.2
-    assert run_fast(w).periods_skipped == 0
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_skipping_with_overlap_slowdown_keeps_every_time_within_1e9(seed):
+    """With compute slowed while its rank's comm is in flight (the DP bucket under the backward
+    compute), the compute clock is part of the state moved: periods are skipped and the times,
+    compute included, match simulating every event and the per-rank reference."""
+    w = one_f_one_b_case(seed, overlap=True)
+    full = run_fast(w, periodic=False)
+    w.overlap_slowdown = 0.16
+    on, off = run_fast(w), run_fast(w, periodic=False)
+    assert all(a.compute_s > 1.02 * b.compute_s for a, b in zip(off.times, full.times))  # it overlaps
+    assert on.periods_skipped > 0 and off.periods_skipped == 0
+    _close(on, off)
+    assert_same(w)
 
 
-def test_skipping_on_a_megatron_shaped_1f1b_job_on_dgx_a100():
-    """The benchmark's GPT-3 175B shape on 64 GPUs (real NCCL plans, adaptive-routing cluster): the
-    steady phase is skipped and the classes' times stay within 1e-9 of the event-by-event run."""
+@pytest.mark.parametrize("slowdown", [0.0, 0.16])
+def test_skipping_on_a_megatron_shaped_1f1b_job_on_dgx_a100(slowdown):
+    """The benchmark's GPT-3 175B shape on 64 GPUs (real NCCL plans, adaptive-routing cluster), with
+    and without overlap slowdown: the steady phase is skipped and the classes' times stay within
+    1e-9 of the event-by-event run."""
     import sys
     from pathlib import Path
 
@@ -120,7 +135,7 @@ def test_skipping_on_a_megatron_shaped_1f1b_job_on_dgx_a100():
     c = CASES["gpt3-175b-64"]
     trace = synth_trace(c)
     cluster = load_cluster(c.cluster, num_gpus=trace.world_size)
-    w = build_workload(trace, cluster, _pricer(None, cluster.catalogue))
+    w = build_workload(trace, cluster, _pricer(None, cluster.catalogue), overlap_slowdown=slowdown)
     on, off = run_fast(w), run_fast(w, periodic=False)
     assert on.periods_skipped > 50
     _close(on, off)
