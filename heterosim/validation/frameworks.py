@@ -21,6 +21,9 @@ performance mode set for every model:
 Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
 before v25.04) take the same settings without the bucket size (:data:`NEMO1_SCRIPT`).
 
+:func:`family_settings` gives, apart from any framework, what a model family's released
+configuration sets unlike Megatron-LM's GPT defaults (bias, tied output layer, dropout).
+
 Sources: NVIDIA/NeMo at 8cfedd7 (2025-09), ``nemo/collections/llm/recipes/{llama3_70b,llama31_405b,
 gpt3_175b,nemotron4_340b}.py`` (``trainer``, ``pretrain_performance_optimizations``),
 ``nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py``; NVIDIA/dgxc-benchmarking v25.04
