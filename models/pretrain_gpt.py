@@ -164,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, loss in enumerate(history):
             print(f"iteration {i + 1:>4}/{cfg.train.train_iters} | rank {rank} | lm loss {loss:.4f}")
         if owned:
+            # Every rank reaches this point before any tears its gloo pairs down: a rank that
+            # closes its sockets while a peer is still finishing a collective can make the peer's
+            # transport thread call std::terminate ("terminate called without an active exception").
+            dist.barrier()
             dist.destroy_process_group()
     return 0
 
