@@ -48,6 +48,9 @@ class OptimConfig:
     """``--ddp-bucket-size`` in elements (None: Megatron's default)."""
     align_grad_reduce: bool
     """False with ``--no-align-grad-reduce``: every stage reduces from grad hooks."""
+    align_param_gather: bool = True
+    """False with ``--no-align-param-gather``: overlapped parameter all-gathers are dispatched by
+    forward pre-hooks only, not ahead of each interleaved chunk by the schedule."""
     grad_reduce_in_fp32: bool = False
     """Gradients accumulated and reduced in fp32 (``--accumulate-allreduce-grads-in-fp32``; Megatron
     forces it with ``--bf16`` unless ``--grad-reduce-in-bf16``)."""
@@ -108,6 +111,7 @@ _DEFAULTS: dict[str, Any] = {
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "no_align_grad_reduce": False,
+    "no_align_param_gather": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
     "overlap_p2p_communication": False,
@@ -158,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--loss-scale"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce", "--bf16",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce",
+              "--no-align-param-gather", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
@@ -338,6 +343,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         adam_beta1=a["adam_beta1"], adam_beta2=a["adam_beta2"], adam_eps=a["adam_eps"],
         loss_scale=(a["loss_scale"] or 65536.0) if a["fp16"] else None,
         bucket_size=a["ddp_bucket_size"], align_grad_reduce=not a["no_align_grad_reduce"],
+        align_param_gather=not a["no_align_param_gather"],
         # megatron/training/arguments.py: "bfloat16 requires gradient accumulation and all-reduce
         # to be done in fp32" (unless --grad-reduce-in-bf16); fp16 keeps fp16 grads by default.
         grad_reduce_in_fp32=a["accumulate_allreduce_grads_in_fp32"]

@@ -21,8 +21,12 @@ data-parallel (x context-parallel) group, in the buffer's dtype:
   does, and otherwise issue a chunk's remaining buckets at once with
   :meth:`DataParallel.start_grad_sync`); without overlap, all buckets are reduced after the
   backward, as one bucket per buffer (Megatron turns bucketing off then);
-* with ``overlap_param_gather`` the all-gathers are issued at the next iteration's first forward
-  and waited in forward pre-hooks of the modules that own the parameters.
+* with ``overlap_param_gather`` the optimizer step issues no all-gather: every iteration's first
+  forward gathers (Megatron resets its bucket groups in ``zero_grad_buffer``, and a forward
+  pre-hook dispatches a bucket's gather if nothing did, waits it, then dispatches the next
+  bucket's, ``_ParamAndGradBucketGroup.finish_param_sync``). With ``align_param_gather`` (Megatron's
+  default, used by the interleaved schedule) the schedule dispatches a whole chunk's gathers ahead
+  of its first forward (:meth:`ModelGradSync.dispatch_param_sync`), so the pre-hooks only wait.
 
 :class:`ModelGradSync` bundles the chunks of one rank with Megatron's ``finalize_model_grads``
 (finish DP sync, all-reduce of sequence-parallel norm grads over TP, all-reduce of tied embedding
@@ -207,6 +211,10 @@ class DataParallel:
         for b in self.buckets:
             b.ready.clear()
             b.grad_work, b.grad_issued = None, False
+        if self.overlap_param_gather:
+            # Megatron's bucket-group reset: this iteration's forward gathers every bucket (the
+            # first iteration too, which gathers what every rank already holds).
+            self.param_gather_pending = any(_group_size(b.group) > 1 for b in self.buckets)
 
     def _grad_accumulated(self, p: torch.Tensor) -> None:
         if p.grad is not None and p.main_grad.dtype != p.dtype:
@@ -256,17 +264,22 @@ class DataParallel:
 
     # ---- parameters (distributed optimizer) ---------------------------------------------------
     def start_param_sync(self) -> None:
-        """After the optimizer step: all-gather updated shards now, or defer to the next forward."""
-        if not self.use_distributed_optimizer:
-            return
-        self.finish_param_sync()
-        if self.overlap_param_gather:
-            self.param_gather_pending = any(_group_size(b.group) > 1 for b in self.buckets)
+        """After the optimizer step: all-gather the updated shards now, unless overlapped (then
+        the next forward gathers them, Megatron's ``DistributedOptimizer.step_with_ready_grads``)."""
+        if not self.use_distributed_optimizer or self.overlap_param_gather:
             return
         for b in self.buckets:
             self._start_bucket_param_sync(b, async_op=False)
         for b in self.buckets:
             b.param_issued = False
+
+    def dispatch_param_sync(self) -> None:
+        """Issue (async) every pending bucket gather not issued yet, in forward order (Megatron's
+        ``DistributedDataParallel.start_param_sync`` as the schedule's ``param_sync_func``)."""
+        if self.param_gather_pending:
+            for b in reversed(self.buckets):
+                if not b.param_issued:
+                    self._start_bucket_param_sync(b, async_op=True)
 
     def _start_bucket_param_sync(self, b: Bucket, *, async_op: bool) -> None:
         b.param_issued = True
@@ -325,6 +338,9 @@ class ModelGradSync:
         embedding_params: the tied word-embedding / output weight(s) this rank holds.
         align_grad_reduce: Megatron's default: with pipelining, only the first 1F1B stage reduces
             from grad hooks; the others (and interleaved chunks) launch from the schedule.
+        align_param_gather: Megatron's default (``--no-align-param-gather`` turns it off; NeMo sets
+            it with PP > 1 and VP > 1): the interleaved schedule dispatches each chunk's overlapped
+            parameter all-gathers ahead of its first forward, at the same step on every stage.
     """
 
     def __init__(
@@ -336,9 +352,11 @@ class ModelGradSync:
         embedding_group: Any = None,
         embedding_params: Sequence[nn.Parameter] = (),
         align_grad_reduce: bool = True,
+        align_param_gather: bool = True,
     ) -> None:
         self.chunks = list(chunks)
         self.align_grad_reduce = align_grad_reduce
+        self.align_param_gather = align_param_gather
         self.tp_group = tp_group
         self.sequence_parallel = sequence_parallel
         self.embedding_group = embedding_group
@@ -350,6 +368,9 @@ class ModelGradSync:
 
     def param_sync_done(self, chunk: int) -> None:
         self.chunks[chunk].finish_param_sync(issue_missing=False)
+
+    def dispatch_param_sync(self, chunk: int) -> None:
+        self.chunks[chunk].dispatch_param_sync()
 
     def set_grad_sync(self, enabled: bool) -> None:
         for c in self.chunks:

@@ -107,7 +107,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
            for c, m in enumerate(chunks)]
     gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
                        embedding_group=ps.embedding_group, embedding_params=shared,
-                       align_grad_reduce=cfg.optim.align_grad_reduce)
+                       align_grad_reduce=cfg.optim.align_grad_reduce,
+                       align_param_gather=cfg.optim.align_param_gather)
     o = cfg.optim
     opt = MixedPrecisionAdam(
         gs, lr=o.lr, weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,

@@ -9,7 +9,9 @@ norms) at the end. Overlapped DP reduction follows Megatron's default ``align_gr
 grad hooks reduce buckets during the last micro-batch's backward without pipelining and on the
 first 1F1B stage; later stages launch it after their backward, and the interleaved schedule
 launches chunk c's reduction ``pp_rank`` backward steps after c's last one, so that all stages
-launch it together.
+launch it together. Overlapped parameter all-gathers follow ``align_param_gather`` the same way:
+the interleaved schedule dispatches chunks 0 and 1 before its first step and chunk c + 1 at the
+step where chunk c's first micro-batch runs on stage 0 (``forward_step_helper_preprocess``).
 
 A schedule knows nothing about the model: it calls ``forward_step(chunk, mb, input)`` which
 returns the chunk's output (hidden states, or the mean loss on the last virtual stage) and runs
@@ -75,6 +77,11 @@ class GradSync(Protocol):
 
     def param_sync_done(self, chunk: int) -> None:
         """Called after that forward: its hooks waited the all-gathers (or a capture replayed it)."""
+        ...
+
+    def dispatch_param_sync(self, chunk: int) -> None:
+        """Megatron's ``param_sync_func[chunk]`` (``align_param_gather``): issue (async) every
+        pending parameter all-gather of ``chunk`` that no forward pre-hook has issued yet."""
         ...
 
     def set_grad_sync(self, enabled: bool) -> None:
@@ -351,8 +358,29 @@ class _Interleaved:
         group, in_group = divmod(k, self.pp * self.vpp)
         return group == self.total // (self.pp * self.vpp) - 1 and in_group % self.pp == self.pp - 1
 
+    def dispatch_param_sync(self, chunk: int) -> None:
+        """Issue ``chunk``'s overlapped parameter all-gathers ahead of its first forward (aligned)."""
+        gs = self.r.gs
+        if gs is not None and getattr(gs, "align_param_gather", False) and gs.param_sync_pending(chunk):
+            with self.r.ann.scope(phase="fwd", mb=0, chunk=chunk):
+                gs.dispatch_param_sync(chunk)
+
+    def is_first_mb_of_chunk(self, k: int) -> bool:
+        """Whether forward step ``k`` is its chunk's first micro-batch (Megatron
+        ``is_first_microbatch_for_model_chunk``)."""
+        return k < self.pp * self.vpp and k % self.pp == 0
+
     def forward(self, k: int) -> Tensor | None:
-        """Forward step ``k`` on its chunk's newest input; queues and returns the output."""
+        """Forward step ``k`` on its chunk's newest input; queues and returns the output.
+
+        Before it, the parameter all-gathers of chunk c + 1 are dispatched when step
+        ``k + pp_rank`` is chunk c's first micro-batch (chunks 0 and 1 go at the start), so every
+        stage dispatches a chunk at the same time (Megatron ``forward_step_helper_preprocess``)."""
+        sync_k = k + self.rank
+        if sync_k < self.total and self.is_first_mb_of_chunk(sync_k):
+            nxt = self.chunk(sync_k, True) + 1
+            if 1 < nxt < self.vpp:
+                self.dispatch_param_sync(nxt)
         chunk, mb = self.chunk(k, True), _mb_in_chunk(k, self.pp, self.vpp)
         if self.r.first_virtual(chunk) and len(self.inputs[chunk]) == len(self.outputs[chunk]):
             self.inputs[chunk].append(None)
@@ -384,6 +412,8 @@ class _Interleaved:
     def run(self) -> None:
         """The whole iteration."""
         self.r.set_grad_sync(False)
+        for chunk in range(min(2, self.vpp)):  # "Synchronize params for first two model chunks"
+            self.dispatch_param_sync(chunk)
         self.inputs[0].append(self.r.p2p("fwd", 0, 0, self.c.recv_forward))
         self.warmup_phase()
         self.steady_phase()

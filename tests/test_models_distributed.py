@@ -182,9 +182,10 @@ def test_overlapped_reduction_issued_during_last_backward():
         ("allreduce_", 8320, "grad_sync", 2), ("allreduce_", 8320, "grad_sync", 2)]
 
 
-def test_overlap_param_gather_moves_all_gather_to_next_forward():
-    """With overlap_param_gather the optimizer issues no all-gather; the next iteration's first
-    forward gathers every bucket (phase fwd, micro-batch 0) before using the parameters."""
+def test_overlap_param_gather_gathers_in_every_first_forward():
+    """With overlap_param_gather the optimizer issues no all-gather; every iteration's first
+    forward (the first iteration's too, as Megatron's reset bucket groups do) gathers each bucket
+    (phase fwd, micro-batch 0) before using its parameters, and none after the forward."""
     with fake_rank(0, 2) as log:
         model = two_linears()
         dp = DataParallel(model, dp_group=dist.group.WORLD, use_distributed_optimizer=True,
@@ -192,15 +193,37 @@ def test_overlap_param_gather_moves_all_gather_to_next_forward():
         gs = ModelGradSync([dp])
         opt = MixedPrecisionAdam(gs, use_distributed_optimizer=True, clip_grad=0.0)
         iteration(model, gs, m=2, opt=opt)
-        assert gs.param_sync_pending(0)
+        assert not gs.param_sync_pending(0)
         first = len(log.ops)
         iteration(model, gs, m=2, opt=opt)
-        assert gs.param_sync_pending(0)  # gathered in iteration 2's forward, pending again
-    first_iter = [o[0] for o in log.ops[:first]]
-    assert "_allgather_base_" not in first_iter
-    gathers = [o for o in log.ops[first:] if o[0] == "_allgather_base_"]
-    # Two buckets of 4160 params, each padded to a multiple of lcm(2, 128): 4224 x 2 bytes.
-    assert [(o[2], o[3], o[4]) for o in gathers] == [(8448, "fwd", 0), (8448, "fwd", 0)]
+        assert not gs.param_sync_pending(0)
+    for ops in (log.ops[:first], log.ops[first:]):
+        gathers = [o for o in ops if o[0] == "_allgather_base_"]
+        # Two buckets of 4160 params, each padded to a multiple of lcm(2, 128): 4224 x 2 bytes.
+        assert [(o[2], o[3], o[4]) for o in gathers] == [(8448, "fwd", 0), (8448, "fwd", 0)]
+        assert [o[0] for o in ops].index("_allgather_base_") < [o[0] for o in ops].index("_reduce_scatter_base_")
+
+
+def test_dispatch_param_sync_issues_pending_buckets_once_in_forward_order():
+    """dispatch_param_sync (Megatron's param_sync_func) issues every pending bucket at once, the
+    bucket the forward needs first (the last bucket) first; the forward's hooks then only wait,
+    and a second dispatch or a chunk with nothing pending issues nothing."""
+    with fake_rank(0, 2) as log:
+        model = two_linears()
+        dp = DataParallel(model, dp_group=dist.group.WORLD, use_distributed_optimizer=True,
+                          overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=4100)
+        gs = ModelGradSync([dp])
+        gs.dispatch_param_sync(0)
+        assert [o[0] for o in log.ops] == []  # nothing pending before the iteration's reset
+        gs.zero_grad()
+        gs.dispatch_param_sync(0)
+        gs.dispatch_param_sync(0)
+        assert [b.index for b in dp.buckets if b.param_issued] == [0, 1]
+        assert [o[0] for o in log.ops] == ["_allgather_base_", "_allgather_base_"]
+        model(torch.randn(4, H, dtype=torch.bfloat16))
+        gs.param_sync_done(0)
+        assert [o[0] for o in log.ops] == ["_allgather_base_", "_allgather_base_"]
+        assert not gs.param_sync_pending(0)
 
 
 def test_finalize_reduces_sp_norms_over_tp_and_tied_embeddings():

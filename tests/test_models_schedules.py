@@ -368,6 +368,54 @@ def test_no_align_grad_reduce_uses_hooks_on_every_stage(vpp, expect_on):
     assert len(distinct) == vpp
 
 
+class _ParamSync(_OverlapSync):
+    """Grad-sync stand-in with overlapped, aligned parameter all-gathers: every chunk starts
+    pending; logs each dispatch with the number of forward blocks run so far."""
+
+    overlap_grad_reduce = False
+    align_param_gather = True
+
+    def __init__(self, ann, vpp):
+        super().__init__(ann)
+        self.pending = set(range(vpp))
+
+    def _fwds(self):
+        return sum(1 for k, *_ in self.ann.blocks if k[0] == "fwd")
+
+    def param_sync_pending(self, chunk):
+        return chunk in self.pending
+
+    def param_sync_done(self, chunk):
+        self.events.append(("done", chunk, self._fwds()))
+        self.pending.discard(chunk)
+
+    def dispatch_param_sync(self, chunk):
+        self.events.append(("dispatch", chunk, self._fwds()))
+
+
+@pytest.mark.parametrize("rank,expect", [
+    # Chunk 2 goes when step k + rank is chunk 1's first micro-batch (step pp = 4), chunk 3 at 8.
+    (0, [("dispatch", 0, 0), ("dispatch", 1, 0), ("dispatch", 2, 4), ("dispatch", 3, 8)]),
+    (3, [("dispatch", 0, 0), ("dispatch", 1, 0), ("dispatch", 2, 1), ("dispatch", 3, 5)])])
+def test_interleaved_dispatches_param_gathers_ahead_of_each_chunk(rank, expect):
+    """pp 4 x vpp 4 x 8 micro-batches with aligned overlapped parameter gathers (Megatron's
+    param_sync_func): chunks 0 and 1 before the first step, chunk c + 1 before forward step
+    k where k + pp_rank is chunk c's first micro-batch, so all stages dispatch together; each
+    chunk's first forward (and only it) then waits."""
+    holder = {}
+
+    def factory(chunks):
+        holder["gs"] = _ParamSync(annotate.get_annotator(), 4)
+        return holder["gs"]
+
+    ann, _, _ = run_rank(rank, 4, 8, vpp=4, grad_sync_factory=factory)
+    events = holder["gs"].events
+    assert [e for e in events if e[0] == "dispatch"] == expect
+    # Each chunk's first forward is step 4c; "done" follows it.
+    assert [e for e in events if e[0] == "done"] == [("done", c, 4 * c + 1) for c in range(4)]
+    assert [k[2] for k, *_ in ann.blocks if k[0] == "fwd"].count(True) == 4
+
+
 def test_async_grad_sync_blocks_rerun_every_iteration():
     """The micro-batch whose backward leaves grad collectives open gets new keys in every
     iteration (a capture re-runs that backward, which needs its forward's graph); the others
