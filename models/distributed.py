@@ -5,11 +5,10 @@ apart), cut into buckets in reverse parameter order; ``param.main_grad`` is a vi
 buffer that sums every micro-batch's gradient. The buffer's dtype is the parameters' own, or fp32
 with ``grad_dtype=torch.float32`` (Megatron's ``--accumulate-allreduce-grads-in-fp32``, forced on
 with ``--bf16`` unless ``--grad-reduce-in-bf16``: "bfloat16 requires gradient accumulation and
-all-reduce to be done in fp32", megatron/training/arguments.py). In the parameters' dtype
-``param.grad`` is the same view, so autograd accumulates in place; in fp32, autograd's bf16
-gradient is added into ``main_grad`` by a hook and dropped (Megatron's ``_make_backward_post_hook``),
-except where the weight-gradient GEMM already accumulated into it (``grad_added_to_main_grad``,
-gradient-accumulation fusion, :mod:`models.layers.linear`). A bucket is reduced over the
+all-reduce to be done in fp32", megatron/training/arguments.py). Autograd's gradient is added into
+``main_grad`` by a hook and dropped (Megatron's ``_make_backward_post_hook``; ``param.grad`` is
+never the buffer itself), except where the weight-gradient GEMM already accumulated into it
+(``grad_added_to_main_grad``, gradient-accumulation fusion, :mod:`models.layers.linear`). A bucket is reduced over the
 data-parallel (x context-parallel) group, in the buffer's dtype:
 
 * all-reduce of the whole bucket, or, with the distributed optimizer, reduce-scatter into this
@@ -197,8 +196,6 @@ class DataParallel:
                     view.copy_(p.detach())
                     p.data = view  # parameters live in the buffer the all-gather writes
                 p.main_grad = grad_buf[off:off + n].view_as(p)
-                if p.main_grad.dtype == p.dtype:
-                    p.grad = p.main_grad  # autograd accumulates into the buffer itself
                 self.param_to_bucket[p] = bucket
                 off += n
             self.buckets.append(bucket)
@@ -217,8 +214,8 @@ class DataParallel:
             self.param_gather_pending = any(_group_size(b.group) > 1 for b in self.buckets)
 
     def _grad_accumulated(self, p: torch.Tensor) -> None:
-        if p.grad is not None and p.main_grad.dtype != p.dtype:
-            # Megatron DDP's backward post-hook: main_grad += grad (fp32 += bf16), drop grad.
+        if p.grad is not None:
+            # Megatron DDP's backward post-hook: main_grad += grad, drop grad.
             if getattr(p, "grad_added_to_main_grad", False):
                 p.grad_added_to_main_grad = False  # the fused wgrad GEMM already accumulated
             else:

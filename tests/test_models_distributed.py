@@ -91,7 +91,8 @@ def test_buckets_in_reverse_parameter_order():
 
 
 def test_grads_accumulate_in_buffer_over_microbatches():
-    """param.grad is a view of the bucket buffer and sums all micro-batches (real fp32 numbers)."""
+    """main_grad is a view of the bucket buffer and sums all micro-batches; param.grad is dropped
+    by the hook (Megatron's), never the buffer itself (real fp32 numbers)."""
     model = two_linears(torch.float32)
     ref = two_linears(torch.float32)
     gs = ModelGradSync([DataParallel(model, dp_group=None)])
@@ -102,8 +103,47 @@ def test_grads_accumulate_in_buffer_over_microbatches():
     for x in xs:
         (ref(x).square().mean() / 3).backward()
     for p, q in zip(model.parameters(), ref.parameters()):
-        assert p.grad._base is gs.chunks[0].buffers[0]
-        torch.testing.assert_close(p.grad, q.grad)
+        assert p.grad is None and p.main_grad._base is gs.chunks[0].buffers[0]
+        torch.testing.assert_close(p.main_grad, q.grad)
+
+
+def test_bf16_main_grads_accumulate_in_the_weight_gradient_gemm():
+    """bf16 main gradients (--grad-reduce-in-bf16): a ColumnParallelLinear's weight-gradient GEMM
+    accumulates into main_grad itself (addmm into the buffer, as APEX's wgrad_gemm_accum_fp16 and
+    TE's fuse_wgrad_accumulation do), so its backward runs no separate add; the sum over three
+    micro-batches matches autograd's (real numbers, bf16 tolerance)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from models.layers.linear import ColumnParallelLinear
+
+    def build():
+        torch.manual_seed(0)
+        return ColumnParallelLinear(H, H, tp_group=None, sequence_parallel=False, bias=False,
+                                    dtype=torch.bfloat16, init_std=0.02)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model, ref = build(), build()
+    gs = ModelGradSync([DataParallel(model, dp_group=None)])
+    xs = [torch.randn(4, H, dtype=torch.bfloat16) for _ in range(3)]
+    gs.zero_grad()
+    ops = Ops()
+    for x in xs:
+        y = model(x).float().square().mean() / 3
+        with ops:
+            y.backward()
+    for x in xs:
+        (ref(x).float().square().mean() / 3).backward()
+    assert model.weight.grad is None and model.weight.main_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(model.weight.main_grad, ref.weight.grad, rtol=2e-2, atol=1e-3)
+    assert ops.names.count("addmm.out") == 3
+    assert not [n for n in ops.names if n.startswith("add_") or n == "add.Tensor"]
 
 
 def test_fp32_main_grads_sum_bf16_microbatches():

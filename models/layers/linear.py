@@ -11,12 +11,13 @@ parallelism the forward all-gathers the sequence-split input and the backward re
 (async, overlapped with the data-gradient GEMM) instead of keeping the gathered copy.
 
 Gradient-accumulation fusion (Megatron's default ``--gradient-accumulation-fusion``): when the
-weight has fp32 main gradients (:mod:`models.distributed`), the weight-gradient GEMM accumulates
-straight into ``weight.main_grad`` (``main_grad += dY^T X`` with fp32 output, APEX's
-``wgrad_gemm_accum_fp32``) and autograd gets an unfilled placeholder, as Megatron returns, so the
-DDP hook still fires and skips its add. When the main gradients are in the parameter dtype the
-weight gradient is returned to autograd, which accumulates it into the buffer (same GEMM, one
-elementwise add from the second micro-batch on, where Megatron's bf16 fused kernel has none).
+weight has fp32 or bf16 main gradients (:mod:`models.distributed`), the weight-gradient GEMM
+accumulates straight into ``weight.main_grad`` (``main_grad += dY^T X`` written in the buffer's
+dtype: APEX's ``wgrad_gemm_accum_fp32`` / ``wgrad_gemm_accum_fp16``, the latter for bf16 too, and
+Transformer Engine's ``fuse_wgrad_accumulation``) and autograd gets an unfilled placeholder, as
+Megatron returns, so the DDP hook still fires and skips its add. fp16 main gradients (Megatron-LM
+2020-21 runs without fp32 accumulation, before the 16-bit accumulating GEMM existed) get the weight
+gradient back, and the DDP hook adds it into the buffer (one elementwise add per micro-batch).
 """
 
 from __future__ import annotations
@@ -137,11 +138,14 @@ class LinearWithAsyncComm(torch.autograd.Function):
 
 
 def _wgrad(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b``, the weight gradient; accumulated into fp32 ``weight.main_grad`` where there is one."""
+    """``a @ b``, the weight gradient; accumulated into an fp32 / bf16 ``weight.main_grad`` where
+    there is one."""
     main = getattr(weight, "main_grad", None)
-    if main is None or main.dtype == weight.dtype:
+    if main is None or main.dtype not in (torch.float32, torch.bfloat16):
         return a.matmul(b)
-    if main.device.type == "cpu" and not is_fake(main):
+    if main.dtype == a.dtype:
+        torch.addmm(main, a, b, out=main)
+    elif main.device.type == "cpu" and not is_fake(main):
         main.add_(a.matmul(b))  # real CPU tensors (tests): torch has no CPU addmm with out_dtype
     else:
         torch.addmm(main, a, b, out_dtype=main.dtype, out=main)
