@@ -5,11 +5,13 @@ tracker). A c10d op becomes one op (a rooted gather / scatter: its grouped sends
 ``capture/comm.py``); the script gets a :class:`capture.streams.RecWork` whose ``wait()`` makes the
 current stream wait (``capture/streams.py``). A functional collective's wait lands at the first use
 of its result, as eager ``AsyncCollectiveTensor`` does; a c10d op's output buffer read or written
-before its work was waited for waits first.
+before its work was waited for waits first. Inside ``scope(comm_dtype=...)`` a floating-point
+collective is recorded at that element type's width (:func:`wire_width`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,8 +19,21 @@ from torch.utils._pytree import tree_flatten
 
 from capture import comm as comm_info
 from capture.streams import RecWork
+from heterosim.trace.vocab import DTYPE_BYTES
 
-__all__ = ["CommRecorder"]
+__all__ = ["CommRecorder", "wire_width"]
+
+_FLOAT = ("fp32", "tf32", "bf16", "fp16")
+
+
+def wire_width(info: comm_info.CommInfo, comm_dtype: str | None) -> comm_info.CommInfo:
+    """``info`` as moved in ``comm_dtype``: a bf16 all-gather of 8 MiB in an ``fp8`` scope is
+    recorded as a 4 MiB fp8 all-gather (same elements, 1 byte each). Non-float payloads (token
+    ids, counts) and collectives already narrower keep their size."""
+    if comm_dtype is None or info.dtype not in _FLOAT or DTYPE_BYTES[comm_dtype] >= DTYPE_BYTES[info.dtype]:
+        return info
+    nbytes = info.nbytes // DTYPE_BYTES[info.dtype] * DTYPE_BYTES[comm_dtype]
+    return dataclasses.replace(info, nbytes=nbytes, dtype=comm_dtype)
 
 _c10d_functional = torch.ops._c10d_functional
 
@@ -90,7 +105,7 @@ class CommRecorder:
         self.paths.map_sequence(in_bwd, module)
         pg = comm_info.find_group(func, args, kwargs)
         gid = self.world.gid_of(pg)
-        infos = comm_info.describe_comms(func, args, kwargs, out, pg)
+        infos = [wire_width(i, self.tags.comm_dtype) for i in comm_info.describe_comms(func, args, kwargs, out, pg)]
         grouped = len(infos) > 1 and not self.in_batch
         if grouped:  # a rooted gather / scatter: NCCL's grouped sends and receives
             self._batch(True)

@@ -75,6 +75,7 @@ class _Tags:
     mb: int = -1
     chunk: int = 0
     gemm_dtype: str | None = None
+    comm_dtype: str | None = None
 
 
 class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
@@ -231,6 +232,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         mb: int | None = None,
         chunk: int | None = None,
         gemm_dtype: str | None = None,
+        comm_dtype: str | None = None,
     ) -> Iterator[None]:
         old = self.tags
         self.tags = _Tags(
@@ -238,6 +240,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             mb if mb is not None else old.mb,
             chunk if chunk is not None else old.chunk,
             gemm_dtype if gemm_dtype is not None else old.gemm_dtype,
+            comm_dtype if comm_dtype is not None else old.comm_dtype,
         )
         try:
             yield

@@ -53,8 +53,11 @@ class Annotator:
         mb: int | None = None,
         chunk: int | None = None,
         gemm_dtype: str | None = None,
+        comm_dtype: str | None = None,
     ) -> Iterator[None]:
-        """Tag ops issued inside with a phase, micro-batch, model chunk, or a GEMM dtype (``fp8``)."""
+        """Tag ops issued inside with a phase, micro-batch, model chunk, a GEMM dtype (``fp8``), or
+        the element type collectives move on the wire (``fp8``: one byte per element, as Transformer
+        Engine's fp8 userbuffers do while the tensors here stay in the activation dtype)."""
         yield
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:

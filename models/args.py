@@ -110,7 +110,7 @@ _DEFAULTS: dict[str, Any] = {
     "sequence_parallel": False, "recompute_granularity": None, "recompute_method": None,
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
-    "overlap_param_gather": False, "no_align_grad_reduce": False,
+    "overlap_param_gather": False, "fp8_param_gather": False, "no_align_grad_reduce": False,
     "no_align_param_gather": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
@@ -162,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--loss-scale"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--no-align-grad-reduce",
-              "--no-align-param-gather", "--bf16",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
+              "--no-align-grad-reduce", "--no-align-param-gather", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
@@ -258,6 +258,9 @@ def _check_exclusive(a: dict[str, Any]) -> None:
         # Megatron's arguments.py asserts both.
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
                           "--overlap-grad-reduce")
+    if a["fp8_param_gather"] and not (a["fp8_format"] and a["use_distributed_optimizer"]):
+        raise ConfigError("--fp8-param-gather needs --fp8-format and --use-distributed-optimizer (it is "
+                          "the distributed optimizer's all-gather of fp8 weights)")
     if a["swiglu"] and a["squared_relu"]:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
 
@@ -299,6 +302,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         loss_slot=a["account_for_loss_in_pipeline_split"],
         use_distributed_optimizer=a["use_distributed_optimizer"],
         overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
+        fp8_param_gather=a["fp8_param_gather"],
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
         tp_comm_overlap=a["tp_comm_overlap"],

@@ -116,6 +116,9 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    fp8_param_gather: bool = False
+    """Transformer-layer weights are kept in fp8 (TE's ``fp8_model_init``, NeMo's ``fp8_params``)
+    and the distributed optimizer all-gathers them in fp8 (``--fp8-param-gather``)."""
     scatter_gather_p2p: bool = False
     """Pipeline p2p sends 1/tp of each tensor per TP rank, all-gathered after (Megatron-LM before
     Megatron-core, ``--scatter-gather-tensors-in-pipeline``; see ``models.p2p.PipelineComm``).

@@ -38,6 +38,7 @@ detail); no bucket groups / ``--ddp-num-buckets``; collectives on one-rank group
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -79,6 +80,8 @@ class Bucket:
     """View of the parameter buffer (distributed optimizer only)."""
     group: Any
     index: int
+    fp8: bool = False
+    """Its parameters are fp8 weights: the all-gather moves one byte per element."""
     ready: set = field(default_factory=set)
     grad_work: Any = None
     param_work: Any = None
@@ -111,6 +114,11 @@ class DataParallel:
             embedding in its own bucket with the distributed optimizer).
         grad_dtype: dtype of the gradient buffers and of their collectives; None: each
             parameter's own dtype (Megatron-core ``DistributedDataParallelConfig.grad_reduce_in_fp32``).
+        fp8_param_gather: parameters marked ``fp8_weight`` (the fp8 GEMMs' weights) are stored in
+            fp8: they get buffers of their own, whose all-gathers move one byte per element
+            (Megatron-core keeps TE's ``Float8Tensor`` parameters in a ``torch.uint8`` parameter
+            buffer, ``distributed_data_parallel.py``; here the tensors stay bf16 and the capture
+            records the fp8 width, :func:`models.layers.fp8.wire`).
     """
 
     def __init__(
@@ -126,6 +134,7 @@ class DataParallel:
         disable_bucketing: bool = False,
         separate_params: Iterable[nn.Parameter] = (),
         grad_dtype: torch.dtype | None = None,
+        fp8_param_gather: bool = False,
     ) -> None:
         self.module = module
         self.grad_dtype = grad_dtype
@@ -143,15 +152,16 @@ class DataParallel:
         # Buffers by (dtype, dense/expert); parameters in reverse order, as gradients become
         # ready in backward (megatron/core/distributed/param_and_grad_buffer.py).
         params = [p for p in module.parameters() if p.requires_grad]
-        groups: dict[tuple[torch.dtype, bool], list[nn.Parameter]] = {}
+        groups: dict[tuple[torch.dtype, bool, bool], list[nn.Parameter]] = {}
         for p in params:
-            groups.setdefault((p.dtype, getattr(p, "allreduce", True)), []).append(p)
+            fp8 = fp8_param_gather and getattr(p, "fp8_weight", False)
+            groups.setdefault((p.dtype, getattr(p, "allreduce", True), fp8), []).append(p)
         self.buckets: list[Bucket] = []
         self.buffers: list[torch.Tensor] = []
         self.param_to_bucket: dict[nn.Parameter, Bucket] = {}
-        for (dtype, dense), plist in groups.items():
+        for (dtype, dense, fp8), plist in groups.items():
             group = dp_group if dense else expert_dp_group
-            self._build_buffer(list(reversed(plist)), dtype, group, bucket_size, separate)
+            self._build_buffer(list(reversed(plist)), dtype, group, bucket_size, separate, fp8)
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_accumulated) for p in params]
         if self.overlap_param_gather:
             for m in module.modules():
@@ -160,7 +170,7 @@ class DataParallel:
 
     # ---- construction -------------------------------------------------------------------------
     def _build_buffer(self, params: list[nn.Parameter], dtype: torch.dtype, group: Any,
-                      bucket_size: int | None, separate: set[int]) -> None:
+                      bucket_size: int | None, separate: set[int], fp8: bool = False) -> None:
         dp = _group_size(group)
         # The distributed optimizer shards every bucket evenly over dp; Megatron pads bucket ends
         # to lcm(dp, 128) elements (256-byte aligned shards).
@@ -187,7 +197,7 @@ class DataParallel:
         self.buffers.append(grad_buf)
         for plist, lo, hi in spans:
             bucket = Bucket(params=plist, grad=grad_buf[lo:hi], index=len(self.buckets),
-                            param=None if param_buf is None else param_buf[lo:hi], group=group)
+                            param=None if param_buf is None else param_buf[lo:hi], group=group, fp8=fp8)
             off = lo
             for p in plist:
                 n = p.numel()
@@ -282,8 +292,9 @@ class DataParallel:
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
-            b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group,
-                                                  async_op=async_op)
+            with get_annotator().scope(comm_dtype="fp8") if b.fp8 else contextlib.nullcontext():
+                b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group,
+                                                      async_op=async_op)
 
     def _wait_bucket_param(self, b: Bucket) -> None:
         if not b.param_issued:

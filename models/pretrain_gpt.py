@@ -98,6 +98,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                         overlap_grad_reduce=pcfg.overlap_grad_reduce,
                         use_distributed_optimizer=pcfg.use_distributed_optimizer,
                         overlap_param_gather=pcfg.overlap_param_gather,
+                        fp8_param_gather=pcfg.fp8_param_gather,
                         bucket_size=cfg.optim.bucket_size,
                         # Megatron buckets only chunk 0 of the first stage (DistributedDataParallel:
                         # "DP communication on these stages is not on the critical path").

@@ -35,3 +35,18 @@ def test_batched_p2p_is_one_grouped_launch(ops):
     assert [o.collective for o in p2p] == ["send", "recv"]
     assert p2p[1].coalesced == p2p[0].id and p2p[0].coalesced == -1
     assert p2p[0].peer == 1 and p2p[1].peer == 3 and p2p[0].comm_bytes == 64
+
+
+def test_wire_width_records_fp8_userbuffer_bytes():
+    """``scope(comm_dtype="fp8")``: a bf16 all-gather of 8 MiB is recorded as 4 MiB of fp8, an fp32
+    one of 8 MiB as 2 MiB; integer payloads and collectives outside the scope keep their size."""
+    from capture.comm import CommInfo
+    from capture.commrec import wire_width
+
+    def info(dtype: str) -> CommInfo:
+        return CommInfo("collective", "all_gather", 8 << 20, dtype, -1, ())
+
+    assert (wire_width(info("bf16"), "fp8").nbytes, wire_width(info("bf16"), "fp8").dtype) == (4 << 20, "fp8")
+    assert wire_width(info("fp32"), "fp8").nbytes == 2 << 20
+    assert wire_width(info("int64"), "fp8").nbytes == 8 << 20
+    assert wire_width(info("bf16"), None).nbytes == 8 << 20

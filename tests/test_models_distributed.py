@@ -32,7 +32,7 @@ class CommLog(TorchDispatchMode):
 
     def __init__(self, ann: Tags) -> None:
         super().__init__()
-        self.ann, self.ops = ann, []
+        self.ann, self.ops, self.wire = ann, [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
@@ -44,6 +44,7 @@ class CommLog(TorchDispatchMode):
             t = t[0] if isinstance(t, list) else t
             self.ops.append((name, pg.size(), t.numel() * t.element_size(),
                              self.ann.tags.get("phase"), self.ann.tags.get("mb")))
+            self.wire.append(self.ann.tags.get("comm_dtype"))  # the fp8 wire scope, if any
         return func(*args, **(kwargs or {}))
 
 
@@ -264,6 +265,24 @@ def test_dispatch_param_sync_issues_pending_buckets_once_in_forward_order():
         gs.param_sync_done(0)
         assert [o[0] for o in log.ops] == ["_allgather_base_", "_allgather_base_"]
         assert not gs.param_sync_pending(0)
+
+
+def test_fp8_param_gather_gathers_fp8_weights_at_one_byte():
+    """fp8_param_gather: the first Linear's weight is marked an fp8 weight; it gets a buffer of its
+    own (Megatron-core's uint8 parameter buffer) whose all-gather runs in an fp8 wire scope: 4096
+    weights (8192 B in bf16, recorded at 4096 B). The rest (64 + 4160 params, padded to 4224 =
+    33 x lcm(2, 128)) gathers in bf16: 8448 B."""
+    with fake_rank(0, 2) as log:
+        model = two_linears()
+        model[0].weight.fp8_weight = True
+        dp = DataParallel(model, dp_group=dist.group.WORLD, use_distributed_optimizer=True,
+                          fp8_param_gather=True)
+        assert [b.fp8 for b in dp.buckets] == [True, False]  # buffers in order of first parameter
+        gs = ModelGradSync([dp])
+        opt = MixedPrecisionAdam(gs, use_distributed_optimizer=True, clip_grad=0.0)
+        iteration(model, gs, m=1, opt=opt)
+    gathers = [(o[2], w) for o, w in zip(log.ops, log.wire) if o[0] == "_allgather_base_"]
+    assert sorted(gathers, key=str) == sorted([(8448, None), (8192, "fp8")], key=str)
 
 
 def test_finalize_reduces_sp_norms_over_tp_and_tied_embeddings():

@@ -154,3 +154,45 @@ def test_init_replicated_ignores_and_keeps_the_global_generator():
         assert torch.equal(torch.random.get_rng_state(), before)
         draws.append(w)
     assert torch.equal(draws[0], draws[1]) and float(draws[0].std()) > 0
+
+
+FP8_ORDER = """
+from models.layers.linear import ColumnParallelLinear, RowParallelLinear
+ann = PhaseAnnotator(); set_annotator(ann)
+g = dist.new_group([0, 1, 2, 3])
+col = ColumnParallelLinear(64, 128, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                           init_std=0.02, tp_comm_overlap=True, fp8=True)
+row = RowParallelLinear(128, 64, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                        init_std=0.02, tp_comm_overlap=True, fp8=True)
+x = torch.randn(32, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+keep = ("_to_copy", "clone", "broadcast_", "_allgather_base_", "_reduce_scatter_base_", "reduce_")
+def rows(log):
+    return [[o["name"].split(".")[1], o["shapes"][0], o["comm_dtype"]] for o in log.ops
+            if o["name"].split(".")[1] in keep]
+log = OpLog(ann)
+with log:
+    y, _ = row(col(x))
+fwd = rows(log)
+log = OpLog(ann)
+with log:
+    y.backward(torch.ones_like(y))
+result = dict(fwd=fwd, bwd=rows(log))
+"""
+
+
+def test_fp8_casts_transposes_and_fp8_all_gathers():
+    """TP 4, SP, --tp-comm-overlap, fp8 (Transformer Engine, models/layers/fp8.py). Forward: the
+    column layer's ring broadcasts (4 of [32, 2, 64]) move fp8, with no cast (the norm wrote fp8);
+    the row layer casts its [128, 2, 32] input, and its pipelined reduces stay bf16. Backward, row:
+    cast of the [32, 2, 64] gradient shard, fp8 ring, transposes of the gathered gradient
+    ([256, 64] -> [64, 256]) and of the input ([256, 32] -> [32, 256]); column: cast-transpose of
+    its [128, 2, 32] gradient, the bulk re-gather of the input in fp8, the input's transpose; the
+    reduce-scatter of the input gradient stays bf16."""
+    res = run_fake(FP8_ORDER, rank=1, world=4)
+    ring = [["broadcast_", [32, 2, 64], "fp8"]] * 4
+    assert res["fwd"] == ring + [["_to_copy", [128, 2, 32], None]] + [["reduce_", [32, 2, 64], None]] * 4
+    assert res["bwd"] == ([["_to_copy", [32, 2, 64], None]] + ring
+                          + [["clone", [64, 256], None], ["clone", [32, 256], None],
+                             ["_to_copy", [128, 2, 32], None], ["clone", [32, 256], None],
+                             ["_allgather_base_", [128, 2, 64], "fp8"], ["clone", [64, 256], None],
+                             ["_reduce_scatter_base_", [32, 2, 64], None]])

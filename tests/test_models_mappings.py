@@ -108,26 +108,28 @@ try:  # the harness classes need torch; the tests below import it anyway
         def __init__(self) -> None:
             self.phase = "fwd"
             self.gemm_dtype = None
+            self.comm_dtype = None
             self.labels: dict[tuple[int, ...], str] = {}
 
         def label_group(self, group, dim):
             self.labels[tuple(dist.get_process_group_ranks(group))] = dim
 
         @contextmanager
-        def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None):
-            old = (self.phase, self.gemm_dtype)
+        def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None, comm_dtype=None):
+            old = (self.phase, self.gemm_dtype, self.comm_dtype)
             self.phase = phase or self.phase
             self.gemm_dtype = gemm_dtype or self.gemm_dtype
+            self.comm_dtype = comm_dtype or self.comm_dtype
             try:
                 yield
             finally:
-                self.phase, self.gemm_dtype = old
+                self.phase, self.gemm_dtype, self.comm_dtype = old
 
     def _nbytes(x) -> int:
         return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
 
     class OpLog(TorchDispatchMode):
-        """Lists ops as dicts: name, shapes, dtype, phase, gemm_dtype; c10d ops add ranks, bytes."""
+        """Lists ops as dicts: name, shapes, dtype, phase, gemm_dtype, comm_dtype; c10d ops add ranks, bytes."""
 
         def __init__(self, annotator: PhaseAnnotator | None = None) -> None:
             super().__init__()
@@ -143,7 +145,8 @@ try:  # the harness classes need torch; the tests below import it anyway
             rec = {"name": name,
                    "shapes": [list(t.shape) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)],
                    "phase": self.ann.phase if self.ann else None,
-                   "gemm_dtype": self.ann.gemm_dtype if self.ann else None}
+                   "gemm_dtype": self.ann.gemm_dtype if self.ann else None,
+                   "comm_dtype": self.ann.comm_dtype if self.ann else None}
             if func.namespace == "c10d":
                 for i, a in enumerate(func._schema.arguments):
                     v = args[i] if i < len(args) else kwargs.get(a.name)

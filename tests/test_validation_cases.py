@@ -338,11 +338,12 @@ def _hopper(case_id: str) -> Case:
 def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
     """Nemotron-4 340B: SP and selective recompute from nemotron4-340b-synth.yaml, the distributed
     optimizer with 50 MiB bf16 buckets (26,214,400 elements) reduced in bf16, untied embeddings, no
-    bias, TP and p2p communication overlapped, and fp8 parameters printed as not modelled."""
+    bias, TP and p2p communication overlapped, and fp8 parameters all-gathered in fp8."""
     ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-nemotron4-340b-fp8-128gpu"))
     f = list(ci.flags)
     for seq in (["--sequence-parallel"], ["--recompute-granularity", "selective"], ["--use-distributed-optimizer",
                 "--overlap-grad-reduce", "--ddp-bucket-size", "26214400", "--overlap-param-gather"],
+                ["--fp8-param-gather"],
                 ["--num-layers-per-virtual-pipeline-stage", "1"], ["--disable-bias-linear"],
                 ["--tp-comm-overlap", "--overlap-p2p-communication"], ["--grad-reduce-in-bf16"],
                 ["--untie-embeddings-and-output-weights"], ["--num-attention-heads", "96"],
@@ -355,7 +356,8 @@ def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
                  "model.heads '96 (from memory, unverified)': 96 (the remark is kept out)",
                  f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {recipe})",
                  f"pipeline p2p overlapped with compute (overlap_p2p_comm, {recipe})",
-                 f"fp8 parameters (fp8_params, {recipe}): not modelled; parameters are gathered in bf16"):
+                 f"fp8 parameters (fp8_params, {recipe}): the transformer layers' weights are fp8, "
+                 "all-gathered at 1 byte per element (--fp8-param-gather)"):
         assert note in ci.assumptions
 
 

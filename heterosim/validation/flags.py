@@ -344,7 +344,9 @@ def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
         text += "; gradients reduced in bf16 (grad_sync_dtype)"
     f.notes.append(text)
     if fp8 and pub.get("fp8_params"):
-        f.notes.append(f"fp8 parameters (fp8_params, {script}): not modelled; parameters are gathered in bf16")
+        flags.append("--fp8-param-gather")
+        f.notes.append(f"fp8 parameters (fp8_params, {script}): the transformer layers' weights are fp8, "
+                       "all-gathered at 1 byte per element (--fp8-param-gather)")
     return flags
 
 

@@ -128,6 +128,7 @@ class Report:
             if fp8:
                 i = f.index("--fp8-format")
                 del f[i:i + 2]
+                f = [x for x in f if x != "--fp8-param-gather"]
             runs.setdefault((r.detail["world_size"], *f), {})["fp8" if fp8 else "16"] = r
         out = []
         for pair in runs.values():

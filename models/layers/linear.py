@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import is_fake
 from heterosim.errors import ConfigError
 
 from heterosim.annotate import get_annotator
+from models.layers import fp8 as te_fp8
 from models.layers.tp_overlap import RowGemmReduceScatter, ag_gemm
 from models.layers.mappings import (
     all_gather_dim0,
@@ -86,13 +87,21 @@ class LinearWithAsyncComm(torch.autograd.Function):
     ``"async"`` overlapped with the weight-gradient GEMM, ``"sync"`` after it, ``""`` not at all.
     ``sequence_parallel``: the input is sequence-split; all-gather it in forward, re-gather it for
     wgrad and reduce-scatter the input gradient in backward.
+    ``fp8``: fp8 GEMMs with Transformer Engine's casts and transposes (:mod:`models.layers.fp8`);
+    ``fp8_input_cast``: the input arrives in bf16 and is cast here (False: a fused norm or
+    activation wrote it in fp8); ``fp8_grad_cast``: the output gradient is cast and transposed here
+    (False: the activation's backward did it, TE's fused ``dgelu`` cast-transpose before FC1).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8, tp_overlap=False):
+    def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8, tp_overlap=False,
+                fp8_input_cast=False, fp8_grad_cast=True):
         ctx.save_for_backward(x, weight)
         ctx.use_bias = bias is not None
         ctx.group, ctx.allreduce_dgrad, ctx.sp, ctx.fp8 = group, allreduce_dgrad, sequence_parallel, fp8
+        ctx.tp_overlap, ctx.fp8_grad_cast = tp_overlap, fp8_grad_cast
+        if fp8 and fp8_input_cast:
+            te_fp8.cast(x)
         if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
             out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8)
         else:
@@ -107,15 +116,21 @@ class LinearWithAsyncComm(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         group = ctx.group
+        if ctx.fp8 and ctx.fp8_grad_cast:  # TE's fp8_cast_transpose_fused (grad_output_preprocess)
+            te_fp8.transpose(te_fp8.cast(grad_out))
         if ctx.sp:
-            # Re-gather the input for wgrad while the dgrad GEMM runs.
-            total, gather = all_gather_dim0(x, group, async_op=True)
+            # Re-gather the input for wgrad while the dgrad GEMM runs (TE's bulk overlap moves the
+            # fp8 copy the norm wrote: qkv_dgrad / fc1_dgrad are fp8 userbuffers).
+            with te_fp8.wire(ctx.fp8 and ctx.tp_overlap):
+                total, gather = all_gather_dim0(x, group, async_op=True)
         else:
             total = x
         with gemm_scope(ctx.fp8):
             grad_in = grad_out.matmul(weight)
         if ctx.sp:
             gather.wait()
+        if ctx.fp8:  # the fp8 input transposed for the wgrad GEMM
+            te_fp8.transpose(te_fp8.fp8_like(total))
         grad_out2 = grad_out.reshape(-1, grad_out.shape[-1])
         total2 = total.reshape(-1, total.shape[-1])
         handle = None
@@ -134,7 +149,7 @@ class LinearWithAsyncComm(torch.autograd.Function):
             torch.distributed.all_reduce(grad_in, group=group)
         if handle is not None:
             handle.wait()
-        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None, None
+        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def _wgrad(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -158,13 +173,15 @@ class ColumnParallelLinear(nn.Module):
     """``Y = X A`` with ``A`` split by output columns over the TP group: ``[out/tp, in]`` per rank.
 
     Input ``[s(/tp with SP), b, in]``, output ``[s, b, out/tp]`` (never gathered: Megatron's
-    ``gather_output=False``).
+    ``gather_output=False``). In fp8 runs the input arrives in fp8 (TE fuses the cast into the
+    norm before QKV / FC1); ``fp8_grad_cast=False``: so does the output gradient (TE's fused
+    ``dgelu`` cast-transpose before FC1 with GeLU).
     """
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, fp8: bool = False,
                  weight: nn.Parameter | None = None, async_allreduce: bool = True,
-                 tp_comm_overlap: bool = False) -> None:
+                 tp_comm_overlap: bool = False, fp8_grad_cast: bool = True) -> None:
         super().__init__()
         tp = group_size(tp_group)
         self.async_allreduce = async_allreduce
@@ -173,12 +190,13 @@ class ColumnParallelLinear(nn.Module):
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
         self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
-        self.fp8 = fp8
+        self.fp8, self.fp8_grad_cast = fp8, fp8_grad_cast
         if weight is None:
             weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
             init_normal(init_std)(weight)
             weight.tensor_model_parallel = tp > 1
             weight.partition_dim = 0
+            weight.fp8_weight = fp8  # an fp8 GEMM's weight (fp8_params, models.distributed)
             self.weight = weight
         else:
             self.weight = weight  # shared (tied) weight owned by another module
@@ -193,7 +211,8 @@ class ColumnParallelLinear(nn.Module):
         allreduce_dgrad = ("" if self.tp == 1 or self.sequence_parallel
                            else "async" if self.async_allreduce else "sync")
         return LinearWithAsyncComm.apply(x, w, self.bias, self.tp_group, allreduce_dgrad,
-                                         self.sequence_parallel, self.fp8, self.tp_comm_overlap)
+                                         self.sequence_parallel, self.fp8, self.tp_comm_overlap,
+                                         False, self.fp8_grad_cast)
 
 
 class RowParallelLinear(nn.Module):
@@ -201,12 +220,15 @@ class RowParallelLinear(nn.Module):
 
     Input ``[s, b, in/tp]``; output ``[s(/tp with SP), b, out]`` after the TP all-reduce (or
     reduce-scatter with SP). With ``skip_bias_add`` the bias is returned for bias-dropout-add.
+    ``fp8_input_cast=False``: in fp8 runs the input arrives in fp8 (TE's ``LayerNormMLP`` fuses the
+    cast into the activation before FC2); True: cast here (TE ``Linear``, the attention projection).
     """
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, skip_bias_add: bool = True,
-                 fp8: bool = False, tp_comm_overlap: bool = False) -> None:
+                 fp8: bool = False, tp_comm_overlap: bool = False, fp8_input_cast: bool = True) -> None:
         super().__init__()
+        self.fp8_input_cast = fp8_input_cast
         tp = group_size(tp_group)
         if in_features % tp:
             raise ConfigError(f"input size {in_features} not divisible by tensor-parallel size {tp}")
@@ -218,6 +240,7 @@ class RowParallelLinear(nn.Module):
         init_normal(init_std)(self.weight)
         self.weight.tensor_model_parallel = tp > 1
         self.weight.partition_dim = 1
+        self.weight.fp8_weight = fp8  # an fp8 GEMM's weight (fp8_params, models.distributed)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
             # Megatron all-reduces this bias's gradient over TP when it is sequence-parallel.
@@ -227,9 +250,11 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tp_comm_overlap:  # pipelined GEMM + reduce-scatter (tp_overlap.py)
-            out = RowGemmReduceScatter.apply(x, self.weight, self.tp_group, self.fp8, gemm_scope, _wgrad)
+            out = RowGemmReduceScatter.apply(x, self.weight, self.tp_group, self.fp8, gemm_scope, _wgrad,
+                                             self.fp8_input_cast)
         else:
-            out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8)
+            out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8,
+                                            False, self.fp8_input_cast)
             if self.sequence_parallel:
                 out = reduce_scatter_to_sp(out, self.tp_group)
             else:

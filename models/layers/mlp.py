@@ -57,10 +57,14 @@ class MLP(nn.Module):
         self.linear_fc1 = ColumnParallelLinear(
             hidden, ffn * (2 if gated else 1), tp_group=tp_group, sequence_parallel=sequence_parallel,
             bias=bias, dtype=dtype, init_std=init_std, fp8=fp8, async_allreduce=async_allreduce,
-            tp_comm_overlap=tp_comm_overlap)
+            tp_comm_overlap=tp_comm_overlap,
+            # TE fuses GeLU's backward with the fp8 cast-transpose (fp8_cast_transpose_bgrad_dgelu_fused);
+            # other activations run theirs in bf16, then a cast-transpose (layernorm_mlp.py).
+            fp8_grad_cast=activation != "gelu")
         self.linear_fc2 = RowParallelLinear(
             ffn, hidden, tp_group=tp_group, sequence_parallel=sequence_parallel, bias=bias,
-            dtype=dtype, init_std=out_init_std, fp8=fp8, tp_comm_overlap=tp_comm_overlap)
+            dtype=dtype, init_std=out_init_std, fp8=fp8, tp_comm_overlap=tp_comm_overlap,
+            fp8_input_cast=False)  # TE's LayerNormMLP writes the activation in fp8
 
     def forward(self, x: torch.Tensor):
         return self.linear_fc2(self.act(self.linear_fc1(x)))

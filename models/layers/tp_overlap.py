@@ -24,8 +24,10 @@ results are the unsplit layer's numbers. What this ignores: TE moves the ring's 
 peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
 bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
 here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed); TE cuts the
-pipelined GEMM into 4 chunks, here into ``tp`` regions; fp8 all-gather buffers (``fp8_buf``)
-move in the activation dtype here.
+pipelined GEMM into 4 chunks, here into ``tp`` regions. In fp8 runs the ring exchanges move one
+byte per element (TE's all-gather userbuffers are fp8, :mod:`models.layers.fp8`); the pipelined
+reduce-scatters move the activation dtype (TE's default; a recipe's ``fp8_buf`` on them is not
+read).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from models.layers import fp8 as te_fp8
 from models.layers.mappings import group_rank, group_size
 
 __all__ = ["ag_gemm", "RowGemmReduceScatter"]
@@ -57,11 +60,13 @@ def ag_gemm(shard: torch.Tensor, weight_t: torch.Tensor, group: Any, scope: Call
     ins = buf.view(tp, rows * b, k)
     out = shard.new_empty((tp * rows, b, n))
     outs = out.view(tp, rows * b, n)
-    work = dist.broadcast(regions[0], src=_src(group, 0), group=group, async_op=True)
+    with te_fp8.wire(fp8):
+        work = dist.broadcast(regions[0], src=_src(group, 0), group=group, async_op=True)
     for i in range(tp):
         work.wait()
         if i + 1 < tp:
-            work = dist.broadcast(regions[i + 1], src=_src(group, i + 1), group=group, async_op=True)
+            with te_fp8.wire(fp8):
+                work = dist.broadcast(regions[i + 1], src=_src(group, i + 1), group=group, async_op=True)
         with scope(fp8):
             torch.mm(ins[i], weight_t, out=outs[i])
     return out
@@ -71,13 +76,17 @@ class RowGemmReduceScatter(torch.autograd.Function):
     """Row-parallel linear with sequence parallelism under ``--tp-comm-overlap``:
     ``x [s, b, f/tp] @ weight^T`` reduce-scattered to ``[s/tp, b, h]`` region by region (GEMM on
     TP rank ``i``'s rows, then an async reduce to ``i``); backward gathers ``grad_out`` by ring
-    exchange under the data-gradient GEMMs, then runs the weight-gradient GEMM on it."""
+    exchange under the data-gradient GEMMs, then runs the weight-gradient GEMM on it. In fp8 runs
+    the input is cast first where ``fp8_input_cast``, the shard of ``grad_out`` is cast before its
+    fp8 ring exchange, and both wgrad operands are transposed (:mod:`models.layers.fp8`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn):
+    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True):
         x = x.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
+        if fp8 and fp8_input_cast:
+            te_fp8.cast(x)
         tp = group_size(group)
         s, b, f = x.shape
         h, rows = weight.shape[0], s // tp
@@ -99,9 +108,14 @@ class RowGemmReduceScatter(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         tp = group_size(ctx.group)
+        if ctx.fp8:  # grad_output_preprocess: cast_to_fp8 of the shard into the userbuffer
+            te_fp8.cast(grad_out)
         gathered = grad_out.new_empty((tp * grad_out.shape[0], *grad_out.shape[1:]))
         grad_in = ag_gemm(grad_out.contiguous(), weight, ctx.group, ctx.scope_fn, ctx.fp8, gathered=gathered)
+        if ctx.fp8:  # fp8_transpose of the gathered gradient and of the input, for the wgrad GEMM
+            te_fp8.transpose(te_fp8.fp8_like(gathered))
+            te_fp8.transpose(te_fp8.fp8_like(x))
         with ctx.scope_fn(ctx.fp8):
             grad_w = ctx.wgrad_fn(weight, gathered.reshape(-1, gathered.shape[-1]).t(),
                                   x.reshape(-1, x.shape[-1]))
-        return grad_in, grad_w, None, None, None, None
+        return grad_in, grad_w, None, None, None, None, None
