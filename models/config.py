@@ -54,6 +54,10 @@ class ModelConfig:
     """Std of the normal weight init; output projections use std / sqrt(2 * num_layers)."""
     rotary_base: float = 10000.0
     """RoPE base (``--rotary-base``)."""
+    bias_swiglu_fusion: bool = True
+    """SwiGLU as Megatron's fused ``bias_swiglu_impl`` (``--no-bias-swiglu-fusion``: unfused ops)."""
+    rope_fusion: bool = True
+    """RoPE as Transformer Engine's fused kernel (``--no-rope-fusion``: Megatron's unfused path)."""
     attention_backend: Literal["flash", "unfused"] = "flash"
     """Core attention (Megatron-core ``--attention-backend``): ``flash`` is one fused kernel each
     way; ``unfused`` is Megatron-LM 2020-21's baddbmm, fused scale-mask-softmax, dropout, bmm over

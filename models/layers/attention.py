@@ -65,6 +65,7 @@ class SelfAttention(nn.Module):
         else:
             self.core_attention = None
         self.selective_recompute = selective_recompute
+        self.rope_fusion = mcfg.rope_fusion
         sp = pstate.sequence_parallel
         self.linear_qkv = ColumnParallelLinear(
             mcfg.hidden_size, (heads + 2 * groups) * d, tp_group=pstate.tp_group,
@@ -91,8 +92,8 @@ class SelfAttention(nn.Module):
         q, k, v = torch.split(mixed, [per * self.d, self.d, self.d], dim=-1)
         q = q.reshape(s, b, self.np, self.d)  # [s, b, np, d]
         if rotary is not None:
-            q = apply_rotary(q, rotary)
-            k = apply_rotary(k, rotary)
+            q = apply_rotary(q, rotary, fused=self.rope_fusion)
+            k = apply_rotary(k, rotary, fused=self.rope_fusion)
         if self.selective_recompute:
             ctx = recompute(self._core, q, k, v)
         else:

@@ -4,7 +4,8 @@ activation, row-parallel ``linear_fc2``.
 Activations: ``gelu`` (tanh approximation, GPT-3), ``squared_relu`` (Nemotron, So et al. 2021
 arXiv:2109.08668) and ``swiglu`` (Shazeer 2020 arXiv:2002.05202; LLaMA). For SwiGLU ``linear_fc1``
 produces gate and up halves in one GEMM (``[2 * ffn/tp, h]`` per rank) and the activation is
-``silu(gate) * up``, as Megatron's ``gated_linear_unit``.
+``silu(gate) * up``, as Megatron's ``gated_linear_unit``, by default in Megatron's fused kernels
+(:func:`models.layers.fusions.swiglu`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from heterosim.errors import ConfigError
+from models.layers.fusions import swiglu as fused_swiglu
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["MLP", "activation_fn", "ACTIVATIONS"]
@@ -37,8 +39,11 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"gelu": _gelu, "squared_relu": _squared_relu, "swiglu": _swiglu}
 
 
-def activation_fn(name: str):
-    """The activation called ``name``; fails listing the valid names."""
+def activation_fn(name: str, *, fused: bool = False):
+    """The activation called ``name`` (``fused``: SwiGLU as Megatron's fused ``bias_swiglu_impl``);
+    fails listing the valid names."""
+    if fused and name == "swiglu":
+        return fused_swiglu
     try:
         return ACTIVATIONS[name]
     except KeyError:
@@ -50,9 +55,10 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, *, activation: str, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool,
-                 async_allreduce: bool = True, tp_comm_overlap: bool = False) -> None:
+                 async_allreduce: bool = True, tp_comm_overlap: bool = False,
+                 fused_activation: bool = True) -> None:
         super().__init__()
-        self.act = activation_fn(activation)
+        self.act = activation_fn(activation, fused=fused_activation)
         gated = activation == "swiglu"
         self.linear_fc1 = ColumnParallelLinear(
             hidden, ffn * (2 if gated else 1), tp_group=tp_group, sequence_parallel=sequence_parallel,

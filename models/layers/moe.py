@@ -113,7 +113,7 @@ class MoELayer(nn.Module):
             raise ConfigError(f"expert FFN size {ffn} not divisible by tensor-parallel size {tp}")
         self.E, self.topk, self.local = E, mcfg.moe_router_topk, E // ep
         self.pstate, self.fp8 = pstate, fp8
-        self.act = activation_fn(mcfg.activation)
+        self.act = activation_fn(mcfg.activation, fused=mcfg.bias_swiglu_fusion)
         h, std = mcfg.hidden_size, mcfg.init_method_std
         gated = 2 if mcfg.activation == "swiglu" else 1
         self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))

@@ -2,7 +2,8 @@
 
 Megatron's ``RotaryEmbedding`` builds ``freqs[s, 1, 1, d] = cat(pos * inv_freq, pos * inv_freq)``
 with ``inv_freq = base^(-2i/d)``, and ``apply_rotary_pos_emb`` (the unfused "bshd" path) computes
-``t * cos(freqs) + rotate_half(t) * sin(freqs)`` on ``[s, b, heads, d]``. Under context
+``t * cos(freqs) + rotate_half(t) * sin(freqs)`` on ``[s, b, heads, d]``; with ``apply_rope_fusion``
+(the default) Transformer Engine's fused kernel does the same in one pass. Under context
 parallelism each rank keeps the positions of its two load-balanced sequence chunks
 (``get_pos_emb_on_this_cp_rank``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from models.layers.context_chunks import cp_chunk_select
+from models.layers.fusions import rope
 
 __all__ = ["rotary_freqs", "apply_rotary"]
 
@@ -31,8 +33,11 @@ def _rotate_half(t: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate ``t [s, b, heads, d]`` by ``freqs [s, 1, 1, d]`` (fp32 angles, cast to ``t``'s dtype)."""
+def apply_rotary(t: torch.Tensor, freqs: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
+    """Rotate ``t [s, b, heads, d]`` by ``freqs [s, 1, 1, d]`` (fp32 angles, cast to ``t``'s dtype);
+    ``fused``: Transformer Engine's fused kernel (:func:`models.layers.fusions.rope`)."""
+    if fused:
+        return rope(t, freqs)
     cos = torch.cos(freqs).to(t.dtype)
     sin = torch.sin(freqs).to(t.dtype)
     return t * cos + _rotate_half(t) * sin
