@@ -116,7 +116,11 @@ class Skipper:
             self.periods.append(got)
         L, lo, _ = self.periods[0]
         kinds = sim.classes[0].sk.kind
-        self.anchor_point = next(q for q in range(lo + L, lo + 2 * L) if kinds[q] != "wait")  # an issued point
+        # Checkpoints sit on an issued point of the second period; a period of waits alone has
+        # none, and then nothing is skipped.
+        self.anchor_point = next((q for q in range(lo + L, lo + 2 * L) if kinds[q] != "wait"), -1)
+        if self.anchor_point < 0:
+            self.periods = []
 
     def is_checkpoint(self, ci: int, p: int) -> bool:
         if ci or not self.periods or self.skipped:

@@ -139,3 +139,19 @@ def test_skipping_on_a_megatron_shaped_1f1b_job_on_dgx_a100(slowdown):
     on, off = run_fast(w), run_fast(w, periodic=False)
     assert on.periods_skipped > 50
     _close(on, off)
+
+
+def test_a_period_of_waits_alone_skips_nothing(monkeypatch):
+    """A repeating stretch with no issued point (waits only) has no checkpoint: nothing is
+    skipped and the run goes event by event (it used to raise StopIteration)."""
+    from types import SimpleNamespace
+
+    from replay import periodic
+
+    sk = SimpleNamespace(role=0, kind=["comm"] + ["wait"] * 8)
+    sim = SimpleNamespace(classes=[SimpleNamespace(sk=sk, spans=None, rep=0)],
+                          w=SimpleNamespace(gpu_type=["A100-SXM4-80GB"]))
+    monkeypatch.setattr(periodic, "point_period", lambda sk, spans: (4, 1, 9))
+    s = periodic.Skipper(sim)
+    assert s.periods == [] and s.anchor_point == -1
+    assert not s.is_checkpoint(0, 5)
