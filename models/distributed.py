@@ -38,7 +38,6 @@ detail); no bucket groups / ``--ddp-num-buckets``; collectives on one-rank group
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -48,6 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from heterosim.annotate import get_annotator
+from models.layers import fp8 as te_fp8
 
 __all__ = ["Bucket", "DataParallel", "ModelGradSync", "default_bucket_size"]
 
@@ -292,7 +292,7 @@ class DataParallel:
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
-            with get_annotator().scope(comm_dtype="fp8") if b.fp8 else contextlib.nullcontext():
+            with te_fp8.wire(b.fp8):
                 b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group,
                                                       async_op=async_op)
 
@@ -323,9 +323,8 @@ class DataParallel:
         taken as done (a capture that replays a block does not run the hooks again).
         """
         if self.param_gather_pending:
-            for b in reversed(self.buckets):
-                if issue_missing and not b.param_issued:
-                    self._start_bucket_param_sync(b, async_op=True)
+            if issue_missing:
+                self.dispatch_param_sync()
             for b in self.buckets:
                 if b.param_work is not None:
                     b.param_work.wait()
