@@ -72,8 +72,7 @@ class GradSync(Protocol):
     """Megatron's ``align_grad_reduce`` (default True; ``--no-align-grad-reduce`` turns it off)."""
 
     align_param_gather: bool
-    """Megatron's ``align_param_gather`` (default True; ``--no-align-param-gather``): the
-    interleaved schedule dispatches each chunk's overlapped parameter all-gathers ahead of it."""
+    """Megatron's ``align_param_gather``: the interleaved schedule dispatches chunks' gathers ahead."""
 
     def param_sync_pending(self, chunk: int) -> bool:
         """True when the next forward of ``chunk`` waits for overlapped parameter all-gathers."""
