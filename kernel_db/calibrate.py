@@ -87,8 +87,12 @@ def _with(params: Mapping[str, Any], kc: str, fitted: Mapping[str, Any]) -> dict
     return p
 
 
+# Profiled rows are boost-clock times (kernel_db profile idles the GPU before each timed call), so
+# the curves are fitted, and GPUs compared, at boost (clock ratio 1); pricing applies the sustained
+# clock on top (kernel_db.pricing.sustained).
 def _predict(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any]) -> list[float]:
-    return [roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params).seconds for r in rows]
+    return [roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params, clock_ratio=1.0).seconds
+            for r in rows]
 
 
 def _err(pred: Sequence[float], rows: Sequence[KernelRow]) -> float:
@@ -99,7 +103,7 @@ def _fit_scale(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any
     # Closed form in log space: each row's (t - L) is term_time(current) * current / new.
     logs = []
     for r in rows:
-        rt = roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params)
+        rt = roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params, clock_ratio=1.0)
         body = r.time_s - gpu.launch_overhead_s
         part = rt.compute_s if term == "compute" else rt.memory_s
         # NB: rows whose time is mostly launch overhead say nothing about this term; skip them.
@@ -194,7 +198,7 @@ def _pairs(db: KernelDB, cat: Catalogue) -> list[PairResult]:
                 if not (ga.is_gpu and gb.is_gpu):
                     continue
                 ra, rb = per_gpu[a], per_gpu[b]
-                pred = scale_time(ra.time_s, kc, dtype, ra.flops, ra.bytes, ga, gb)
+                pred = scale_time(ra.time_s, kc, dtype, ra.flops, ra.bytes, ga.at_boost(), gb.at_boost())
                 acc.setdefault((a, b, kc), []).append(abs(pred / rb.time_s - 1))
     return [PairResult(src=a, dst=b, kernel_class=kc, n=len(v), mean_err=sum(v) / len(v), max_err=max(v))
             for (a, b, kc), v in sorted(acc.items())]

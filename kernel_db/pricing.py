@@ -38,14 +38,14 @@ from .db import KernelDB, KernelRow, dims_key
 from .opmap import base_name, canonical_signature, kernel_class_of, writes_only
 from .roofline import EfficiencyModel, load_efficiency, roofline_time
 
-__all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor", "scale_time"]
+__all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor", "scale_time", "sustained"]
 
 SOURCES = ("measured", "interpolated", "scaled", "roofline")
 """Source kinds; a scaled price's source reads ``scaled:<gpu name>``."""
 
 _TENSOR_CLASSES = ("gemm", "attention")
 _BRACKET_DIMS = {"gemm": ("m", "n", "k", "batch"), "attention": ("b", "h", "sq", "sk", "d")}
-_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal")}
+_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal", "impl")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +80,17 @@ def scale_factor(kernel_class: str, dtype: str, flops: float, nbytes: float, old
     if flops <= 0 and nbytes <= 0:  # NB: nothing to classify by: tensor classes by FLOPS, others by bandwidth
         return peak(old) / peak(new) if kernel_class in _TENSOR_CLASSES else old.hbm_bw / new.hbm_bw
     return max(flops / peak(new), nbytes / new.hbm_bw) / max(flops / peak(old), nbytes / old.hbm_bw)
+
+
+def sustained(seconds: float, kernel_class: str, dtype: str, flops: float, nbytes: float, gpu: GpuSpec) -> float:
+    """A time measured by ``kernel_db profile`` (boost clock: the profiler idles the GPU before each
+    timed call) moved to the GPU's sustained clock under its power cap, the regime of a training run:
+    :func:`scale_time` from :meth:`GpuSpec.at_boost` to ``gpu``. Only tensor-class time above the
+    ridge point grows (by ``1 / power_clock_ratio``); memory-bound kernels and GPUs without a
+    derate keep the measured time."""
+    if kernel_class not in _TENSOR_CLASSES or gpu.power_clock_ratio >= 1.0:
+        return seconds
+    return scale_time(seconds, kernel_class, dtype, flops, nbytes, gpu.at_boost(), gpu)
 
 
 def scale_time(seconds: float, kernel_class: str, dtype: str, flops: float, nbytes: float, old: GpuSpec,
@@ -171,7 +182,7 @@ class Pricer:
         p = self.efficiency.params(gpu)
         rel = p["rel_err"]
         dk = dims_key(dims)
-        t = self._measured_or_interpolated(gpu, kc, sig, dtype, dims, dk, flops, rel)
+        t = self._measured_or_interpolated(gpu, kc, sig, dtype, dims, dk, flops, nbytes, rel)
         if t is not None:
             return t
         t = self._scaled(gpu, kc, sig, dtype, dims, dk, flops, nbytes, rel)
@@ -183,16 +194,16 @@ class Pricer:
         return Price(seconds=r.seconds, source="roofline", rel_err=float(err))
 
     def _measured_or_interpolated(self, gpu: GpuSpec, kc: str, sig: str, dtype: str, dims: Mapping[str, Any],
-                                  dk: str, flops: float, rel: Mapping[str, Any]) -> Price | None:
+                                  dk: str, flops: float, nbytes: float, rel: Mapping[str, Any]) -> Price | None:
         row = self.db.lookup(gpu.name, kc, sig, dtype, dk) if sig else None
         if row is not None:
             err = max(float(rel["measured_floor"]), row.spread_rel / 1.349)  # IQR -> sigma of a normal
-            return Price(seconds=row.time_s, source="measured", rel_err=err)
+            return Price(seconds=sustained(row.time_s, kc, dtype, flops, nbytes, gpu), source="measured", rel_err=err)
         got = self._interpolate(gpu.name, kc, dtype, dims, flops)
         if got is not None:
             t, gap = got
             err = float(rel["interpolated"]) * (1.0 + math.log2(max(gap, 1.0)) / 3.0)
-            return Price(seconds=t, source="interpolated", rel_err=err)
+            return Price(seconds=sustained(t, kc, dtype, flops, nbytes, gpu), source="interpolated", rel_err=err)
         return None
 
     def _interpolate(self, gpu: str, kc: str, dtype: str, dims: Mapping[str, Any], flops: float) -> tuple[float, float] | None:
@@ -244,7 +255,7 @@ class Pricer:
                 others.append(other)
         others.sort(key=lambda o: _distance(gpu, o))
         for other in others:
-            base = self._measured_or_interpolated(other, kc, sig, dtype, dims, dk, flops, rel)
+            base = self._measured_or_interpolated(other, kc, sig, dtype, dims, dk, flops, nbytes, rel)
             if base is None:
                 continue
             err = math.hypot(float(rel["scaled"]), base.rel_err)

@@ -18,7 +18,8 @@ def synthetic_rows(gpu_name, mutate, sizes=(512, 1024, 2048, 4096)):
     mutate(p)
     rows = []
     for ks in sweep("gemm", sizes=sizes) + sweep("attention", sizes=sizes) + sweep("elementwise", sizes=[2**20, 2**24]):
-        t = roofline_time(ks.kernel_class, ks.dtype, ks.dims, ks.flops, ks.bytes, g, p).seconds
+        # profiled rows are boost-clock times (the profiler idles the GPU before each call)
+        t = roofline_time(ks.kernel_class, ks.dtype, ks.dims, ks.flops, ks.bytes, g, p, clock_ratio=1.0).seconds
         rows.append(KernelRow(gpu=g.name, kernel_class=ks.kernel_class, signature=ks.signature, dtype=ks.dtype,
                               dims=dims_key(ks.dims), time_s=t, samples=1, flops=ks.flops, bytes=ks.bytes))
     return rows
@@ -44,14 +45,15 @@ def test_fit_recovers_generating_parameters():
 
 
 def test_pair_scaling_error_hand_checked():
-    """One compute-bound GEMM measured on A100 (1 ms) and H100 (0.4 ms): scaled A100->H100 = L + (1 ms - L)*312/989.4."""
+    """One compute-bound GEMM measured on A100 (1 ms) and H100 (0.4 ms): scaled A100->H100 = L + (1 ms - L)*312/989.4
+    (both measured at boost, so the pair is compared at boost)."""
     a, h = get_gpu("A100"), get_gpu("H100")
     n = 8192
     common = dict(kernel_class="gemm", signature=f"aten.mm.default:bf16:{n}x{n},{n}x{n}", dtype="bf16",
                   dims=dims_key({"m": n, "n": n, "k": n, "batch": 1}), samples=1, flops=2.0 * n**3, bytes=3.0 * n * n * 2)
     db = KernelDB([KernelRow(gpu=a.name, time_s=1e-3, **common), KernelRow(gpu=h.name, time_s=4e-4, **common)])
     pairs = {(p.src, p.dst): p for p in calibrate(db).pairs}
-    s = scale_factor("gemm", "bf16", 2.0 * n**3, 3.0 * n * n * 2, a, h)
+    s = scale_factor("gemm", "bf16", 2.0 * n**3, 3.0 * n * n * 2, a, h.at_boost())
     assert s == pytest.approx(312 / 989.4)
     assert pairs[(a.name, h.name)].mean_err == pytest.approx(abs((3.5e-6 + (1e-3 - 3.5e-6) * s) / 4e-4 - 1))
     assert pairs[(h.name, a.name)].n == 1

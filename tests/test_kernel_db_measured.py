@@ -1,5 +1,7 @@
 """Recorded measurements (kernel_db/data/measured/, H100 SXM and H200, torch 2.11 + CUDA 13.0) checked
-against the pricing tiers: scaling across GPUs, the hopper efficiency curves, interpolation."""
+against the pricing tiers: scaling across GPUs, the hopper efficiency curves, interpolation. The rows
+are boost-clock times (the profiler idles the GPU before each call), so they are priced on the GPUs
+held at boost (``GpuSpec.at_boost``)."""
 
 import math
 
@@ -12,7 +14,7 @@ H200 = KernelDB.load(SHIPPED_DIR / "H200-SXM-141GB.csv")
 
 
 def _mean_abs_log_err(db, gpu_name, kc):
-    g = get_gpu(gpu_name)
+    g = get_gpu(gpu_name).at_boost()
     p = load_efficiency().params(g)
     errs = [abs(math.log(roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, g, p).seconds / r.time_s))
             for r in db.rows if r.kernel_class == kc]
@@ -46,7 +48,7 @@ def test_h100_measurements_scaled_to_h200():
             continue
         op = {"kind": "compute", "name": "aten.mm.default", "kernel_class": "gemm", "signature": r.signature,
               "dtype": r.dtype, "dims": d, "flops": r.flops, "bytes_read": r.bytes, "bytes_written": 0}
-        p = pr.price(op, "H200")
+        p = pr.price(op, get_gpu("H200").at_boost())
         assert p.source == "scaled:H100-SXM5-80GB"
         errs.append(abs(p.seconds / r.time_s - 1))
     assert len(errs) == 73
@@ -61,7 +63,7 @@ def test_interpolation_on_measured_grid():
         op = {"kind": "compute", "name": "aten.mm.default", "kernel_class": "gemm", "dtype": "bf16",
               "signature": f"aten.mm.default:bf16:{n}x{n},{n}x{n}", "dims": {"m": n, "n": n, "k": n, "batch": 1},
               "flops": 2.0 * n**3, "bytes_read": 4 * n * n, "bytes_written": 2 * n * n}
-        p = pr.price(op, "H100")
+        p = pr.price(op, get_gpu("H100").at_boost())
         assert p.source == ("measured" if n in (2048, 4096) else "interpolated")
         ts.append(p.seconds)
     assert ts == sorted(ts)
@@ -78,7 +80,7 @@ def test_sweep_interpolation_predicts_real_trace_kernels():
         op = {"kind": "compute", "name": "aten.mm.default", "kernel_class": r.kernel_class, "dtype": r.dtype,
               "signature": r.signature + ":unseen", "dims": r.dims_dict(), "flops": r.flops, "bytes_read": r.bytes,
               "bytes_written": 0}
-        p = pr.price(op, "H100")
+        p = pr.price(op, get_gpu("H100").at_boost())
         assert p.source == "interpolated", r.signature
         errs.append(abs(p.seconds / r.time_s - 1))
     assert len(errs) == 15 and max(errs) < 0.07 and sum(errs) / len(errs) < 0.03

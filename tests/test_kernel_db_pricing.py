@@ -34,9 +34,24 @@ H100 = "H100-SXM5-80GB"
 def test_measured_wins():
     """An op whose exact kernel is in the DB for this GPU is priced from it (source measured)."""
     op = gemm_op(4096, 4096, 4096)
-    p = price(op, "h100", KernelDB([row_for(op, H100, 1.234e-4)]))
+    p = price(op, get_gpu("h100").at_boost(), KernelDB([row_for(op, H100, 1.234e-4)]))
     assert (p.seconds, p.source) == (1.234e-4, "measured")
     assert p.rel_err == pytest.approx(0.02)
+
+
+def test_measured_tensor_time_moves_to_the_sustained_clock():
+    """The profiler measures at boost; on the H100 (sustained 0.86 of boost under its 700 W cap) a
+    compute-bound GEMM's time above the 3.5 us launch overhead grows by 1/0.86; a memory-bound add keeps its time."""
+    op = gemm_op(4096, 4096, 4096)
+    p = price(op, "h100", KernelDB([row_for(op, H100, 1.234e-4)]))
+    assert p.source == "measured"
+    assert p.seconds == pytest.approx(3.5e-6 + (1.234e-4 - 3.5e-6) / 0.86)
+    add = {"kind": "compute", "name": "aten.add.Tensor", "kernel_class": "elementwise", "dtype": "bf16",
+           "signature": "aten.add.Tensor:bf16:4096x4096,4096x4096", "dims": {}, "flops": 0.0,
+           "bytes_read": 2 * 2 * 4096 * 4096, "bytes_written": 2 * 4096 * 4096}
+    row = KernelRow(gpu=H100, kernel_class="elementwise", signature=add["signature"], dtype="bf16",
+                    dims=dims_key({}), time_s=6.0e-5, samples=1, bytes=6.0 * 4096 * 4096)
+    assert price(add, "h100", KernelDB([row])).seconds == 6.0e-5
 
 
 def test_cpu_signature_matches_cuda_row():
@@ -87,7 +102,7 @@ def test_interpolation_between_measured_shapes_is_monotone():
     pr = Pricer(db)
     ts = []
     for m in (1024, 1536, 2048, 3000, 4096, 6000, 8192):
-        p = pr.price(gemm_op(m, 4096, 4096), "H100")
+        p = pr.price(gemm_op(m, 4096, 4096), get_gpu(H100).at_boost())  # the rows' own (boost) regime
         assert p.source == ("measured" if m in (1024, 8192) else "interpolated")
         ts.append(p.seconds)
     assert ts == sorted(ts) and ts[0] == 3.0e-5 and ts[-1] == 2.0e-4

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -111,6 +111,11 @@ class GpuSpec:
         if self.tensor_boost_power_w <= 0 or self.tdp_w <= 0:
             return 1.0
         return min(1.0, (self.tdp_w / self.tensor_boost_power_w) ** (1.0 / 3.0))
+
+    def at_boost(self) -> "GpuSpec":
+        """This GPU held at its boost clock (``power_clock_ratio`` 1): the regime of a short
+        benchmark burst, and of ``kernel_db profile``, which idles the GPU before each timed call."""
+        return replace(self, sustained_clock_ratio=1.0)
 
     def ridge(self, dtype: str) -> float:
         """Ridge point (FLOP/byte) of the roofline for ``dtype``: above it an op is compute-bound."""
