@@ -21,6 +21,14 @@ log-sum-exp (the CPU kernel aligns ``is_causal`` top-left, flash-attn aligns it 
 
 ``a2a`` (:func:`a2a_attention`, DeepSpeed-Ulysses): all-to-all Q, K, V from sequence-split to
 head-split, run causal attention over the whole sequence, all-to-all the output back.
+
+Partial results are merged as TE's ``AttnFuncWithCPAndKVP2P`` merges them: the log-sum-exps step by
+step (``flash_attn_fwd_softmax_lse_correction``), then the output, in the input dtype, zero-filled
+and corrected once per step by one fused kernel (``flash_attn_fwd_out_correction``:
+``out += out_step * exp(lse_step - lse)``, TE ``@jit_fuser``); gradients accumulate in the input
+dtype (``dq.add_``, the K/V gradient added into the buffer received from the previous rank).
+NB: TE runs alternate steps on two CUDA streams so that one step's kernel overlaps the next; here
+they are one stream.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from heterosim.errors import ConfigError
+from models.layers.fusions import jit_fuser
 from models.layers.mappings import gather_from_sp
 
 __all__ = ["cp_attention", "RingAttention", "allgather_attention", "a2a_attention",
@@ -48,13 +57,37 @@ def flash_bwd(dout, q, k, v, out, lse, causal: bool):
         dout, q, k, v, out, lse, 0.0, causal)
 
 
-def _merge(out, lse, part_out, part_lse):
-    """Combine two softmax-normalised partial attentions by their log-sum-exp (fp32): the online
-    softmax rescaling of Milakov & Gimelshein 2018 (arXiv:1805.02867), as flash-attn merges blocks."""
-    new_lse = torch.logaddexp(lse, part_lse)
-    scale_old = torch.exp(lse - new_lse).unsqueeze(-1)
-    scale_new = torch.exp(part_lse - new_lse).unsqueeze(-1)
-    return out * scale_old + part_out.float() * scale_new, new_lse
+@jit_fuser
+def _lse_correction(lse: torch.Tensor, part_lse: torch.Tensor) -> torch.Tensor:
+    """Log-sum-exp of two softmax partitions (TE ``flash_attn_fwd_softmax_lse_correction``): the
+    online-softmax merge of Milakov & Gimelshein 2018 (arXiv:1805.02867)."""
+    hi, lo = torch.max(lse, part_lse), torch.min(lse, part_lse)
+    return hi + torch.log1p(torch.exp(lo - hi))
+
+
+@jit_fuser
+def _out_correction(out: torch.Tensor, part_out: torch.Tensor, lse: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """``out += part_out * exp(part_lse - lse)`` in place (TE ``flash_attn_fwd_out_correction``)."""
+    out.add_(part_out * torch.exp(part_lse - lse).unsqueeze(-1))
+
+
+def _combine(q: torch.Tensor, parts: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of partial attentions ``(out_i, lse_i, second_half_only)`` of ``q``: the
+    final log-sum-exp first, then each partial output rescaled into a zero-filled output."""
+    c = q.shape[2] // 2
+    lse = parts[0][1].clone()
+    for _, part_lse, half in parts[1:]:
+        if half:
+            lse[:, :, c:] = _lse_correction(lse[:, :, c:], part_lse)
+        else:
+            lse = _lse_correction(lse, part_lse)
+    out = torch.zeros_like(q)
+    for part_out, part_lse, half in parts:
+        if half:
+            _out_correction(out[:, :, c:], part_out, lse[:, :, c:], part_lse)
+        else:
+            _out_correction(out, part_out, lse, part_lse)
+    return out, lse
 
 
 def _exchange(send: torch.Tensor, pstate: Any) -> tuple[torch.Tensor, list]:
@@ -82,25 +115,20 @@ class RingAttention(torch.autograd.Function):
         cp, r = pstate.cp_size, pstate.cp_rank
         c = q.shape[2] // 2
         kv = torch.stack((k, v))  # one p2p buffer, as TE packs K and V
-        out = lse = None
+        parts = []
         for i in range(cp):
             if i < cp - 1:
                 nxt, works = _exchange(kv, pstate)
             if i == 0:
-                o, l_ = flash_fwd(q, kv[0], kv[1], True)
-                out, lse = o.float(), l_
+                parts.append((*flash_fwd(q, kv[0], kv[1], True), False))
             elif i <= r:
-                o, l_ = flash_fwd(q, kv[0, :, :, :c], kv[1, :, :, :c], False)
-                out, lse = _merge(out, lse, o, l_)
-            else:
-                o, l_ = flash_fwd(q[:, :, c:], kv[0], kv[1], False)
-                o2, l2 = _merge(out[:, :, c:], lse[:, :, c:], o, l_)
-                out[:, :, c:] = o2  # only the second query chunk changes
-                lse[:, :, c:] = l2
+                parts.append((*flash_fwd(q, kv[0, :, :, :c], kv[1, :, :, :c], False), False))
+            else:  # only the second query chunk sees this K/V
+                parts.append((*flash_fwd(q[:, :, c:], kv[0], kv[1], False), True))
             if i < cp - 1:
                 _wait(works)
                 kv = nxt
-        out = out.to(q.dtype)
+        out, lse = _combine(q, parts)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.pstate = pstate
         return out
@@ -113,36 +141,36 @@ class RingAttention(torch.autograd.Function):
         c = q.shape[2] // 2
         dout = dout.contiguous()
         kv = torch.stack((k, v))
-        dq = torch.zeros_like(q, dtype=torch.float32)
+        dq = None
         dkv_works: list = []
         dkv_recv = None
         for i in range(cp):
             if i < cp - 1:
                 nxt, works = _exchange(kv, pstate)
-            dkv = torch.zeros_like(kv)
             if i == 0:
                 gq, gk, gv = flash_bwd(dout, q, kv[0], kv[1], out, lse, True)
-                dq += gq
-                dkv[0], dkv[1] = gk, gv
+                dq = gq
             elif i <= r:
                 gq, gk, gv = flash_bwd(dout, q, kv[0, :, :, :c], kv[1, :, :, :c], out, lse, False)
-                dq += gq
-                dkv[0, :, :, :c], dkv[1, :, :, :c] = gk, gv
+                dq.add_(gq)
             else:
                 gq, gk, gv = flash_bwd(dout[:, :, c:], q[:, :, c:], kv[0], kv[1], out[:, :, c:],
                                        lse[:, :, c:], False)
-                dq[:, :, c:] += gq
-                dkv[0], dkv[1] = gk, gv
-            if i > 0:
+                dq[:, :, c:].add_(gq)
+            part = torch.stack((gk, gv))  # TE packs dK and dV as it packs K and V
+            if i == 0:
+                dkv = part
+            else:  # add into the partial gradient of this K/V block received from the ranks before
                 _wait(dkv_works)
-                dkv = dkv + dkv_recv  # partial grads of this K/V block from the ranks before
+                dkv = dkv_recv
+                (dkv[:, :, :, :c] if i <= r else dkv).add_(part)
             # Pass this block's gradient on; after the last step it lands on its owner.
             dkv_recv, dkv_works = _exchange(dkv, pstate)
             if i < cp - 1:
                 _wait(works)
                 kv = nxt
         _wait(dkv_works)
-        return dq.to(q.dtype), dkv_recv[0], dkv_recv[1], None
+        return dq, dkv_recv[0], dkv_recv[1], None
 
 
 class _SegmentedAttention(torch.autograd.Function):
@@ -150,11 +178,8 @@ class _SegmentedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, causal, *kvs):
-        out = lse = None
-        for j, is_causal in enumerate(causal):
-            o, l_ = flash_fwd(q, kvs[2 * j], kvs[2 * j + 1], is_causal)
-            out, lse = (o.float(), l_) if out is None else _merge(out, lse, o, l_)
-        out = out.to(q.dtype)
+        parts = [(*flash_fwd(q, kvs[2 * j], kvs[2 * j + 1], is_causal), False) for j, is_causal in enumerate(causal)]
+        out, lse = _combine(q, parts)
         ctx.causal = causal
         ctx.save_for_backward(q, out, lse, *kvs)
         return out
@@ -167,7 +192,7 @@ class _SegmentedAttention(torch.autograd.Function):
         grads = []
         for j, is_causal in enumerate(ctx.causal):
             gq, gk, gv = flash_bwd(dout, q, kvs[2 * j], kvs[2 * j + 1], out, lse, is_causal)
-            dq = gq if dq is None else dq + gq
+            dq = gq if dq is None else dq.add_(gq)
             grads += [gk, gv]
         return (dq, None, *grads)
 
