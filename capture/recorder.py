@@ -58,6 +58,9 @@ _SKIP = {aten.detach.default, aten.lift_fresh.default, aten.alias.default}
 _UPLOADS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default, aten._to_copy.default}
 """Ops that turn a real tensor into a device one (``torch.tensor(data)``, ``.to("cuda")``): fake."""
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
+ATTENTION_IMPLS = ("flash", "fused")
+"""Declared ``attention_backend`` values that name a kernel implementation (FlashAttention-2,
+cuDNN fused attention); recorded as ``dims["impl"]`` of each attention op."""
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
 
@@ -441,6 +444,10 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             self._flush_unwaited(ins)
         self.paths.map_sequence(in_bwd, module)
         cost = describe(func, args, kwargs, out, mutated, phase, self.tags.gemm_dtype, ins, outs)
+        if cost.kernel_class == "attention" and self.model.get("attention_backend") in ATTENTION_IMPLS:
+            # which fused kernel the script names (Transformer Engine's flash / fused backends):
+            # kernel_db prices that implementation's curve
+            cost.dims["impl"] = self.model["attention_backend"]
         region = self._region(func, cost.kernel_class, in_bwd)
         reads = read_tensors(func, args, kwargs, mutated, ins) if region is not None else ins
         kernel = self.fuser.joinable(region, self.rows[-1] if self.rows else None)

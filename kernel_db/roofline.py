@@ -35,7 +35,8 @@ from heterosim.cluster.gpus import GpuSpec
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
 
-__all__ = ["EfficiencyModel", "load_efficiency", "RooflineTime", "roofline_time", "gemm_efficiency", "attention_efficiency"]
+__all__ = ["EfficiencyModel", "load_efficiency", "RooflineTime", "roofline_time", "gemm_efficiency", "attention_efficiency",
+           "attention_params"]
 
 SCHEMA_VERSION = 1
 _DEFAULT_PATH = Path(__file__).with_name("data") / "efficiency.yaml"
@@ -175,15 +176,31 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str
     return float(p["eff_max"]) * best
 
 
+def attention_params(dims: Mapping[str, Any], p: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The attention curve for a kernel: the class's, overridden by the implementation's
+    (``impl``: ``flash`` FlashAttention-2, ``fused`` cuDNN; ``dims["impl"]``, what the trace's
+    ``--attention-backend`` named) and then by its ``noncausal`` entry for a kernel without a causal
+    mask. An implementation the section does not list keeps the class's curve."""
+    impl = p.get("impl", {}).get(dims.get("impl"))
+    if impl:
+        p = {**p, **impl}
+    if dims.get("causal") is False and p.get("noncausal"):
+        p = {**p, **p["noncausal"]}
+    return p
+
+
 def attention_efficiency(dims: Mapping[str, Any], sms: int, p: Mapping[str, Any]) -> float:
-    """Fraction of peak of a flash-attention kernel with dims b, h, sq, sk, d, dir."""
+    """Fraction of peak of a flash-attention kernel with dims b, h, sq, sk, d, dir (curve:
+    :func:`attention_params`)."""
+    p = attention_params(dims, p)
     b, h = int(dims.get("b", 1)), int(dims.get("h", 1))
     sq = int(dims.get("sq", 1))
     sk = int(dims.get("sk", sq))
     d = int(dims.get("d", 128))
-    eff_max = float(p["eff_max_bwd"] if dims.get("dir", "fwd") == "bwd" else p["eff_max_fwd"])
+    bwd = dims.get("dir", "fwd") == "bwd"
+    eff_max = float(p["eff_max_bwd"] if bwd else p["eff_max_fwd"])
     blocks = b * h * -(-sq // int(p["block_m"]))
-    ramp = sk / (sk + float(p["sk_half"]))
+    ramp = sk / (sk + float(p.get("sk_half_bwd") or p["sk_half"] if bwd else p["sk_half"]))
     dfac = (min(d, int(p["head_dim_ref"])) / int(p["head_dim_ref"])) ** float(p["head_dim_exp"])
     return eff_max * _wave_eff(blocks, sms) * ramp * dfac
 
@@ -226,7 +243,7 @@ def roofline_time(
         if dims.get("sq"):
             eff = attention_efficiency(dims, gpu.sm_count, params["attention"])
         else:  # NB: no shape: assume a long-sequence kernel (eff_max of its direction only)
-            a = params["attention"]
+            a = attention_params(dims, params["attention"])
             eff = float(a["eff_max_bwd"] if dims.get("dir") == "bwd" else a["eff_max_fwd"])
         compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0
     else:

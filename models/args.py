@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from heterosim.errors import ConfigError
-from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
 from models.parallel_state import split_stage_layers
 from models.presets import get_preset
 
@@ -90,9 +90,9 @@ class RunConfig:
                 "activation": m.activation, "normalization": m.normalization,
                 "num_experts": m.num_experts, "params_dtype": self.train.params_dtype,
                 "fp8": self.train.fp8,
-                # Only when not the default, so that flash traces stay byte-identical.
+                # Only when not the default, so that auto traces stay byte-identical.
                 **({"attention_backend": m.attention_backend, "attention_dropout": m.attention_dropout}
-                   if m.attention_backend != "flash" else {})}
+                   if m.attention_backend != "auto" else {})}
 
 
 # dest -> default for every flag whose value a preset may set (argparse defaults are None so
@@ -119,7 +119,7 @@ _DEFAULTS: dict[str, Any] = {
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
-    "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "flash",
+    "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "auto",
     "attention_dropout": 0.0, "lr": 1e-4, "weight_decay": 0.01,
     "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
     "loss_scale": None, "seed": 1234,
@@ -179,9 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
-    add("--attention-backend", str, ("flash", "unfused"),
-        help="core attention: flash (one fused kernel) or unfused (Megatron-LM 2020-21: baddbmm, "
-             "fused scale-mask-softmax, dropout, bmm); Megatron-core's other backends are not modelled")
+    add("--attention-backend", str, ATTENTION_BACKENDS,
+        help="core attention: auto (one fused kernel, priced by the GPU's default curve), flash "
+             "(FlashAttention-2) or fused (cuDNN fused attention), Transformer Engine's two backends, "
+             "or unfused (Megatron-LM 2020-21: baddbmm, fused scale-mask-softmax, dropout, bmm)")
     add("--attention-dropout", float,
         help="dropout on the attention probabilities, unfused backend only (Megatron-LM's argument "
              "default is 0.1, its modern LLM recipes set 0)")

@@ -11,7 +11,10 @@ from typing import Literal
 
 from heterosim.errors import ConfigError
 
-__all__ = ["ModelConfig", "ParallelConfig", "TrainConfig"]
+__all__ = ["ModelConfig", "ParallelConfig", "TrainConfig", "ATTENTION_BACKENDS"]
+
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused")
+"""Core-attention backends (Megatron-core ``--attention-backend`` names; ``local`` is ``unfused``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,10 +61,13 @@ class ModelConfig:
     """SwiGLU as Megatron's fused ``bias_swiglu_impl`` (``--no-bias-swiglu-fusion``: unfused ops)."""
     rope_fusion: bool = True
     """RoPE as Transformer Engine's fused kernel (``--no-rope-fusion``: Megatron's unfused path)."""
-    attention_backend: Literal["flash", "unfused"] = "flash"
-    """Core attention (Megatron-core ``--attention-backend``): ``flash`` is one fused kernel each
-    way; ``unfused`` is Megatron-LM 2020-21's baddbmm, fused scale-mask-softmax, dropout, bmm over
-    all s^2 scores (:mod:`models.layers.unfused_attention`)."""
+    attention_backend: Literal["auto", "flash", "fused", "unfused"] = "auto"
+    """Core attention (Megatron-core ``--attention-backend``): ``auto``, ``flash`` and ``fused`` are
+    one fused kernel each way, ``flash`` naming FlashAttention-2 and ``fused`` cuDNN's fused
+    attention (Transformer Engine's two backends; the capture tags the kernels so that pricing
+    uses that implementation's curve), ``auto`` leaving the choice open (priced by the GPU's
+    default curve); ``unfused`` is Megatron-LM 2020-21's baddbmm, fused scale-mask-softmax,
+    dropout, bmm over all s^2 scores (:mod:`models.layers.unfused_attention`)."""
     attention_dropout: float = 0.0
     """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
     Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
@@ -81,20 +87,21 @@ class ModelConfig:
 
     def check_attention(self, cp: int) -> None:
         """Raise :class:`ConfigError` when the attention backend cannot run this configuration."""
-        if self.attention_backend not in ("flash", "unfused"):
-            raise ConfigError(f"unknown attention backend {self.attention_backend!r}; valid: flash, unfused")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"unknown attention backend {self.attention_backend!r}; "
+                              f"valid: {', '.join(ATTENTION_BACKENDS)}")
         p = self.attention_dropout
         if not 0.0 <= p < 1.0:
             raise ConfigError(f"--attention-dropout {p} must be in [0, 1)")
-        if self.attention_backend == "flash" and p > 0.0:
+        if self.attention_backend != "unfused" and p > 0.0:
             # SDPA with dropout_p > 0 leaves the fused CPU flash kernel for the unfused math path.
-            raise ConfigError(f"--attention-dropout {p} needs --attention-backend unfused: the flash "
-                              f"path runs without attention dropout; give --attention-backend unfused "
-                              f"or --attention-dropout 0")
+            raise ConfigError(f"--attention-dropout {p} needs --attention-backend unfused: the fused "
+                              f"path ({self.attention_backend}) runs without attention dropout; give "
+                              f"--attention-backend unfused or --attention-dropout 0")
         if self.attention_backend == "unfused" and cp > 1:
             raise ConfigError(f"--attention-backend unfused does not run with --context-parallel-size "
-                              f"{cp}: context parallelism needs the flash path; give "
-                              f"--attention-backend flash or --context-parallel-size 1")
+                              f"{cp}: context parallelism needs a fused kernel (auto, flash or fused); "
+                              f"give --attention-backend auto or --context-parallel-size 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

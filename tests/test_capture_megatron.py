@@ -210,3 +210,15 @@ def test_unfused_attention_ops_bytes_and_flops(tmp_path):
     totals = flop_totals(t)
     assert totals["model"] == pytest.approx(megatron_flops(t.model, 2), rel=0.01)
     assert totals["hardware"] == pytest.approx(megatron_flops(t.model, 2, recompute=True), rel=0.01)
+
+
+@pytest.mark.parametrize("backend,impl", [("auto", None), ("fused", "fused"), ("flash", "flash")])
+def test_attention_backend_tags_the_kernels(tmp_path, backend, impl):
+    """--attention-backend flash / fused (Transformer Engine's FlashAttention-2 / cuDNN backends)
+    records the implementation as dims["impl"] of every attention op, forward and backward (2 layers:
+    2 + 2 ops); auto records none."""
+    t = capture(tmp_path / "t", 1, *TINY, "--num-layers", "2", "--global-batch-size", "1",
+                "--attention-backend", backend)
+    att = [o for o in t.roles[0].iter_ops() if o.kind == "compute" and o.kernel_class == "attention"]
+    assert len(att) == 4 and sorted(o.phase for o in att) == ["bwd", "bwd", "fwd", "fwd"]
+    assert {o.dims.get("impl") for o in att} == {impl}

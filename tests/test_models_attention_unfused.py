@@ -192,29 +192,30 @@ TINY = ["--preset", "tiny"]
 
 
 def test_flags_defaults_and_model_info():
-    """Defaults: flash, dropout 0, and no attention keys in the trace's model description (flash
-    traces stay byte-identical); unfused adds both keys."""
-    flash = parse_args(TINY, 1)
-    assert (flash.model.attention_backend, flash.model.attention_dropout) == ("flash", 0.0)
-    assert "attention_backend" not in flash.model_info()
+    """Defaults: auto, dropout 0, and no attention keys in the trace's model description (auto
+    traces stay byte-identical); unfused and fused add both keys."""
+    auto = parse_args(TINY, 1)
+    assert (auto.model.attention_backend, auto.model.attention_dropout) == ("auto", 0.0)
+    assert "attention_backend" not in auto.model_info()
+    assert parse_args([*TINY, "--attention-backend", "fused"], 1).model_info()["attention_backend"] == "fused"
     cfg = parse_args([*TINY, "--attention-backend", "unfused", "--attention-dropout", "0.1"], 1)
     info = cfg.model_info()
     assert (info["attention_backend"], info["attention_dropout"]) == ("unfused", 0.1)
 
 
 def test_config_errors():
-    """Dropout with flash, unfused with CP, dropout out of range and an unknown backend each give
+    """Dropout with a fused kernel, unfused with CP, dropout out of range and an unknown backend each give
     one ConfigError naming the values and the fix."""
     with pytest.raises(ConfigError) as exc:
         parse_args([*TINY, "--attention-dropout", "0.1"], 1)
-    assert str(exc.value) == ("--attention-dropout 0.1 needs --attention-backend unfused: the flash path "
-                              "runs without attention dropout; give --attention-backend unfused or "
+    assert str(exc.value) == ("--attention-dropout 0.1 needs --attention-backend unfused: the fused path "
+                              "(auto) runs without attention dropout; give --attention-backend unfused or "
                               "--attention-dropout 0")
     with pytest.raises(ConfigError) as exc:
         parse_args([*TINY, "--attention-backend", "unfused", "--context-parallel-size", "2"], 2)
     assert str(exc.value) == ("--attention-backend unfused does not run with --context-parallel-size 2: "
-                              "context parallelism needs the flash path; give --attention-backend flash "
-                              "or --context-parallel-size 1")
+                              "context parallelism needs a fused kernel (auto, flash or fused); give "
+                              "--attention-backend auto or --context-parallel-size 1")
     with pytest.raises(ConfigError) as exc:
         parse_args([*TINY, "--attention-backend", "unfused", "--attention-dropout", "1.0"], 1)
     assert str(exc.value) == "--attention-dropout 1.0 must be in [0, 1)"
@@ -222,9 +223,9 @@ def test_config_errors():
         parse_args([*TINY, "--attention-backend", "local"], 1)  # argparse's wording
     with pytest.raises(ConfigError) as exc:
         ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, attention_backend="local").check_attention(1)
-    assert str(exc.value) == "unknown attention backend 'local'; valid: flash, unfused"
+    assert str(exc.value) == "unknown attention backend 'local'; valid: auto, flash, fused, unfused"
     mcfg = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, attention_backend="unfused")
-    with pytest.raises(ConfigError, match="context parallelism needs the flash path"):
+    with pytest.raises(ConfigError, match="context parallelism needs a fused kernel"):
         SelfAttention(mcfg, SimpleNamespace(**{**vars(SOLO), "cp_size": 2}), dtype=torch.float32,
                       init_std=0.02, fp8=False, selective_recompute=False)
 

@@ -157,8 +157,10 @@ def _attention(case: Case, gpu: str, year: int | None, pub: Mapping[str, Any],
     unfused = ["--attention-backend", "unfused", "--attention-dropout", str(dropout)]
     if not word and pub.get("attention") == "unfused":
         return unfused, [f"attention not stated: unfused, dropout {dropout} ({script})"]
-    if not word and pub.get("attention") == "flash" and cc >= 80:
-        return [], [f"attention not stated: one fused kernel, priced as flash attention ({script})"]
+    if not word and pub.get("attention") in ("flash", "fused") and cc >= 80:
+        impl = pub["attention"]
+        what = "FlashAttention-2" if impl == "flash" else "cuDNN's fused attention"
+        return ["--attention-backend", impl], [f"attention not stated: one fused kernel, {what} ({script})"]
     if word:
         if "flash" in word:
             if 0 < cc < 80:

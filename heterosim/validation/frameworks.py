@@ -16,7 +16,7 @@ performance mode set for every model:
 - Transformer Engine's TP communication overlap (performance mode's ``tp_comm_overlap=True``; the
   callback turns it off below TP 2 or without sequence parallelism) and, with virtual pipeline
   stages, overlapped pipeline p2p (``overlap_p2p_comm = True`` when vp > 1);
-- no recompute, Transformer Engine's fused attention, fp8 as ``bf16_with_fp8_mixed`` (hybrid).
+- no recompute, Transformer Engine's fused attention (cuDNN; TE's preference on Hopper), fp8 as ``bf16_with_fp8_mixed`` (hybrid).
 
 Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
 before v25.04) take the same settings without the bucket size (:data:`NEMO1_SCRIPT`).
@@ -44,7 +44,12 @@ NEMO2_SCRIPT = ("NeMo 2 pre-training recipes, performance mode (NVIDIA/NeMo@8cfe
 NEMO2_SETTINGS: dict[str, Any] = {
     "sequence_parallel": True, "recompute": "none", "ddp": "distributed", "bucket_mb": 256,
     "overlap_grad_reduce": True, "overlap_param_gather": True, "grad_sync_dtype": "bf16",
-    "tp_comm_overlap": True, "overlap_p2p_comm": True, "fp8_recipe": "hybrid", "attention": "flash",
+    "tp_comm_overlap": True, "overlap_p2p_comm": True, "fp8_recipe": "hybrid",
+    # Transformer Engine's own choice, Megatron-core's attention_backend auto: TE turns
+    # FlashAttention off "to give FusedAttention preference on Hopper+" (get_attention_backend in
+    # transformer_engine/pytorch/attention/dot_product_attention/utils.py); GPUs before Hopper
+    # have no curve of their own for it (kernel_db), so the choice costs nothing there.
+    "attention": "fused",
 }
 
 NEMO2_FIRST = (24, 12)

@@ -35,7 +35,7 @@ SETTINGS: dict[str, Any] = {
     "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
-    "attention": ("flash", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
+    "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
     "seq_len": int, "vocab": int,
 }
 DDP_KINDS = SETTINGS["ddp"]
