@@ -196,3 +196,27 @@ def test_fp8_casts_transposes_and_fp8_all_gathers():
                              ["_to_copy", [128, 2, 32], None], ["clone", [32, 256], None],
                              ["_allgather_base_", [128, 2, 64], "fp8"], ["clone", [64, 256], None],
                              ["_reduce_scatter_base_", [32, 2, 64], None]])
+
+
+PIPE8 = """
+from models.layers.linear import RowParallelLinear
+g = dist.new_group(list(range(8)))
+row = RowParallelLinear(128, 64, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                        init_std=0.02, tp_comm_overlap=True)
+x = torch.randn(128, 2, 16, dtype=torch.bfloat16)  # s = 128 (16 rows per TP rank), b = 2, f/tp = 16
+log = OpLog()
+with log:
+    y, _ = row(x)
+result = [[o["name"].split(".")[1], o["shapes"][0]] for o in log.ops if o["name"].startswith(("c10d.", "aten.mm"))]
+"""
+
+
+def test_pipelined_reduce_scatter_cuts_the_gemm_into_te_num_splits():
+    """TP 8: TE's 4 pipeline splits of 2 regions each: a GEMM on 64 rows (2 regions x 16 rows x b 2),
+    then the reduces of its two regions to their owners; 4 GEMMs, 8 reduces in all."""
+    from models.layers.tp_overlap import pipeline_chunks
+    assert pipeline_chunks(8) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert pipeline_chunks(4) == [range(i, i + 1) for i in range(4)]
+    assert pipeline_chunks(2) == [range(0, 1), range(1, 2)] and pipeline_chunks(6) == [range(i, i + 1) for i in range(6)]
+    res = run_fake(PIPE8, rank=3, world=8)
+    assert res == [["mm", [64, 16]], ["reduce_", [16, 2, 64]], ["reduce_", [16, 2, 64]]] * 4

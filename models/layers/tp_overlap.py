@@ -17,14 +17,15 @@ layer with a GEMM in one of three ways:
 Here every rank runs the same program (one captured rank stands for its TP group): ring step
 ``i`` is a broadcast of TP rank ``i``'s shard into its region of a rank-major buffer (each rank
 first copies its own shard there, as TE copies its input into the userbuffer), and the GEMM on
-region ``i`` runs while region ``i + 1`` travels; the pipelined reduce-scatter is, per TP rank
-``i``, the GEMM on the rows of ``i``'s region and an NCCL reduce of them to rank ``i``, under the
-next region's GEMM. Each rank moves the bytes of the plain all-gather / reduce-scatter and the
+region ``i`` runs while region ``i + 1`` travels; the pipelined reduce-scatter cuts the GEMM into
+``PIPELINE_SPLITS`` chunks of consecutive regions (fewer when TP does not divide by it: one per
+region), and after each chunk's GEMM reduces each of its regions to the region's TP rank, under
+the next chunk's GEMM. Each rank moves the bytes of the plain all-gather / reduce-scatter and the
 results are the unsplit layer's numbers. What this ignores: TE moves the ring's steps
 peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
 bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
-here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed); TE cuts the
-pipelined GEMM into 4 chunks, here into ``tp`` regions. In fp8 runs the ring exchanges move one
+here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed); TE's
+``aggregate`` option (two ring steps per GEMM) is not read. In fp8 runs the ring exchanges move one
 byte per element (TE's all-gather userbuffers are fp8, :mod:`models.layers.fp8`); the pipelined
 reduce-scatters move the activation dtype (TE's default; a recipe's ``fp8_buf`` on them is not
 read).
@@ -40,7 +41,20 @@ import torch.distributed as dist
 from models.layers import fp8 as te_fp8
 from models.layers.mappings import group_rank, group_size
 
-__all__ = ["ag_gemm", "RowGemmReduceScatter"]
+__all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunks"]
+
+PIPELINE_SPLITS = 4
+"""``num_splits`` of TE's pipelined reduce-scatter overlap (its default in ``initialize_ub``, and
+the value every DGX Cloud v24.11.1 recipe's ``ub_tp_comm_overlap_cfg`` gives ``proj_fprop`` and
+``fc2_fprop``)."""
+
+
+def pipeline_chunks(tp: int, splits: int = PIPELINE_SPLITS) -> list[range]:
+    """The TP regions each pipelined GEMM chunk covers: ``splits`` chunks of ``tp / splits``
+    consecutive regions when ``splits`` divides ``tp``, else one chunk per region
+    (NB: TE then cuts finer than a region; here a region is the smallest chunk)."""
+    per = tp // splits if splits <= tp and tp % splits == 0 else 1
+    return [range(c, c + per) for c in range(0, tp, per)]
 
 
 def _src(group: Any, i: int) -> int:
@@ -90,14 +104,13 @@ class RowGemmReduceScatter(torch.autograd.Function):
         tp = group_size(group)
         s, b, f = x.shape
         h, rows = weight.shape[0], s // tp
-        ins = x.view(tp, rows * b, f)
         y = x.new_empty((tp, rows, b, h))
-        ys = y.view(tp, rows * b, h)
         works = []
-        for i in range(tp):
+        for chunk in pipeline_chunks(tp):
+            lo, hi = chunk.start, chunk.stop
             with scope_fn(fp8):
-                torch.mm(ins[i], weight.t(), out=ys[i])
-            works.append(dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True))
+                torch.mm(x[lo * rows:hi * rows].view(-1, f), weight.t(), out=y[lo:hi].view(-1, h))
+            works += [dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True) for i in chunk]
         for work in works:
             work.wait()
         # This rank's region now holds the sum over TP (a view: the buffer lives as long as the
