@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
+from models.layers.tp_overlap import RING_EXCHANGE_OPS
 from models.parallel_state import split_stage_layers
 from models.presets import get_preset
 
@@ -115,6 +116,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_bias_swiglu_fusion": False, "no_rope_fusion": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
+    "tp_comm_overlap_aggregate": None,
     "overlap_p2p_communication": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
@@ -172,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         add(f)
+    add("--tp-comm-overlap-aggregate", str,
+        help="with --tp-comm-overlap: the ring-exchange overlaps whose GEMM takes two ring steps at "
+             "a time (Transformer Engine's ub_tp_comm_overlap_cfg 'aggregate: 1'), comma-separated "
+             f"from {','.join(RING_EXCHANGE_OPS)}")
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
     add("--recompute-method", str, ("uniform", "block"))
@@ -242,6 +248,21 @@ def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | No
     return counts, (vpp if vpp > 1 else None)
 
 
+def _aggregate(a: dict[str, Any]) -> tuple[str, ...]:
+    """``--tp-comm-overlap-aggregate`` as op names, each checked."""
+    text = a["tp_comm_overlap_aggregate"]
+    if not text:
+        return ()
+    if not a["tp_comm_overlap"]:
+        raise ConfigError("--tp-comm-overlap-aggregate needs --tp-comm-overlap")
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in RING_EXCHANGE_OPS]
+    if bad:
+        raise ConfigError(f"--tp-comm-overlap-aggregate names {bad[0]!r}, not a ring-exchange overlap; "
+                          f"valid: {', '.join(RING_EXCHANGE_OPS)}")
+    return names
+
+
 def _check_exclusive(a: dict[str, Any]) -> None:
     """Flags that exclude or need one another (Megatron's arguments.py asserts the same)."""
     if a["bf16"] and a["fp16"]:
@@ -308,7 +329,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         fp8_param_gather=a["fp8_param_gather"],
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
-        tp_comm_overlap=a["tp_comm_overlap"],
+        tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a),
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
         overlap_p2p_comm=a["overlap_p2p_communication"])
     pcfg.check()

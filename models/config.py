@@ -141,6 +141,10 @@ class ParallelConfig:
     """TP all-gathers / reduce-scatters of the transformer layers' linears overlapped with their
     GEMMs as Transformer Engine's userbuffers do it (``--tp-comm-overlap``; needs sequence
     parallelism; :mod:`models.layers.tp_overlap`)."""
+    tp_comm_aggregate: tuple[str, ...] = ()
+    """Ring-exchange overlaps (TE ``ub_tp_comm_overlap_cfg`` names: ``qkv_fprop``, ``fc1_fprop``,
+    ``proj_dgrad``, ``fc2_dgrad``) whose ``aggregate`` is set: two ring steps per GEMM
+    (``--tp-comm-overlap-aggregate``)."""
     async_tp_allreduce: bool = True
     """Column-parallel backward all-reduces the input gradient while the weight-gradient GEMM runs
     (Megatron-LM from late 2021; ``--no-async-tensor-model-parallel-allreduce`` turns it off, as

@@ -74,6 +74,8 @@ class ParallelState:
     """See :attr:`models.config.ParallelConfig.async_tp_allreduce`."""
     tp_comm_overlap: bool = False
     """See :attr:`models.config.ParallelConfig.tp_comm_overlap`."""
+    tp_comm_aggregate: tuple[str, ...] = ()
+    """See :attr:`models.config.ParallelConfig.tp_comm_aggregate` (empty without the overlap)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -270,4 +272,6 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         sequence_parallel=pcfg.sequence_parallel and tp > 1, cp_comm_type=pcfg.cp_comm_type,
         async_tp_allreduce=pcfg.async_tp_allreduce,
         tp_comm_overlap=pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1,
+        tp_comm_aggregate=(pcfg.tp_comm_aggregate if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
+                           else ()),
     )

@@ -129,6 +129,11 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
     (["--preset", "tiny", "--fp16", "--grad-reduce-in-bf16"], 1, "--grad-reduce-in-bf16 needs --bf16"),
     (["--preset", "tiny", "--tp-comm-overlap"], 1, "--tp-comm-overlap needs --sequence-parallel"),
+    (["--preset", "tiny", "--tp-comm-overlap-aggregate", "qkv_fprop"], 1,
+     "--tp-comm-overlap-aggregate needs --tp-comm-overlap"),
+    (["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-aggregate", "qkv_dgrad"], 1,
+     "--tp-comm-overlap-aggregate names 'qkv_dgrad', not a ring-exchange overlap; valid: qkv_fprop, "
+     "fc1_fprop, proj_dgrad, fc2_dgrad"),
     (["--preset", "tiny", "--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], 1,
      "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 are exclusive; pick one"),
     (["--preset", "tiny", "--overlap-param-gather", "--use-distributed-optimizer"], 1,
@@ -170,3 +175,11 @@ def test_async_tp_allreduce_flag():
     base = ["--preset", "tiny", "--tensor-model-parallel-size", "2"]
     assert parse_args(base, 2).parallel.async_tp_allreduce is True
     assert parse_args(base + ["--no-async-tensor-model-parallel-allreduce"], 2).parallel.async_tp_allreduce is False
+
+
+def test_tp_comm_overlap_aggregate_names_ring_exchanges():
+    """--tp-comm-overlap-aggregate keeps the named ring-exchange overlaps (TE's aggregate: 1)."""
+    cfg = parse_args(["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap",
+                      "--tp-comm-overlap-aggregate", "qkv_fprop, fc2_dgrad"], 2)
+    assert cfg.parallel.tp_comm_aggregate == ("qkv_fprop", "fc2_dgrad")
+    assert parse_args(["--preset", "tiny"], 1).parallel.tp_comm_aggregate == ()

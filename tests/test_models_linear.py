@@ -20,11 +20,11 @@ y_ref = torch.nn.functional.gelu(ref[0] @ ref[1].T + ref[2]) @ ref[3].T + ref[4]
 (y_ref * weight).sum().backward()
 f, s = F // world, S // world
 result = {}
-for sp, ov in ((False, False), (True, False), (True, True)):
+for sp, ov, agg in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
     col = ColumnParallelLinear(H, F, tp_group=g, sequence_parallel=sp, bias=True, dtype=torch.float64, init_std=1.0,
-                               tp_comm_overlap=ov)
+                               tp_comm_overlap=ov, tp_comm_aggregate=agg)
     row = RowParallelLinear(F, H, tp_group=g, sequence_parallel=sp, bias=True, dtype=torch.float64,
-                            init_std=1.0, skip_bias_add=False, tp_comm_overlap=ov)
+                            init_std=1.0, skip_bias_add=False, tp_comm_overlap=ov, tp_comm_aggregate=agg)
     with torch.no_grad():
         col.weight.copy_(w1[rank * f:(rank + 1) * f]); col.bias.copy_(b1[rank * f:(rank + 1) * f])
         row.weight.copy_(w2[:, rank * f:(rank + 1) * f]); row.bias.copy_(b2)
@@ -35,7 +35,7 @@ for sp, ov in ((False, False), (True, False), (True, True)):
     bias_grad = row.bias.grad.clone()
     if sp:  # the gradient sync sums sequence-parallel params over TP
         dist.all_reduce(bias_grad, group=g)
-    result[f"{sp}-{ov}"] = dict(
+    result[f"{sp}-{ov}" + ("-agg" if agg else "")] = dict(
         y=float((y - y_ref[rows]).abs().max()), x=float((x.grad - ref[0].grad[rows]).abs().max()),
         w1=float((col.weight.grad - ref[1].grad[rank * f:(rank + 1) * f]).abs().max()),
         w2=float((row.weight.grad - ref[3].grad[:, rank * f:(rank + 1) * f]).abs().max()),
@@ -45,10 +45,10 @@ for sp, ov in ((False, False), (True, False), (True, True)):
 
 def test_column_row_parallel_match_unsplit(tmp_path):
     """TP 2 (fp64): outputs, input grads and weight grads equal the unsplit MLP, without SP, with
-    SP and with SP under --tp-comm-overlap (ring-exchange and pipelined GEMMs); the row-parallel
-    bias is marked sequence_parallel exactly under SP."""
+    SP and with SP under --tp-comm-overlap (ring-exchange and pipelined GEMMs, with and without TE's
+    aggregate); the row-parallel bias is marked sequence_parallel exactly under SP."""
     res = run_gloo(BODY, world=2, tmp_path=tmp_path)
-    assert sorted(res) == ["False-False", "True-False", "True-True"]
+    assert sorted(res) == ["False-False", "True-False", "True-True", "True-True-agg"]
     for sp, errs in res.items():
         assert errs.pop("sp_attr") == sp.startswith("True")
         for key, err in errs.items():
@@ -220,3 +220,35 @@ def test_pipelined_reduce_scatter_cuts_the_gemm_into_te_num_splits():
     assert pipeline_chunks(2) == [range(0, 1), range(1, 2)] and pipeline_chunks(6) == [range(i, i + 1) for i in range(6)]
     res = run_fake(PIPE8, rank=3, world=8)
     assert res == [["mm", [64, 16]], ["reduce_", [16, 2, 64]], ["reduce_", [16, 2, 64]]] * 4
+
+
+AGG = """
+from models.layers.linear import ColumnParallelLinear, RowParallelLinear
+g = dist.new_group([0, 1, 2, 3])
+col = ColumnParallelLinear(64, 128, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                           init_std=0.02, tp_comm_overlap=True, tp_comm_aggregate=True)
+row = RowParallelLinear(128, 64, tp_group=g, sequence_parallel=True, bias=False, dtype=torch.bfloat16,
+                        init_std=0.02, tp_comm_overlap=True, tp_comm_aggregate=True)
+x = torch.randn(32, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+keep = ("c10d.", "aten.mm", "aten.copy_")
+log = OpLog()
+with log:
+    h = col(x)
+fwd = [[o["name"].split(".")[1], o["shapes"][0]] for o in log.ops if o["name"].startswith(keep)]
+y, _ = row(h)
+log = OpLog()
+with log:
+    y.backward(torch.ones_like(y))
+bwd = [[o["name"].split(".")[1], o["shapes"][0]] for o in log.ops if o["name"].startswith(keep)][:7]
+result = dict(fwd=fwd, bwd=bwd)
+"""
+
+
+def test_aggregate_ring_exchange_takes_two_regions_per_gemm():
+    """TP 4, TE's aggregate: the column forward copies its 32 rows, broadcasts regions 0 and 1, then
+    regions 2 and 3 travel under the GEMM on 0-1 (128 rows = 2 regions x 32 x b 2), and a second
+    GEMM on 2-3; the row backward gathers grad_out the same way under its data-gradient GEMMs."""
+    res = run_fake(AGG, rank=1, world=4)
+    bcast, gemm = ["broadcast_", [32, 2, 64]], ["mm", [128, 64]]
+    assert res["fwd"] == [["copy_", [32, 2, 64]], bcast, bcast, bcast, bcast, gemm, gemm]
+    assert res["bwd"] == [["copy_", [32, 2, 64]], bcast, bcast, bcast, bcast, gemm, gemm]

@@ -361,6 +361,24 @@ def test_dgxc_recipe_fills_what_the_row_leaves_unstated():
         assert note in ci.assumptions
 
 
+def test_dgxc_recipe_attention_backend_and_aggregated_ring_exchanges():
+    """NVTE_FUSED_ATTN=1 (Llama 3.1 configure.sh) -> cuDNN's fused attention; 0 (GPT-3's launch.sh) ->
+    FlashAttention-2; the 405B recipe's ub_tp_comm_overlap_cfg sets aggregate on all four ring
+    exchanges, GPT-3's on fc2_dgrad only, Llama 3.1 70B's on none."""
+    def flags(case_id):
+        return list(megatron_flags(_hopper(case_id)).flags)
+
+    f = flags("e2e-dgxc-v24.11.1-llama3.1-405b-bf16-576gpu")
+    i = f.index("--tp-comm-overlap-aggregate")
+    assert f[i + 1] == "qkv_fprop,fc1_fprop,proj_dgrad,fc2_dgrad"
+    assert f[f.index("--attention-backend") + 1] == "fused"
+    g = flags("e2e-dgxc-v24.11.1-gpt3-175b-bf16-128gpu")
+    assert g[g.index("--tp-comm-overlap-aggregate") + 1] == "fc2_dgrad"
+    assert g[g.index("--attention-backend") + 1] == "flash"
+    h = flags("e2e-dgxc-v24.11.1-llama3.1-70b-bf16-64gpu")
+    assert "--tp-comm-overlap-aggregate" not in h and h[h.index("--attention-backend") + 1] == "fused"
+
+
 def test_a_stated_value_unlike_the_recipe_wins_and_is_printed():
     """Llama 3.1 405B: the row says 8 kv heads and vocab 128,256; the recipe ran 16 groups and GPT-2's
     50,257-token tokenizer. The row's values are used, the difference printed."""

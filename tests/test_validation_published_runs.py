@@ -50,6 +50,8 @@ def test_match_needs_source_and_every_value():
      "run #0: recompute 'partial' is unknown; valid: none, selective, full"),
     ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {micro_batch: 0}}\n",
      "run #0: micro_batch must be a positive integer, not 0"),
+    ("schema_version: 1\nruns:\n- {source: x, script: s, match: {}, settings: {tp_comm_aggregate: [qkv_dgrad]}}\n",
+     "run #0: tp_comm_aggregate must be a list of fc1_fprop, fc2_dgrad, proj_dgrad, qkv_fprop; 'qkv_dgrad' is not one"),
     ("schema_version: 1\nruns:\n- {source: x, match: {}, settings: {}}\n",
      "run #0 needs source, script, match and settings"),
     ("schema_version: 1\nruns: [\n", "not valid YAML"),

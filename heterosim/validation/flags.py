@@ -286,6 +286,10 @@ def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bo
     if f.pub.get("tp_comm_overlap") and size["tp"] > 1 and sp:
         flags.append("--tp-comm-overlap")
         f.notes.append(f"tensor-parallel communication overlapped with the GEMMs (ub_tp_comm_overlap, {f.script})")
+        if f.pub.get("tp_comm_aggregate"):
+            flags += ["--tp-comm-overlap-aggregate", ",".join(f.pub["tp_comm_aggregate"])]
+            f.notes.append(f"ring-exchange overlaps with two steps per GEMM ({', '.join(f.pub['tp_comm_aggregate'])}: "
+                           f"ub_tp_comm_overlap_cfg aggregate 1, {f.script})")
     if f.pub.get("overlap_p2p_comm") and interleaved:
         flags.append("--overlap-p2p-communication")
         f.notes.append(f"pipeline p2p overlapped with compute (overlap_p2p_comm, {f.script})")

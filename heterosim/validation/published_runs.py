@@ -26,12 +26,14 @@ __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("data") / "published_runs.yaml"
 
-# Setting -> what its value must be: a type, or a tuple of the words allowed.
+# Setting -> what its value must be: a type, a tuple of the words allowed, or a frozenset of the
+# words a list may hold.
 SETTINGS: dict[str, Any] = {
     "micro_batch": int, "layers_per_virtual_stage": int, "virtual_stages": int,
     "ddp": ("torch", "local", "distributed"), "bucket_mb": int, "overlap_grad_reduce": bool,
     "overlap_param_gather": bool, "sequence_parallel": bool, "recompute": ("none", "selective", "full"),
-    "tp_comm_overlap": bool, "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
+    "tp_comm_overlap": bool,
+    "tp_comm_aggregate": frozenset({"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"}), "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
     "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
@@ -95,7 +97,12 @@ def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
 def _check(where: str, key: str, value: Any) -> None:
     """One ConfigError if ``value`` is not what setting ``key`` takes."""
     want = SETTINGS[key]
-    if isinstance(want, tuple):
+    if isinstance(want, frozenset):
+        bad = [v for v in value if v not in want] if isinstance(value, list) else [value]
+        if bad:
+            raise ConfigError(f"{where}: {key} must be a list of {', '.join(sorted(want))}; "
+                              f"{bad[0]!r} is not one")
+    elif isinstance(want, tuple):
         if value not in want:
             raise ConfigError(f"{where}: {key} {value!r} is unknown; valid: {', '.join(want)}")
     elif want is bool:

@@ -70,12 +70,13 @@ class SelfAttention(nn.Module):
         self.linear_qkv = ColumnParallelLinear(
             mcfg.hidden_size, (heads + 2 * groups) * d, tp_group=pstate.tp_group,
             sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=init_std, fp8=fp8,
-            async_allreduce=pstate.async_tp_allreduce, tp_comm_overlap=pstate.tp_comm_overlap)
+            async_allreduce=pstate.async_tp_allreduce, tp_comm_overlap=pstate.tp_comm_overlap,
+            tp_comm_aggregate="qkv_fprop" in pstate.tp_comm_aggregate)
         self.linear_proj = RowParallelLinear(
             heads * d, mcfg.hidden_size, tp_group=pstate.tp_group, sequence_parallel=sp,
             bias=mcfg.add_bias_linear, dtype=dtype,
             init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8,
-            tp_comm_overlap=pstate.tp_comm_overlap)
+            tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.core_attention is not None:

@@ -91,6 +91,8 @@ class LinearWithAsyncComm(torch.autograd.Function):
     ``fp8_input_cast``: the input arrives in bf16 and is cast here (False: a fused norm or
     activation wrote it in fp8); ``fp8_grad_cast``: the output gradient is cast and transposed here
     (False: the activation's backward did it, TE's fused ``dgelu`` cast-transpose before FC1).
+    ``tp_overlap``: with SP, the forward all-gather as a ring exchange under the GEMM
+    (:func:`models.layers.tp_overlap.ag_gemm`); ``"aggregate"``: two ring steps per GEMM.
     """
 
     @staticmethod
@@ -103,7 +105,7 @@ class LinearWithAsyncComm(torch.autograd.Function):
         if fp8 and fp8_input_cast:
             te_fp8.cast(x)
         if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
-            out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8)
+            out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8, aggregate=tp_overlap == "aggregate")
         else:
             total = all_gather_dim0(x, group) if sequence_parallel else x
             with gemm_scope(fp8):
@@ -181,7 +183,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, fp8: bool = False,
                  weight: nn.Parameter | None = None, async_allreduce: bool = True,
-                 tp_comm_overlap: bool = False, fp8_grad_cast: bool = True) -> None:
+                 tp_comm_overlap: bool = False, fp8_grad_cast: bool = True, tp_comm_aggregate: bool = False) -> None:
         super().__init__()
         tp = group_size(tp_group)
         self.async_allreduce = async_allreduce
@@ -190,6 +192,8 @@ class ColumnParallelLinear(nn.Module):
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
         self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
+        if self.tp_comm_overlap and tp_comm_aggregate:
+            self.tp_comm_overlap = "aggregate"  # TE's aggregate: two ring steps per GEMM
         self.fp8, self.fp8_grad_cast = fp8, fp8_grad_cast
         if weight is None:
             weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
@@ -226,7 +230,8 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, skip_bias_add: bool = True,
-                 fp8: bool = False, tp_comm_overlap: bool = False, fp8_input_cast: bool = True) -> None:
+                 fp8: bool = False, tp_comm_overlap: bool = False, fp8_input_cast: bool = True,
+                 tp_comm_aggregate: bool = False) -> None:
         super().__init__()
         self.fp8_input_cast = fp8_input_cast
         tp = group_size(tp_group)
@@ -235,6 +240,7 @@ class RowParallelLinear(nn.Module):
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
         self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
+        self.tp_comm_aggregate = tp_comm_aggregate  # the data-gradient ring exchange's
         self.skip_bias_add, self.fp8 = skip_bias_add, fp8
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
         init_normal(init_std)(self.weight)
@@ -251,7 +257,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tp_comm_overlap:  # pipelined GEMM + reduce-scatter (tp_overlap.py)
             out = RowGemmReduceScatter.apply(x, self.weight, self.tp_group, self.fp8, gemm_scope, _wgrad,
-                                             self.fp8_input_cast)
+                                             self.fp8_input_cast, self.tp_comm_aggregate)
         else:
             out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8,
                                             False, self.fp8_input_cast)

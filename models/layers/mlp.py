@@ -56,21 +56,22 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, ffn: int, *, activation: str, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool,
                  async_allreduce: bool = True, tp_comm_overlap: bool = False,
-                 fused_activation: bool = True) -> None:
+                 fused_activation: bool = True, tp_comm_aggregate: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.act = activation_fn(activation, fused=fused_activation)
         gated = activation == "swiglu"
         self.linear_fc1 = ColumnParallelLinear(
             hidden, ffn * (2 if gated else 1), tp_group=tp_group, sequence_parallel=sequence_parallel,
             bias=bias, dtype=dtype, init_std=init_std, fp8=fp8, async_allreduce=async_allreduce,
-            tp_comm_overlap=tp_comm_overlap,
+            tp_comm_overlap=tp_comm_overlap, tp_comm_aggregate="fc1_fprop" in tp_comm_aggregate,
             # TE fuses GeLU's backward with the fp8 cast-transpose (fp8_cast_transpose_bgrad_dgelu_fused);
             # other activations run theirs in bf16, then a cast-transpose (layernorm_mlp.py).
             fp8_grad_cast=activation != "gelu")
         self.linear_fc2 = RowParallelLinear(
             ffn, hidden, tp_group=tp_group, sequence_parallel=sequence_parallel, bias=bias,
             dtype=dtype, init_std=out_init_std, fp8=fp8, tp_comm_overlap=tp_comm_overlap,
-            fp8_input_cast=False)  # TE's LayerNormMLP writes the activation in fp8
+            # TE's LayerNormMLP writes the activation in fp8
+            fp8_input_cast=False, tp_comm_aggregate="fc2_dgrad" in tp_comm_aggregate)
 
     def forward(self, x: torch.Tensor):
         return self.linear_fc2(self.act(self.linear_fc1(x)))

@@ -17,15 +17,15 @@ layer with a GEMM in one of three ways:
 Here every rank runs the same program (one captured rank stands for its TP group): ring step
 ``i`` is a broadcast of TP rank ``i``'s shard into its region of a rank-major buffer (each rank
 first copies its own shard there, as TE copies its input into the userbuffer), and the GEMM on
-region ``i`` runs while region ``i + 1`` travels; the pipelined reduce-scatter cuts the GEMM into
+region ``i`` runs while region ``i + 1`` travels (with TE's ``aggregate``, the GEMM takes two regions at a time and the
+next two travel under it); the pipelined reduce-scatter cuts the GEMM into
 ``PIPELINE_SPLITS`` chunks of consecutive regions (fewer when TP does not divide by it: one per
 region), and after each chunk's GEMM reduces each of its regions to the region's TP rank, under
 the next chunk's GEMM. Each rank moves the bytes of the plain all-gather / reduce-scatter and the
 results are the unsplit layer's numbers. What this ignores: TE moves the ring's steps
 peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
 bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
-here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed); TE's
-``aggregate`` option (two ring steps per GEMM) is not read. In fp8 runs the ring exchanges move one
+here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed). In fp8 runs the ring exchanges move one
 byte per element (TE's all-gather userbuffers are fp8, :mod:`models.layers.fp8`); the pipelined
 reduce-scatters move the activation dtype (TE's default; a recipe's ``fp8_buf`` on them is not
 read).
@@ -41,7 +41,11 @@ import torch.distributed as dist
 from models.layers import fp8 as te_fp8
 from models.layers.mappings import group_rank, group_size
 
-__all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunks"]
+__all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunks", "RING_EXCHANGE_OPS"]
+
+RING_EXCHANGE_OPS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
+"""TE's ring-exchange overlaps (``ub_tp_comm_overlap_cfg`` names): the column-parallel forward
+all-gathers (QKV, FC1) and the row-parallel data-gradient all-gathers (proj, FC2)."""
 
 PIPELINE_SPLITS = 4
 """``num_splits`` of TE's pipelined reduce-scatter overlap (its default in ``initialize_ub``, and
@@ -62,27 +66,34 @@ def _src(group: Any, i: int) -> int:
 
 
 def ag_gemm(shard: torch.Tensor, weight_t: torch.Tensor, group: Any, scope: Callable[[bool], Any],
-            fp8: bool, gathered: torch.Tensor | None = None) -> torch.Tensor:
+            fp8: bool, gathered: torch.Tensor | None = None, aggregate: bool = False) -> torch.Tensor:
     """``all_gather(shard) @ weight_t`` as a ring exchange: ``shard [s/tp, b, k]``, ``weight_t
     [k, n]`` -> ``[s, b, n]``; ``gathered`` (``[s, b, k]``) receives the gathered input if given;
-    ``scope(fp8)`` is the context each GEMM runs in (:func:`models.layers.linear.gemm_scope`)."""
+    ``scope(fp8)`` is the context each GEMM runs in (:func:`models.layers.linear.gemm_scope`);
+    ``aggregate`` (even TP): each GEMM on two regions (TE's ``aggregate: 1``)."""
     tp, rows, b, k = group_size(group), shard.shape[0], shard.shape[1], shard.shape[2]
     n = weight_t.shape[1]
     buf = gathered if gathered is not None else shard.new_empty((tp * rows, b, k))
     regions = buf.view(tp, rows, b, k)
     regions[group_rank(group)].copy_(shard)
-    ins = buf.view(tp, rows * b, k)
+    per = 2 if aggregate and tp % 2 == 0 else 1
+    ins = buf.view(tp // per, per * rows * b, k)
     out = shard.new_empty((tp * rows, b, n))
-    outs = out.view(tp, rows * b, n)
-    with te_fp8.wire(fp8):
-        work = dist.broadcast(regions[0], src=_src(group, 0), group=group, async_op=True)
-    for i in range(tp):
-        work.wait()
-        if i + 1 < tp:
-            with te_fp8.wire(fp8):
-                work = dist.broadcast(regions[i + 1], src=_src(group, i + 1), group=group, async_op=True)
+    outs = out.view(tp // per, per * rows * b, n)
+
+    def send(step: int) -> list:
+        with te_fp8.wire(fp8):
+            return [dist.broadcast(regions[i], src=_src(group, i), group=group, async_op=True)
+                    for i in range(step * per, (step + 1) * per)]
+
+    works = send(0)
+    for step in range(tp // per):
+        for w in works:
+            w.wait()
+        if step + 1 < tp // per:
+            works = send(step + 1)
         with scope(fp8):
-            torch.mm(ins[i], weight_t, out=outs[i])
+            torch.mm(ins[step], weight_t, out=outs[step])
     return out
 
 
@@ -95,10 +106,11 @@ class RowGemmReduceScatter(torch.autograd.Function):
     fp8 ring exchange, and both wgrad operands are transposed (:mod:`models.layers.fp8`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True):
+    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True, aggregate_dgrad=False):
         x = x.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
+        ctx.aggregate = aggregate_dgrad
         if fp8 and fp8_input_cast:
             te_fp8.cast(x)
         tp = group_size(group)
@@ -124,11 +136,12 @@ class RowGemmReduceScatter(torch.autograd.Function):
         if ctx.fp8:  # grad_output_preprocess: cast_to_fp8 of the shard into the userbuffer
             te_fp8.cast(grad_out)
         gathered = grad_out.new_empty((tp * grad_out.shape[0], *grad_out.shape[1:]))
-        grad_in = ag_gemm(grad_out.contiguous(), weight, ctx.group, ctx.scope_fn, ctx.fp8, gathered=gathered)
+        grad_in = ag_gemm(grad_out.contiguous(), weight, ctx.group, ctx.scope_fn, ctx.fp8, gathered=gathered,
+                          aggregate=ctx.aggregate)
         if ctx.fp8:  # fp8_transpose of the gathered gradient and of the input, for the wgrad GEMM
             te_fp8.transpose(te_fp8.fp8_like(gathered))
             te_fp8.transpose(te_fp8.fp8_like(x))
         with ctx.scope_fn(ctx.fp8):
             grad_w = ctx.wgrad_fn(weight, gathered.reshape(-1, gathered.shape[-1]).t(),
                                   x.reshape(-1, x.shape[-1]))
-        return grad_in, grad_w, None, None, None, None, None
+        return grad_in, grad_w, None, None, None, None, None, None
