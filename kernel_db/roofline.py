@@ -149,10 +149,15 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str
     best (tile x split-K) option. cuBLAS heuristics keep large tiles for their operand reuse and
     accept a partial last wave: NVIDIA's "Matrix Multiplication Background User's Guide" shows the
     resulting wave-quantization sawtooth in measured cuBLAS throughput, which a best-of-tiles pick
-    would flatten. ``best`` -- the option with the highest modelled efficiency.
+    would flatten. ``best`` -- the option with the highest modelled efficiency. ``stream_k`` --
+    ``best``, but a grid of at least one full wave has no wave quantization: the library balances
+    the last partial wave across all SMs (stream-K, Osama et al., PPoPP 2023; cuBLAS's persistent
+    Hopper kernels); NB: the partial tiles' fixup reduction is taken as free (measured H100 rows
+    fit best that way, ``efficiency.yaml``).
     """
     m, n, k, batch = max(int(m), 1), max(int(n), 1), max(int(k), 1), max(int(batch), 1)
     options: list[tuple[int, float]] = []  # (tiles of the grid, efficiency), in the file's tile order
+    policy = str(p.get("tile_policy", "best"))
     for tm, tn, teff in p["tiles"]:
         tiles = -(-m // tm) * -(-n // tn) * batch
         # NB: a partial tile still costs a whole tile's time; count the padded area as waste.
@@ -161,18 +166,18 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int, p: Mapping[str
         if tiles < sms:
             split = max(1, min(sms // tiles, k // int(p["split_k_min_k"])))
         kk = -(-k // split)
-        eff = teff * fill * _wave_eff(tiles * split, sms) * kk / (kk + float(p["k_half"]))
+        waves = 1.0 if policy == "stream_k" and tiles >= sms else _wave_eff(tiles * split, sms)
+        eff = teff * fill * waves * kk / (kk + float(p["k_half"]))
         if split > 1:  # NB: the partial-tile reduction is a flat factor, not a traffic model
             eff *= float(p["split_k_eff"])
         options.append((tiles, eff))
-    policy = str(p.get("tile_policy", "best"))
     if policy == "largest_full_wave":
         full = [eff for tiles, eff in options if tiles >= sms]
         best = full[0] if full else max(eff for _, eff in options)
-    elif policy == "best":
+    elif policy in ("best", "stream_k"):
         best = max(eff for _, eff in options)
     else:
-        raise ConfigError(f"gemm tile_policy {policy!r} is unknown; valid: best, largest_full_wave")
+        raise ConfigError(f"gemm tile_policy {policy!r} is unknown; valid: best, largest_full_wave, stream_k")
     return float(p["eff_max"]) * best
 
 

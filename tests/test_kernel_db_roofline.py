@@ -14,12 +14,12 @@ EFF = load_efficiency()
 
 
 def test_large_bf16_gemm_on_h100_is_compute_bound():
-    """8192^3 bf16 on H100: 2048 tiles of 256x128 on 132 SMs = 16 waves; eff = 0.84 * 2048/2112 * 8192/8448,
-    at the H100's sustained clock, 0.86 of boost."""
+    """8192^3 bf16 on H100: 2048 tiles of 256x128 on 132 SMs, 15.5 waves balanced by stream-K (no wave
+    loss); eff = 0.84 * 8192/8448, at the H100's sustained clock, 0.86 of boost."""
     g = get_gpu("H100")
     n = 8192
     r = roofline_time("gemm", "bf16", {"m": n, "n": n, "k": n, "batch": 1}, 2.0 * n**3, 3 * n * n * 2, g, EFF.params(g))
-    eff = 0.84 * (2048 / (16 * 132)) * (8192 / (8192 + 256))
+    eff = 0.84 * (8192 / (8192 + 256))
     assert r.bound == "compute"
     assert r.efficiency == pytest.approx(eff)
     assert r.seconds == pytest.approx(3.5e-6 + 2.0 * n**3 / (989.4e12 * 0.86 * eff))
@@ -189,3 +189,16 @@ def test_attention_without_implementation_keeps_the_class_curve():
     assert fused == pytest.approx(0.575 * 4096 / (4096 + 385) * 1024 / 1056)
     p = EFF.params(a100)["attention"]
     assert attention_efficiency({**dims, "impl": "fused"}, 108, p) == attention_efficiency(dims, 108, p)
+
+
+def test_stream_k_drops_the_partial_wave_from_one_full_wave_up():
+    """Hopper's stream_k policy: 2048x2304x4096 has 144 tiles of 256x128 on 132 SMs (1.09 waves):
+    no wave loss, eff = 0.84 * 4096/4352 (measured on an H200: 734 TF/s, efficiency.yaml); best
+    would take 128x64 tiles, 576 in 5 waves: 0.84 * 0.85 * 576/660 * 4096/4352. A grid under
+    one wave (512x512x512: 8 tiles) is priced alike by both (split-K)."""
+    p = EFF.params(get_gpu("H100"))["gemm"]
+    assert p["tile_policy"] == "stream_k"
+    assert gemm_efficiency(2048, 2304, 4096, 1, 132, p) == pytest.approx(0.84 * 4096 / 4352)
+    best = {**p, "tile_policy": "best"}
+    assert gemm_efficiency(2048, 2304, 4096, 1, 132, best) == pytest.approx(0.84 * 0.85 * 576 / 660 * 4096 / 4352)
+    assert gemm_efficiency(512, 512, 512, 1, 132, p) == gemm_efficiency(512, 512, 512, 1, 132, best)
