@@ -113,7 +113,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "fp8_param_gather": False, "no_align_grad_reduce": False,
     "no_align_param_gather": False,
-    "no_bias_swiglu_fusion": False, "no_rope_fusion": False,
+    "no_bias_swiglu_fusion": False, "no_rope_fusion": False, "cross_entropy_loss_fusion": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
     "tp_comm_overlap_aggregate": None,
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
               "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
               "--no-align-grad-reduce", "--no-align-param-gather",
-              "--no-bias-swiglu-fusion", "--no-rope-fusion", "--bf16",
+              "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
@@ -351,6 +351,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         hidden_dropout=a["hidden_dropout"], norm_epsilon=a["norm_epsilon"],
         init_method_std=a["init_method_std"], rotary_base=a["rotary_base"],
         bias_swiglu_fusion=not a["no_bias_swiglu_fusion"], rope_fusion=not a["no_rope_fusion"],
+        cross_entropy_loss_fusion=a["cross_entropy_loss_fusion"],
         attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"])
     mcfg.check_attention(pcfg.cp)
     mbs = a["micro_batch_size"]

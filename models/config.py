@@ -61,6 +61,10 @@ class ModelConfig:
     """SwiGLU as Megatron's fused ``bias_swiglu_impl`` (``--no-bias-swiglu-fusion``: unfused ops)."""
     rope_fusion: bool = True
     """RoPE as Transformer Engine's fused kernel (``--no-rope-fusion``: Megatron's unfused path)."""
+    cross_entropy_loss_fusion: bool = False
+    """The loss as Megatron-core's fused vocab-parallel cross-entropy (``--cross-entropy-loss-fusion``;
+    off by default, as in Megatron-LM): four compiled kernels and one all-reduce fewer
+    (:mod:`models.layers.cross_entropy`)."""
     attention_backend: Literal["auto", "flash", "fused", "unfused"] = "auto"
     """Core attention (Megatron-core ``--attention-backend``): ``auto``, ``flash`` and ``fused`` are
     one fused kernel each way, ``flash`` naming FlashAttention-2 and ``fused`` cuDNN's fused

@@ -11,7 +11,9 @@ stages are ``[s/cp (/tp with sequence parallelism), b, h]`` (:meth:`GPTModel.hid
   embedding group at construction (Megatron's ``setup_embeddings_and_output_layer``); the
   schedules all-reduce its gradient through :meth:`GPTModel.shared_embedding_params`.
 - With ``labels`` the last stage returns the mean per-token loss of this rank's tokens (the loss
-  is computed in fp32 from the vocab-split logits, never gathering them); without, the logits.
+  is computed in fp32 from the vocab-split logits, never gathering them; with
+  ``cross_entropy_loss_fusion`` in Megatron-core's fused kernels, :mod:`models.layers.cross_entropy`);
+  without, the logits.
 
 Example::
 
@@ -33,7 +35,8 @@ import torch.nn.functional as F
 from heterosim.errors import ConfigError
 from models.config import ModelConfig, ParallelConfig, TrainConfig
 from models.layers.context_chunks import cp_chunk_select
-from models.layers.embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from models.layers.cross_entropy import fused_vocab_parallel_cross_entropy, vocab_parallel_cross_entropy
+from models.layers.embedding import VocabParallelEmbedding
 from models.layers.linear import ColumnParallelLinear, init_replicated
 from models.layers.mappings import scatter_to_sp
 from models.layers.rope import rotary_freqs
@@ -145,6 +148,9 @@ class GPTModel(nn.Module):
         if labels is None:
             return logits.transpose(0, 1).contiguous()
         labels = cp_chunk_select(labels, 1, self.pstate.cp_size, self.pstate.cp_rank)
-        loss = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(),
-                                            self.pstate.tp_group)  # [s/cp, b]
-        return loss.mean()
+        tp_group = self.pstate.tp_group
+        if self.mcfg.cross_entropy_loss_fusion:  # casts the logits to fp32 inside its first kernel
+            loss = fused_vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous(), tp_group)
+        else:
+            loss = vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous(), tp_group)
+        return loss.mean()  # of the per-token losses [s/cp, b]

@@ -1,5 +1,5 @@
-"""Tests of ``models.layers.embedding``: vocab-parallel embedding and cross-entropy at TP 2 (real
-gloo ranks) equal the unsplit computation, values and gradients."""
+"""Tests of ``models.layers.embedding``: the vocab-parallel embedding at TP 2 (real gloo ranks)
+equals the unsplit lookup, values and gradients."""
 
 from __future__ import annotations
 
@@ -8,21 +8,16 @@ import pytest
 from test_models_mappings import run_gloo
 
 BODY = """
-from models.layers.embedding import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from models.layers.embedding import VocabParallelEmbedding
 g = dist.new_group(list(range(world)))
 torch.manual_seed(0)
 V, H, B, S = 16, 8, 2, 6
 table = torch.randn(V, H, dtype=torch.float64)
 ids = torch.randint(0, V, (B, S))
-logits_full = torch.randn(S, B, V, dtype=torch.float64)
-target = torch.randint(0, V, (S, B))
 # reference, unsplit
 t_ref = table.clone().requires_grad_()
 emb_ref = torch.nn.functional.embedding(ids, t_ref).transpose(0, 1)
 (emb_ref * torch.arange(S * B * H, dtype=torch.float64).view(S, B, H)).sum().backward()
-l_ref = logits_full.clone().requires_grad_()
-ce_ref = torch.nn.functional.cross_entropy(l_ref.view(-1, V), target.view(-1), reduction="none").view(S, B)
-(ce_ref * torch.arange(S * B, dtype=torch.float64).view(S, B)).sum().backward()
 # vocab-parallel on this rank's rows
 per = V // world
 emb = VocabParallelEmbedding(V, H, tp_group=g, dtype=torch.float64, init_std=0.02, reduce_scatter=False)
@@ -30,20 +25,15 @@ with torch.no_grad():
     emb.weight.copy_(table[rank * per:(rank + 1) * per])
 out = emb(ids)
 (out * torch.arange(S * B * H, dtype=torch.float64).view(S, B, H)).sum().backward()
-mine = logits_full[..., rank * per:(rank + 1) * per].clone().requires_grad_()
-ce = vocab_parallel_cross_entropy(mine, target, g)
-(ce * torch.arange(S * B, dtype=torch.float64).view(S, B)).sum().backward()
 if rank == 0:
     result = dict(emb=float((out - emb_ref).abs().max()),
-                  emb_grad=float((emb.weight.grad - t_ref.grad[:per]).abs().max()),
-                  ce=float((ce - ce_ref).abs().max()),
-                  ce_grad=float((mine.grad - l_ref.grad[..., :per]).abs().max()))
+                  emb_grad=float((emb.weight.grad - t_ref.grad[:per]).abs().max()))
 """
 
 
-def test_vocab_parallel_embedding_and_cross_entropy_match_unsplit(tmp_path):
-    """TP 2: the summed embedding lookup, the loss per token and both gradients equal the
-    single-rank computation (fp64, to 1e-12)."""
+def test_vocab_parallel_embedding_matches_unsplit(tmp_path):
+    """TP 2: the summed embedding lookup and its gradient equal the single-rank computation (fp64,
+    to 1e-12)."""
     res = run_gloo(BODY, world=2, tmp_path=tmp_path)
     for key, err in res.items():
         assert err < 1e-12, (key, err)

@@ -379,6 +379,20 @@ def test_dgxc_recipe_attention_backend_and_aggregated_ring_exchanges():
     assert "--tp-comm-overlap-aggregate" not in h and h[h.index("--attention-backend") + 1] == "fused"
 
 
+def test_dgxc_recipe_cross_entropy_loss_fusion():
+    """cross_entropy_loss_fusion: true in the Llama 3.1 and Nemotron-4 YAMLs -> --cross-entropy-loss-fusion,
+    cited; gpt3_175b_hydra.yaml does not set it: the unfused loss, nothing said."""
+    recipe = "NVIDIA/dgxc-benchmarking@35a9aec llama3.1/llama3.1_8b.yaml + configure.sh (NeMo 24.09)"
+    for case_id in ("e2e-dgxc-v24.11.1-llama3.1-8b-bf16-8gpu", "e2e-dgxc-v24.11.1-nemotron4-340b-fp8-128gpu"):
+        assert "--cross-entropy-loss-fusion" in megatron_flags(_hopper(case_id)).flags
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-llama3.1-8b-bf16-8gpu"))
+    assert (f"loss: Megatron-core's fused vocab-parallel cross-entropy, one all-reduce fewer "
+            f"(cross_entropy_loss_fusion, {recipe})") in ci.assumptions
+    gpt3 = megatron_flags(_hopper("e2e-dgxc-v24.11.1-gpt3-175b-bf16-128gpu"))
+    assert "--cross-entropy-loss-fusion" not in gpt3.flags
+    assert not [a for a in gpt3.assumptions if "cross_entropy" in a]
+
+
 def test_a_stated_value_unlike_the_recipe_wins_and_is_printed():
     """Llama 3.1 405B: the row says 8 kv heads and vocab 128,256; the recipe ran 16 groups and GPT-2's
     50,257-token tokenizer. The row's values are used, the difference printed."""
@@ -425,14 +439,17 @@ def test_nemo2_source_takes_nemo2_recipe_settings():
                  "--grad-reduce-in-bf16"):
         assert flag in f
     assert f[f.index("--ddp-bucket-size") + 1] == str(128 * 1024 * 1024)
+    assert "--cross-entropy-loss-fusion" in f  # GPTConfig.cross_entropy_loss_fusion = True
     assert any(a.startswith("sequence parallelism not stated: on (NeMo 2 pre-training recipes") for a in ci.assumptions)
 
 
 def test_nemo_launcher_source_has_no_bucket_size():
-    """NeMo 24.05 (the launcher's YAML recipes): the same overlaps, Megatron's own bucket size."""
+    """NeMo 24.05 (the launcher's YAML recipes): the same overlaps, Megatron's own bucket size, and
+    the unfused loss (not every YAML sets cross_entropy_loss_fusion)."""
     c = _case(source={"title": "x", "software": "NeMo 24.05"}, parallelism={"tp": 4, "pp": 1, "dp": 4})
     f = list(megatron_flags(c).flags)
     assert "--use-distributed-optimizer" in f and "--tp-comm-overlap" in f and "--ddp-bucket-size" not in f
+    assert "--cross-entropy-loss-fusion" not in f
 
 
 @pytest.mark.parametrize("text,gen", [

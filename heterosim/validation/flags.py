@@ -91,7 +91,7 @@ class Fields:
 # ----------------------------------------------------------------------------------------- model
 def model_flags(f: Fields) -> list[str]:
     """Model shape and architecture: layers, hidden, heads, seq, vocab, ffn, attention groups,
-    activation, normalization, position embedding, bias, tied embeddings, dropout."""
+    activation, normalization, position embedding, bias, tied embeddings, dropout; the fused loss."""
     flags: list[str] = []
     for key, flag in (("layers", "--num-layers"), ("hidden", "--hidden-size"), ("heads", "--num-attention-heads"),
                       ("seq_len", "--seq-length"), ("vocab", "--vocab-size")):
@@ -101,7 +101,7 @@ def model_flags(f: Fields) -> list[str]:
     ffn = f.count("model", "ffn", required=False)
     if ffn is not None:
         flags += ["--ffn-hidden-size", str(ffn)]
-    return flags + _arch_flags(f, int(value["--num-attention-heads"]))
+    return flags + _arch_flags(f, int(value["--num-attention-heads"])) + _loss_flags(f)
 
 
 def _arch_flags(f: Fields, heads: int) -> list[str]:
@@ -151,6 +151,16 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         flags += ["--hidden-dropout", str(dropout)]
         f.notes.append(f"hidden dropout {dropout} ({src})")
     return flags
+
+
+def _loss_flags(f: Fields) -> list[str]:
+    """``--cross-entropy-loss-fusion`` where the recipe sets ``cross_entropy_loss_fusion`` (off
+    otherwise, Megatron-LM's and TransformerConfig's default)."""
+    if not f.pub.get("cross_entropy_loss_fusion"):
+        return []
+    f.notes.append(f"loss: Megatron-core's fused vocab-parallel cross-entropy, one all-reduce fewer "
+                   f"(cross_entropy_loss_fusion, {f.script})")
+    return ["--cross-entropy-loss-fusion"]
 
 
 _MOE_KEYS = {"experts": ("experts", "num_experts"), "topk": ("topk", "top_k", "router_topk"),

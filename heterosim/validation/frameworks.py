@@ -16,18 +16,25 @@ performance mode set for every model:
 - Transformer Engine's TP communication overlap (performance mode's ``tp_comm_overlap=True``; the
   callback turns it off below TP 2 or without sequence parallelism) and, with virtual pipeline
   stages, overlapped pipeline p2p (``overlap_p2p_comm = True`` when vp > 1);
-- no recompute, Transformer Engine's fused attention (cuDNN; TE's preference on Hopper), fp8 as ``bf16_with_fp8_mixed`` (hybrid).
+- no recompute, Transformer Engine's fused attention (cuDNN; TE's preference on Hopper), fp8 as ``bf16_with_fp8_mixed`` (hybrid);
+- the fused cross-entropy loss (``GPTConfig``, which the Llama, Mixtral and GPT-3 configurations
+  inherit, and ``NemotronConfig`` set ``cross_entropy_loss_fusion: bool = True``,
+  ``nemo/collections/llm/gpt/model/base.py`` and ``nemotron.py``; only fine-tuning recipes turn it
+  off). NB: NeMo's own ``scripts/performance/helpers.py`` picks Transformer Engine's kernel
+  (``cross_entropy_fusion_impl = "te"``); it is priced as Megatron-core's native fused one.
 
 Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
-before v25.04) take the same settings without the bucket size (:data:`NEMO1_SCRIPT`).
+before v25.04) take the same settings without the bucket size and the fused loss, which those
+YAMLs do not all set (:data:`NEMO1_SCRIPT`).
 
 :func:`family_settings` gives, apart from any framework, what a model family's released
 configuration sets unlike Megatron-LM's GPT defaults (bias, tied output layer, dropout).
 
 Sources: NVIDIA/NeMo at 8cfedd7 (2025-09), ``nemo/collections/llm/recipes/{llama3_70b,llama31_405b,
 gpt3_175b,nemotron4_340b}.py`` (``trainer``, ``pretrain_performance_optimizations``),
-``nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py``; NVIDIA/dgxc-benchmarking v25.04
-``llama3.1/pretrain_llama31.py``. Nothing here is a measured value.
+``nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py``, ``nemo/collections/llm/gpt/model/
+{base,nemotron}.py``; NVIDIA/dgxc-benchmarking v25.04 ``llama3.1/pretrain_llama31.py``. Nothing here
+is a measured value.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any, Mapping, Protocol
 __all__ = ["framework_settings", "family_settings", "nemo_generation", "NEMO2_SETTINGS", "NEMO2_SCRIPT", "NEMO1_SCRIPT"]
 
 NEMO2_SCRIPT = ("NeMo 2 pre-training recipes, performance mode (NVIDIA/NeMo@8cfedd7 nemo/collections/llm/recipes, "
-                "megatron_comm_overlap.py, scripts/performance/helpers.py)")
+                "gpt/model/base.py, megatron_comm_overlap.py, scripts/performance/helpers.py)")
 
 # NeMo's bucket_size is 128 * 1024 * 1024 elements; bucket_mb is MiB of bf16 gradients.
 NEMO2_SETTINGS: dict[str, Any] = {
@@ -50,6 +57,8 @@ NEMO2_SETTINGS: dict[str, Any] = {
     # transformer_engine/pytorch/attention/dot_product_attention/utils.py); GPUs before Hopper
     # have no curve of their own for it (kernel_db), so the choice costs nothing there.
     "attention": "fused",
+    # GPTConfig / NemotronConfig: cross_entropy_loss_fusion = True (module docstring).
+    "cross_entropy_loss_fusion": True,
 }
 
 NEMO2_FIRST = (24, 12)
@@ -62,7 +71,10 @@ DGXC_NEMO2_FIRST = (25, 4)
 NEMO1_SCRIPT = ("NeMo launcher performance recipes (NVIDIA/dgxc-benchmarking@35a9aec gpt3_175b_hydra.yaml, "
                 "llama3.1_{8b,70b,405b}.yaml, nemotron4-{15b,340b}-synth.yaml: the settings all of them share)")
 """The YAML recipes before NeMo 2 agree on everything in :data:`NEMO2_SETTINGS` but the bucket size
-(75-220 MiB by model), which is left at Megatron's default."""
+(75-220 MiB by model), which is left at Megatron's default, and ``cross_entropy_loss_fusion`` (the
+Llama 3.1 and Nemotron-4 YAMLs set it, gpt3_175b_hydra.yaml does not), left off."""
+
+_NEMO1_UNSHARED = ("bucket_mb", "cross_entropy_loss_fusion")
 
 
 class CaseSource(Protocol):
@@ -97,7 +109,7 @@ def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:
     if gen == 2:
         return dict(NEMO2_SETTINGS), NEMO2_SCRIPT
     if gen == 1:
-        return {k: v for k, v in NEMO2_SETTINGS.items() if k != "bucket_mb"}, NEMO1_SCRIPT
+        return {k: v for k, v in NEMO2_SETTINGS.items() if k not in _NEMO1_UNSHARED}, NEMO1_SCRIPT
     return {}, None
 
 

@@ -32,7 +32,7 @@ SETTINGS: dict[str, Any] = {
     "micro_batch": int, "layers_per_virtual_stage": int, "virtual_stages": int,
     "ddp": ("torch", "local", "distributed"), "bucket_mb": int, "overlap_grad_reduce": bool,
     "overlap_param_gather": bool, "sequence_parallel": bool, "recompute": ("none", "selective", "full"),
-    "tp_comm_overlap": bool,
+    "tp_comm_overlap": bool, "cross_entropy_loss_fusion": bool,
     "tp_comm_aggregate": frozenset({"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"}), "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
     "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
