@@ -79,6 +79,7 @@ class _Tags:
     chunk: int = 0
     gemm_dtype: str | None = None
     comm_dtype: str | None = None
+    sm_margin: int | None = None
 
 
 class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
@@ -236,6 +237,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         chunk: int | None = None,
         gemm_dtype: str | None = None,
         comm_dtype: str | None = None,
+        sm_margin: int | None = None,
     ) -> Iterator[None]:
         old = self.tags
         self.tags = _Tags(
@@ -244,6 +246,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             chunk if chunk is not None else old.chunk,
             gemm_dtype if gemm_dtype is not None else old.gemm_dtype,
             comm_dtype if comm_dtype is not None else old.comm_dtype,
+            sm_margin if sm_margin is not None else old.sm_margin,
         )
         try:
             yield
@@ -448,6 +451,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             # which fused kernel the script names (Transformer Engine's flash / fused backends):
             # kernel_db prices that implementation's curve
             cost.dims["impl"] = self.model["attention_backend"]
+        if cost.kernel_class == "gemm" and self.tags.sm_margin:
+            cost.dims["sm_margin"] = int(self.tags.sm_margin)  # SMs left to a comm kernel (TE set_sm_margin)
         region = self._region(func, cost.kernel_class, in_bwd)
         reads = read_tensors(func, args, kwargs, mutated, ins) if region is not None else ins
         kernel = self.fuser.joinable(region, self.rows[-1] if self.rows else None)

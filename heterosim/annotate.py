@@ -54,10 +54,12 @@ class Annotator:
         chunk: int | None = None,
         gemm_dtype: str | None = None,
         comm_dtype: str | None = None,
+        sm_margin: int | None = None,
     ) -> Iterator[None]:
-        """Tag ops issued inside with a phase, micro-batch, model chunk, a GEMM dtype (``fp8``), or
-        the element type collectives move on the wire (``fp8``: one byte per element, as Transformer
-        Engine's fp8 userbuffers do while the tensors here stay in the activation dtype)."""
+        """Tag ops issued inside with a phase, micro-batch, model chunk, a GEMM dtype (``fp8``), the
+        element type collectives move on the wire (``fp8``: one byte per element, as Transformer
+        Engine's fp8 userbuffers do while the tensors here stay in the activation dtype), or the SMs
+        a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``)."""
         yield
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:

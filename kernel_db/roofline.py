@@ -239,8 +239,11 @@ def roofline_time(
         if dtype in gp.get("dtype", {}):  # per-dtype overrides (fp8 / tf32 kernels differ from bf16)
             gp = {**gp, **gp["dtype"][dtype]}
         if dims:
+            # A GEMM that leaves sm_margin SMs to a communication kernel (TE's set_sm_margin) runs on
+            # the rest: its waves on fewer SMs, at that share of the peak.
+            sms = max(1, gpu.sm_count - int(dims.get("sm_margin", 0)))
             eff = gemm_efficiency(dims.get("m", 1), dims.get("n", 1), dims.get("k", 1), dims.get("batch", 1),
-                                  gpu.sm_count, gp)
+                                  sms, gp) * sms / gpu.sm_count
         else:  # NB: no shape: assume a large GEMM (eff_max only)
             eff = float(gp["eff_max"])
         compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
-from models.layers.tp_overlap import RING_EXCHANGE_OPS
+from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
 from models.parallel_state import split_stage_layers
 from models.presets import get_preset
 
@@ -116,7 +116,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_bias_swiglu_fusion": False, "no_rope_fusion": False, "cross_entropy_loss_fusion": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
-    "tp_comm_overlap_aggregate": None,
+    "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None,
     "overlap_p2p_communication": False,
     "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-comm-overlap: the ring-exchange overlaps whose GEMM takes two ring steps at "
              "a time (Transformer Engine's ub_tp_comm_overlap_cfg 'aggregate: 1'), comma-separated "
              f"from {','.join(RING_EXCHANGE_OPS)}")
+    add("--tp-comm-overlap-sm-margin", str,
+        help="with --tp-comm-overlap: SMs the pipelined reduce-scatter's GEMM leaves to its "
+             "communication kernel, as NAME=N pairs (Transformer Engine's ub_tp_comm_overlap_cfg "
+             f"num_sm with set_sm_margin: 1), NAME from {','.join(PIPELINE_OPS)}")
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
     add("--recompute-method", str, ("uniform", "block"))
@@ -263,6 +267,23 @@ def _aggregate(a: dict[str, Any]) -> tuple[str, ...]:
     return names
 
 
+def _sm_margin(a: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """``--tp-comm-overlap-sm-margin proj_fprop=24,fc2_fprop=20`` as (op, SMs) pairs, each checked."""
+    text = a["tp_comm_overlap_sm_margin"]
+    if not text:
+        return ()
+    if not a["tp_comm_overlap"]:
+        raise ConfigError("--tp-comm-overlap-sm-margin needs --tp-comm-overlap")
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, num = item.partition("=")
+        if name not in PIPELINE_OPS or not num.isdigit() or int(num) < 1:
+            raise ConfigError(f"--tp-comm-overlap-sm-margin item {item!r} is not NAME=N with NAME one of "
+                              f"{', '.join(PIPELINE_OPS)} and N a positive number of SMs")
+        out.append((name, int(num)))
+    return tuple(out)
+
+
 def _check_exclusive(a: dict[str, Any]) -> None:
     """Flags that exclude or need one another (Megatron's arguments.py asserts the same)."""
     if a["bf16"] and a["fp16"]:
@@ -329,7 +350,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         fp8_param_gather=a["fp8_param_gather"],
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
-        tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a),
+        tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a), tp_comm_sm_margin=_sm_margin(a),
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
         overlap_p2p_comm=a["overlap_p2p_communication"])
     pcfg.check()

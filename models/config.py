@@ -145,6 +145,9 @@ class ParallelConfig:
     """TP all-gathers / reduce-scatters of the transformer layers' linears overlapped with their
     GEMMs as Transformer Engine's userbuffers do it (``--tp-comm-overlap``; needs sequence
     parallelism; :mod:`models.layers.tp_overlap`)."""
+    tp_comm_sm_margin: tuple[tuple[str, int], ...] = ()
+    """Pipelined reduce-scatter overlaps (``proj_fprop``, ``fc2_fprop``) whose GEMM leaves SMs to the
+    communication kernel, TE's ``num_sm`` with ``set_sm_margin: 1`` (``--tp-comm-overlap-sm-margin``)."""
     tp_comm_aggregate: tuple[str, ...] = ()
     """Ring-exchange overlaps (TE ``ub_tp_comm_overlap_cfg`` names: ``qkv_fprop``, ``fc1_fprop``,
     ``proj_dgrad``, ``fc2_dgrad``) whose ``aggregate`` is set: two ring steps per GEMM

@@ -74,6 +74,8 @@ class ParallelState:
     """See :attr:`models.config.ParallelConfig.async_tp_allreduce`."""
     tp_comm_overlap: bool = False
     """See :attr:`models.config.ParallelConfig.tp_comm_overlap`."""
+    tp_comm_sm_margin: tuple[tuple[str, int], ...] = ()
+    """See :attr:`models.config.ParallelConfig.tp_comm_sm_margin` (empty without the overlap)."""
     tp_comm_aggregate: tuple[str, ...] = ()
     """See :attr:`models.config.ParallelConfig.tp_comm_aggregate` (empty without the overlap)."""
 
@@ -273,5 +275,7 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         async_tp_allreduce=pcfg.async_tp_allreduce,
         tp_comm_overlap=pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1,
         tp_comm_aggregate=(pcfg.tp_comm_aggregate if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
+                           else ()),
+        tp_comm_sm_margin=(pcfg.tp_comm_sm_margin if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
                            else ()),
     )

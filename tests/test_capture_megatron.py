@@ -222,3 +222,17 @@ def test_attention_backend_tags_the_kernels(tmp_path, backend, impl):
     att = [o for o in t.roles[0].iter_ops() if o.kind == "compute" and o.kernel_class == "attention"]
     assert len(att) == 4 and sorted(o.phase for o in att) == ["bwd", "bwd", "fwd", "fwd"]
     assert {o.dims.get("impl") for o in att} == {impl}
+
+
+def test_sm_margin_tags_the_pipelined_gemms(tmp_path):
+    """--tp-comm-overlap-sm-margin proj_fprop=24: the attention projection's forward GEMMs (the
+    pipelined reduce-scatter's chunks) carry dims.sm_margin 24; FC2's forward and every backward
+    GEMM carry none."""
+    t = capture(tmp_path / "t", 2, *TINY, "--num-layers", "1", "--global-batch-size", "1",
+                "--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap",
+                "--tp-comm-overlap-sm-margin", "proj_fprop=24")
+    gemms = [o for o in t.roles[0].iter_ops() if o.kind == "compute" and o.kernel_class == "gemm"]
+    tagged = [o for o in gemms if o.dims.get("sm_margin")]
+    assert tagged and {o.dims["sm_margin"] for o in tagged} == {24}
+    assert all("linear_proj" in o.module and o.phase == "fwd" for o in tagged)
+    assert [o for o in gemms if "linear_proj" in o.module and o.phase == "fwd"] == tagged

@@ -202,3 +202,16 @@ def test_stream_k_drops_the_partial_wave_from_one_full_wave_up():
     best = {**p, "tile_policy": "best"}
     assert gemm_efficiency(2048, 2304, 4096, 1, 132, best) == pytest.approx(0.84 * 0.85 * 576 / 660 * 4096 / 4352)
     assert gemm_efficiency(512, 512, 512, 1, 132, p) == gemm_efficiency(512, 512, 512, 1, 132, best)
+
+
+def test_sm_margin_gemm_runs_on_the_remaining_sms():
+    """A GEMM recorded with sm_margin 24 (TE's set_sm_margin under a pipelined reduce-scatter) runs on
+    132 - 24 = 108 SMs of the H100: 8192^3 (2048 tiles, stream-K, no wave loss) at 108/132 of the
+    unreserved efficiency."""
+    g = get_gpu("H100")
+    n = 8192
+    dims = {"m": n, "n": n, "k": n, "batch": 1}
+    full = roofline_time("gemm", "bf16", dims, 2.0 * n**3, 0, g, EFF.params(g))
+    kept = roofline_time("gemm", "bf16", {**dims, "sm_margin": 24}, 2.0 * n**3, 0, g, EFF.params(g))
+    assert kept.efficiency == pytest.approx(full.efficiency * 108 / 132)
+    assert kept.compute_s == pytest.approx(full.compute_s * 132 / 108)

@@ -129,6 +129,11 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--bf16", "--fp16"], 1, "--bf16 and --fp16 are exclusive; pick one"),
     (["--preset", "tiny", "--fp16", "--grad-reduce-in-bf16"], 1, "--grad-reduce-in-bf16 needs --bf16"),
     (["--preset", "tiny", "--tp-comm-overlap"], 1, "--tp-comm-overlap needs --sequence-parallel"),
+    (["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-sm-margin", "proj_fprop"], 1,
+     "--tp-comm-overlap-sm-margin item 'proj_fprop' is not NAME=N with NAME one of proj_fprop, fc2_fprop "
+     "and N a positive number of SMs"),
+    (["--preset", "tiny", "--tp-comm-overlap-sm-margin", "fc2_fprop=16"], 1,
+     "--tp-comm-overlap-sm-margin needs --tp-comm-overlap"),
     (["--preset", "tiny", "--tp-comm-overlap-aggregate", "qkv_fprop"], 1,
      "--tp-comm-overlap-aggregate needs --tp-comm-overlap"),
     (["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-aggregate", "qkv_dgrad"], 1,
@@ -183,3 +188,10 @@ def test_tp_comm_overlap_aggregate_names_ring_exchanges():
                       "--tp-comm-overlap-aggregate", "qkv_fprop, fc2_dgrad"], 2)
     assert cfg.parallel.tp_comm_aggregate == ("qkv_fprop", "fc2_dgrad")
     assert parse_args(["--preset", "tiny"], 1).parallel.tp_comm_aggregate == ()
+
+
+def test_tp_comm_overlap_sm_margin_pairs():
+    """--tp-comm-overlap-sm-margin proj_fprop=24,fc2_fprop=20 (the GPT-3 175B recipe's num_sm)."""
+    cfg = parse_args(["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap",
+                      "--tp-comm-overlap-sm-margin", "proj_fprop=24,fc2_fprop=20"], 2)
+    assert cfg.parallel.tp_comm_sm_margin == (("proj_fprop", 24), ("fc2_fprop", 20))

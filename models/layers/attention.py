@@ -76,7 +76,8 @@ class SelfAttention(nn.Module):
             heads * d, mcfg.hidden_size, tp_group=pstate.tp_group, sequence_parallel=sp,
             bias=mcfg.add_bias_linear, dtype=dtype,
             init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8,
-            tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate)
+            tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate,
+            tp_comm_sm_margin=dict(pstate.tp_comm_sm_margin).get("proj_fprop", 0))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.core_attention is not None:

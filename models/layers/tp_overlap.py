@@ -21,7 +21,8 @@ region ``i`` runs while region ``i + 1`` travels (with TE's ``aggregate``, the G
 next two travel under it); the pipelined reduce-scatter cuts the GEMM into
 ``PIPELINE_SPLITS`` chunks of consecutive regions (fewer when TP does not divide by it: one per
 region), and after each chunk's GEMM reduces each of its regions to the region's TP rank, under
-the next chunk's GEMM. Each rank moves the bytes of the plain all-gather / reduce-scatter and the
+the next chunk's GEMM. With TE's ``set_sm_margin`` the pipelined GEMM leaves ``num_sm`` SMs to
+the reduce-scatter kernel (``sm_margin``, recorded on the GEMM for pricing). Each rank moves the bytes of the plain all-gather / reduce-scatter and the
 results are the unsplit layer's numbers. What this ignores: TE moves the ring's steps
 peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
 bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
@@ -38,12 +39,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from heterosim.annotate import get_annotator
 from models.layers import fp8 as te_fp8
 from models.layers.mappings import group_rank, group_size
 
-__all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunks", "RING_EXCHANGE_OPS"]
+__all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunks", "RING_EXCHANGE_OPS",
+           "PIPELINE_OPS"]
 
 RING_EXCHANGE_OPS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
+PIPELINE_OPS = ("proj_fprop", "fc2_fprop")
+"""TE's pipelined reduce-scatter overlaps: the row-parallel forward GEMMs (attention proj, FC2)."""
 """TE's ring-exchange overlaps (``ub_tp_comm_overlap_cfg`` names): the column-parallel forward
 all-gathers (QKV, FC1) and the row-parallel data-gradient all-gathers (proj, FC2)."""
 
@@ -106,7 +111,8 @@ class RowGemmReduceScatter(torch.autograd.Function):
     fp8 ring exchange, and both wgrad operands are transposed (:mod:`models.layers.fp8`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True, aggregate_dgrad=False):
+    def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True, aggregate_dgrad=False,
+                sm_margin=0):
         x = x.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
@@ -120,7 +126,7 @@ class RowGemmReduceScatter(torch.autograd.Function):
         works = []
         for chunk in pipeline_chunks(tp):
             lo, hi = chunk.start, chunk.stop
-            with scope_fn(fp8):
+            with scope_fn(fp8), get_annotator().scope(sm_margin=sm_margin or None):
                 torch.mm(x[lo * rows:hi * rows].view(-1, f), weight.t(), out=y[lo:hi].view(-1, h))
             works += [dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True) for i in chunk]
         for work in works:
@@ -144,4 +150,4 @@ class RowGemmReduceScatter(torch.autograd.Function):
         with ctx.scope_fn(ctx.fp8):
             grad_w = ctx.wgrad_fn(weight, gathered.reshape(-1, gathered.shape[-1]).t(),
                                   x.reshape(-1, x.shape[-1]))
-        return grad_in, grad_w, None, None, None, None, None, None
+        return grad_in, grad_w, None, None, None, None, None, None, None
