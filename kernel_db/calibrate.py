@@ -91,8 +91,8 @@ def _with(params: Mapping[str, Any], kc: str, fitted: Mapping[str, Any]) -> dict
 # the curves are fitted, and GPUs compared, at boost (clock ratio 1); pricing applies the sustained
 # clock on top (kernel_db.pricing.sustained).
 def _predict(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any]) -> list[float]:
-    return [roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params, clock_ratio=1.0).seconds
-            for r in rows]
+    return [roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params,
+                          clock_ratio=1.0).seconds for r in rows]
 
 
 def _err(pred: Sequence[float], rows: Sequence[KernelRow]) -> float:

@@ -92,12 +92,12 @@ class LinearWithAsyncComm(torch.autograd.Function):
     activation wrote it in fp8); ``fp8_grad_cast``: the output gradient is cast and transposed here
     (False: the activation's backward did it, TE's fused ``dgelu`` cast-transpose before FC1).
     ``tp_overlap``: with SP, the forward all-gather as a ring exchange under the GEMM
-    (:func:`models.layers.tp_overlap.ag_gemm`); ``"aggregate"``: two ring steps per GEMM.
+    (:func:`models.layers.tp_overlap.ag_gemm`); ``aggregate``: two ring steps per GEMM.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, allreduce_dgrad, sequence_parallel, fp8, tp_overlap=False,
-                fp8_input_cast=False, fp8_grad_cast=True):
+                fp8_input_cast=False, fp8_grad_cast=True, aggregate=False):
         ctx.save_for_backward(x, weight)
         ctx.use_bias = bias is not None
         ctx.group, ctx.allreduce_dgrad, ctx.sp, ctx.fp8 = group, allreduce_dgrad, sequence_parallel, fp8
@@ -105,7 +105,7 @@ class LinearWithAsyncComm(torch.autograd.Function):
         if fp8 and fp8_input_cast:
             te_fp8.cast(x)
         if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
-            out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8, aggregate=tp_overlap == "aggregate")
+            out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8, aggregate=aggregate)
         else:
             total = all_gather_dim0(x, group) if sequence_parallel else x
             with gemm_scope(fp8):
@@ -151,7 +151,7 @@ class LinearWithAsyncComm(torch.autograd.Function):
             torch.distributed.all_reduce(grad_in, group=group)
         if handle is not None:
             handle.wait()
-        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None, None, None, None
+        return (sub if ctx.sp else grad_in), grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 def _wgrad(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -192,8 +192,7 @@ class ColumnParallelLinear(nn.Module):
         self.tp_group, self.tp = tp_group, tp
         self.sequence_parallel = sequence_parallel and tp > 1
         self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
-        if self.tp_comm_overlap and tp_comm_aggregate:
-            self.tp_comm_overlap = "aggregate"  # TE's aggregate: two ring steps per GEMM
+        self.tp_comm_aggregate = tp_comm_aggregate  # TE's aggregate: two ring steps per GEMM
         self.fp8, self.fp8_grad_cast = fp8, fp8_grad_cast
         if weight is None:
             weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
@@ -216,7 +215,7 @@ class ColumnParallelLinear(nn.Module):
                            else "async" if self.async_allreduce else "sync")
         return LinearWithAsyncComm.apply(x, w, self.bias, self.tp_group, allreduce_dgrad,
                                          self.sequence_parallel, self.fp8, self.tp_comm_overlap,
-                                         False, self.fp8_grad_cast)
+                                         False, self.fp8_grad_cast, self.tp_comm_aggregate)
 
 
 class RowParallelLinear(nn.Module):

@@ -14,22 +14,22 @@ layer with a GEMM in one of three ways:
   data-gradient GEMM and the gradient reduce-scatter under the weight-gradient GEMM, which
   :class:`models.layers.linear.LinearWithAsyncComm` already does without this flag.
 
-Here every rank runs the same program (one captured rank stands for its TP group): ring step
-``i`` is a broadcast of TP rank ``i``'s shard into its region of a rank-major buffer (each rank
-first copies its own shard there, as TE copies its input into the userbuffer), and the GEMM on
-region ``i`` runs while region ``i + 1`` travels (with TE's ``aggregate``, the GEMM takes two regions at a time and the
-next two travel under it); the pipelined reduce-scatter cuts the GEMM into
-``PIPELINE_SPLITS`` chunks of consecutive regions (fewer when TP does not divide by it: one per
-region), and after each chunk's GEMM reduces each of its regions to the region's TP rank, under
-the next chunk's GEMM. With TE's ``set_sm_margin`` the pipelined GEMM leaves ``num_sm`` SMs to
-the reduce-scatter kernel (``sm_margin``, recorded on the GEMM for pricing). Each rank moves the bytes of the plain all-gather / reduce-scatter and the
-results are the unsplit layer's numbers. What this ignores: TE moves the ring's steps
-peer-to-peer by copy engine or a few SMs, priced here as NCCL broadcasts / reduces of the same
-bytes with NCCL's per-call latency; TE's first step overlaps the GEMM on the rank's own rows,
-here region 0 is broadcast before any GEMM (``1/tp`` of the transfer exposed). In fp8 runs the ring exchanges move one
-byte per element (TE's all-gather userbuffers are fp8, :mod:`models.layers.fp8`); the pipelined
-reduce-scatters move the activation dtype (TE's default; a recipe's ``fp8_buf`` on them is not
-read).
+Here every rank runs the same program (one captured rank stands for its TP group): ring step ``i``
+is a broadcast of TP rank ``i``'s shard into its region of a rank-major buffer (each rank first
+copies its own shard there, as TE copies its input into the userbuffer), and the GEMM on region
+``i`` runs while region ``i + 1`` travels (with TE's ``aggregate``, the GEMM takes two regions at a
+time and the next two travel under it); the pipelined reduce-scatter cuts the GEMM into
+``PIPELINE_SPLITS`` chunks of consecutive regions (one per region when TP does not divide by it),
+and after each chunk's GEMM reduces each of its regions to the region's TP rank, under the next
+chunk's GEMM. With TE's ``set_sm_margin`` the pipelined GEMM leaves ``num_sm`` SMs to the
+reduce-scatter kernel (``sm_margin``, recorded on the GEMM for pricing). Each rank moves the bytes
+of the plain all-gather / reduce-scatter and the results are the unsplit layer's numbers. What this
+ignores: TE moves the ring's steps peer-to-peer by copy engine or a few SMs, priced here as NCCL
+broadcasts / reduces of the same bytes with NCCL's per-call latency; TE's first step overlaps the
+GEMM on the rank's own rows, here region 0 is broadcast before any GEMM (``1/tp`` of the transfer
+exposed). In fp8 runs the ring exchanges move one byte per element (TE's all-gather userbuffers are
+fp8, :mod:`models.layers.fp8`); the pipelined reduce-scatters move the activation dtype (TE's
+default; a recipe's ``fp8_buf`` on them is not read).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ __all__ = ["ag_gemm", "RowGemmReduceScatter", "PIPELINE_SPLITS", "pipeline_chunk
            "PIPELINE_OPS"]
 
 RING_EXCHANGE_OPS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
-PIPELINE_OPS = ("proj_fprop", "fc2_fprop")
-"""TE's pipelined reduce-scatter overlaps: the row-parallel forward GEMMs (attention proj, FC2)."""
 """TE's ring-exchange overlaps (``ub_tp_comm_overlap_cfg`` names): the column-parallel forward
 all-gathers (QKV, FC1) and the row-parallel data-gradient all-gathers (proj, FC2)."""
+PIPELINE_OPS = ("proj_fprop", "fc2_fprop")
+"""TE's pipelined reduce-scatter overlaps: the row-parallel forward GEMMs (attention proj, FC2)."""
 
 PIPELINE_SPLITS = 4
 """``num_splits`` of TE's pipelined reduce-scatter overlap (its default in ``initialize_ub``, and
