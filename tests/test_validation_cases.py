@@ -379,6 +379,26 @@ def test_dgxc_recipe_attention_backend_and_aggregated_ring_exchanges():
     assert "--tp-comm-overlap-aggregate" not in h and h[h.index("--attention-backend") + 1] == "fused"
 
 
+def test_dgxc_recipe_sm_margin_of_pipelined_reduce_scatters():
+    """set_sm_margin: 1 with num_sm in ub_tp_comm_overlap_cfg -> --tp-comm-overlap-sm-margin, cited:
+    GPT-3 proj 24 / fc2 20, Llama 3.1 70B 24 / 16, 405B 24 / 8; the Nemotron-4 recipes have no cfg
+    (TE's initialize_ub defaults: no margin); Llama 3.1 8B runs without TP overlap."""
+    def flags(case_id):
+        return list(megatron_flags(_hopper(case_id)).flags)
+
+    for case_id, want in (("gpt3-175b-fp8-128gpu", "proj_fprop=24,fc2_fprop=20"),
+                          ("llama3.1-70b-bf16-64gpu", "proj_fprop=24,fc2_fprop=16"),
+                          ("llama3.1-405b-fp8-32gpu", "proj_fprop=24,fc2_fprop=8")):
+        f = flags("e2e-dgxc-v24.11.1-" + case_id)
+        assert f[f.index("--tp-comm-overlap-sm-margin") + 1] == want
+    for case_id in ("nemotron4-15b-bf16-16gpu", "nemotron4-340b-fp8-128gpu", "llama3.1-8b-bf16-8gpu"):
+        assert "--tp-comm-overlap-sm-margin" not in flags("e2e-dgxc-v24.11.1-" + case_id)
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-gpt3-175b-bf16-128gpu"))
+    assert ("pipelined reduce-scatter GEMMs leave SMs to their communication kernel (proj_fprop=24,fc2_fprop=20: "
+            "ub_tp_comm_overlap_cfg num_sm with set_sm_margin 1, NVIDIA/dgxc-benchmarking@35a9aec "
+            "nemo_megatron/gpt3_175b_hydra.yaml + launch.sh (NeMo 24.05))") in ci.assumptions
+
+
 def test_dgxc_recipe_cross_entropy_loss_fusion():
     """cross_entropy_loss_fusion: true in the Llama 3.1 and Nemotron-4 YAMLs -> --cross-entropy-loss-fusion,
     cited; gpt3_175b_hydra.yaml does not set it: the unfused loss, nothing said."""

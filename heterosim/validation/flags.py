@@ -300,6 +300,11 @@ def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bo
             flags += ["--tp-comm-overlap-aggregate", ",".join(f.pub["tp_comm_aggregate"])]
             f.notes.append(f"ring-exchange overlaps with two steps per GEMM ({', '.join(f.pub['tp_comm_aggregate'])}: "
                            f"ub_tp_comm_overlap_cfg aggregate 1, {f.script})")
+        if f.pub.get("tp_comm_sm_margin"):
+            margin = ",".join(f"{k}={v}" for k, v in f.pub["tp_comm_sm_margin"].items())
+            flags += ["--tp-comm-overlap-sm-margin", margin]
+            f.notes.append(f"pipelined reduce-scatter GEMMs leave SMs to their communication kernel ({margin}: "
+                           f"ub_tp_comm_overlap_cfg num_sm with set_sm_margin 1, {f.script})")
     if f.pub.get("overlap_p2p_comm") and interleaved:
         flags.append("--overlap-p2p-communication")
         f.notes.append(f"pipeline p2p overlapped with compute (overlap_p2p_comm, {f.script})")

@@ -26,14 +26,16 @@ __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("data") / "published_runs.yaml"
 
-# Setting -> what its value must be: a type, a tuple of the words allowed, or a frozenset of the
-# words a list may hold.
+# Setting -> what its value must be: a type, a tuple of the words allowed, a frozenset of the
+# words a list may hold, or a dict of the keys a mapping may hold and each key's type.
 SETTINGS: dict[str, Any] = {
     "micro_batch": int, "layers_per_virtual_stage": int, "virtual_stages": int,
     "ddp": ("torch", "local", "distributed"), "bucket_mb": int, "overlap_grad_reduce": bool,
     "overlap_param_gather": bool, "sequence_parallel": bool, "recompute": ("none", "selective", "full"),
     "tp_comm_overlap": bool, "cross_entropy_loss_fusion": bool,
-    "tp_comm_aggregate": frozenset({"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"}), "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
+    "tp_comm_aggregate": frozenset({"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"}),
+    "tp_comm_sm_margin": {"proj_fprop": int, "fc2_fprop": int},
+    "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
     "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
@@ -97,7 +99,15 @@ def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
 def _check(where: str, key: str, value: Any) -> None:
     """One ConfigError if ``value`` is not what setting ``key`` takes."""
     want = SETTINGS[key]
-    if isinstance(want, frozenset):
+    if isinstance(want, dict):
+        if not isinstance(value, Mapping) or not value:
+            raise ConfigError(f"{where}: {key} must be a mapping of {', '.join(want)} to a value, not {value!r}")
+        for name, v in value.items():
+            if name not in want:
+                raise ConfigError(f"{where}: {key} names unknown {name!r}; valid: {', '.join(want)}")
+            if isinstance(v, bool) or not isinstance(v, want[name]) or v < 1:
+                raise ConfigError(f"{where}: {key}.{name} must be a positive integer, not {v!r}")
+    elif isinstance(want, frozenset):
         bad = [v for v in value if v not in want] if isinstance(value, list) else [value]
         if bad:
             raise ConfigError(f"{where}: {key} must be a list of {', '.join(sorted(want))}; "
