@@ -16,6 +16,7 @@ autograd sequence numbers in backward (exact; ``docs/capture.md``, "Interception
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
@@ -268,7 +269,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         bid = f"b{len(self.blocks)}"
         self.in_block, self.seg_start, self.rows = bid, self.next_id, []
         self.seg_mem, self.mem.block_allocs = [], set()
-        works_before = set(self.works)
+        works_before = len(self.works)  # works are only added: the block's are the dict's last ones
         try:
             out = fn(*args)
         finally:
@@ -278,7 +279,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             self.block_mem[bid], self.seg_mem = self.seg_mem, []
             self.rows = []
         start = self.seg_start
-        open_works = [w for k, w in self.works.items() if k not in works_before and not w.waited]
+        new_works = itertools.islice(reversed(self.works.values()), len(self.works) - works_before)
+        open_works = [w for w in new_works if not w.waited]
         outside_wait = any(r["kind"] == "wait" and r["target"] > i for i, r in enumerate(rows))
         reusable = not open_works and not outside_wait and not self.pending_funcol
         self.blocks[bid] = Block.from_rows(rows)

@@ -10,7 +10,10 @@ streams + NCCL, eager mode):
   and (b) the previous op of that comm stream has completed (ops of one coalesced launch do not
   wait for each other);
 - the transfer starts when every member is ready, and completes when the network
-  (:class:`~replay.flows.FluidNetwork`) delivers its last byte;
+  (:class:`~replay.flows.FluidNetwork`) delivers its last byte. By default that is the network the
+  fast engine runs on, solo fast path included, so the two engines differ only in how they
+  simulate ranks (each one here, one per class there); ``solo=False`` gives the plain fluid model,
+  which the fast path equals up to rounding (``docs/replay.md``, Known limits);
 - a wait op blocks the compute stream until its target comm op has completed;
 - with ``w.overlap_slowdown = s > 0``, compute runs at speed ``1 - s`` while at least one comm op
   of the same rank is in flight (from its transfer's start to its completion): NCCL kernels take
@@ -67,9 +70,10 @@ class _Rank:
         self.t_reach = math.inf
 
 
-def run_reference(w: Workload) -> dict[int, RankTimes]:
-    """Simulate every rank of ``w``; returns each rank's :class:`RankTimes`."""
-    return _Engine(w).run()
+def run_reference(w: Workload, *, solo: bool = True) -> dict[int, RankTimes]:
+    """Simulate every rank of ``w``; returns each rank's :class:`RankTimes`. ``solo``: the network's
+    solo fast path (:class:`~replay.flows.FluidNetwork`); off, every transfer is fluid flows."""
+    return _Engine(w, solo).run()
 
 
 class _Engine:
@@ -82,7 +86,7 @@ class _Engine:
     op becoming ready on its stream.
     """
 
-    def __init__(self, w: Workload) -> None:
+    def __init__(self, w: Workload, solo: bool = True) -> None:
         self.w = w
         self.ranks = [_Rank(expand_rank(w, r)) for r in range(w.trace.world_size)]
         self.ready: list[tuple[float, int, int, int]] = []
@@ -90,7 +94,7 @@ class _Engine:
         self.timers: list[tuple[float, int, Hashable]] = []
         self.seq = itertools.count()  # orders ready and reach events of equal times
         self.tick = itertools.count()  # orders timers of equal times
-        self.net = FluidNetwork(w.capacity_Bps, solo=False)  # plain fluid model: no fast path here
+        self.net = FluidNetwork(w.capacity_Bps, solo=solo)
         self.arrivals: dict[Hashable, list[tuple[int, int]]] = {}  # instance -> (rank, op) ready so far
         self.members: dict[Hashable, list[tuple[int, int]]] = {}  # started instance -> (rank, op)
         self.inst_start: dict[Hashable, float] = {}  # instance -> its transfer's start

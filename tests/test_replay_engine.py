@@ -156,9 +156,15 @@ def random_case(seed: int) -> Workload:
                         link_sharing=rng.random() < 0.8, nic_bw=rng.choice([None, 1.5e9]))
 
 
-def assert_same(w: Workload, rel: float = 1e-9) -> None:
-    ref = run_reference(w)
+def assert_same(w: Workload, rel: float = 1e-9, fluid_rel: float | None = None) -> None:
+    """The fast engine equals the reference to ``rel`` on the same network (solo fast path on in
+    both), and the reference on the plain fluid network to ``fluid_rel`` (default ``rel``)."""
     fast = run_fast(w)
+    _assert_times(w, run_reference(w), fast, rel)
+    _assert_times(w, run_reference(w, solo=False), fast, rel if fluid_rel is None else fluid_rel)
+
+
+def _assert_times(w: Workload, ref: dict, fast, rel: float) -> None:
     for r in range(w.trace.world_size):
         a, b = ref[r], fast.rank_times(r)
         assert b.finish_s == pytest.approx(a.finish_s, rel=rel), f"rank {r}"
@@ -387,13 +393,10 @@ def deep_pipeline_case(seed: int, pp: int = 16, mbs: int = 64) -> Workload:
     return toy_workload(trace, gpu_type=["A"] * world, bw=bw, node=node, latency=1e-5, nic_bw=3e9)
 
 
-@pytest.mark.parametrize("seed", [1, 2, pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=(
-    "known: the fast path's solo ends (start + solo duration) and materializations (relative "
-    "state) round differently from the reference's fluid steps; NIC contention amplifies the "
-    "1-ulp differences about tenfold per 0.1 s of simulated time, past 1e-9 at 1.1 s "
-    "(docs/replay.md, Known limits). The fast engine with the network's solo path off equals the "
-    "reference here; present before the deep-pipeline speed-ups (46cf2bb)")))])
-def test_fast_equals_reference_on_a_deep_1f1b_pipeline(seed):
+@pytest.mark.parametrize("seed,fluid_rel", [(0, 2e-5), (1, 1e-9), (2, 1e-9)])
+def test_fast_equals_reference_on_a_deep_1f1b_pipeline(seed, fluid_rel):
     """PP16 x 64 micro-batches, 1F1B, shared NICs and uneven links (so classes split): the fast
-    engine equals the per-rank reference to 1e-9 for every rank."""
-    assert_same(deep_pipeline_case(seed))
+    engine equals the per-rank reference on the same network to 1e-9 for every rank. Against the
+    plain fluid network, seed 0's NIC contention amplifies the solo path's last-bit rounding
+    (docs/replay.md, Known limits) to 9.2e-6 relative at most (measured), so it is held to 2e-5."""
+    assert_same(deep_pipeline_case(seed), fluid_rel=fluid_rel)
