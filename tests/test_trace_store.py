@@ -108,6 +108,24 @@ def test_bad_references_are_rejected(tmp_path):
         load_trace(tmp_path / "w")
 
 
+def test_wait_into_an_earlier_segment_is_checked_per_segment(tmp_path):
+    """A block whose wait reaches back before its own start is checked at every segment: op 6 (block
+    b1, the third segment) waiting 2 ops back hits op 4, a collective of the second segment; 1 back,
+    op 5, a wait: the error names op 6."""
+    from heterosim.trace.ir import Block
+
+    def with_wait(target: int):
+        t = _trace()
+        t.roles[0].blocks["b1"] = Block.from_rows([dict(kind="wait", name="wait", kernel_class="comm", target=target)])
+        return t
+
+    write_trace(with_wait(2), tmp_path / "ok")
+    assert load_trace(tmp_path / "ok").roles[0].ops()[6].target == 4  # op ids once expanded
+    write_trace(with_wait(1), tmp_path / "bad")
+    with pytest.raises(TraceSchemaError, match="wait op 6 does not point at a communication op"):
+        load_trace(tmp_path / "bad")
+
+
 def test_failed_write_leaves_old_trace(tmp_path, monkeypatch):
     """Writing is atomic: an error mid-write leaves the previous trace untouched and no temp dir."""
     write_trace(_trace(), tmp_path / "t")

@@ -9,6 +9,7 @@ the trace directory.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -356,23 +357,49 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def _check_references(role: Role, groups: Mapping[str, GroupInfo], where: str) -> None:
-    """Deps and wait targets point backwards inside the program; groups exist; waits hit comm ops."""
+    """Deps and wait targets point backwards inside the program; groups exist; waits hit comm ops.
+
+    A block's own checks run at its first segment; later segments check only the references that
+    leave the block (a dependency or wait target further back than the block's start)."""
+    comm = ("collective", "p2p")
+    starts: list[int] = []  # op id of each segment's first op
+    kinds: list[list[str]] = []  # each segment's kinds
+    outward: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+
+    def kind_at(oid: int) -> str:
+        j = bisect.bisect_right(starts, oid) - 1
+        return kinds[j][oid - starts[j]]
+
     base = 0
-    kinds_before: list[str] = []
     for seg in role.program:
         cols = role.blocks[seg.block].columns
-        for i, kind in enumerate(cols["kind"]):
-            oid = base + i
-            for d in cols["deps"][i]:
-                if type(d) is not int or not 0 < d <= oid:
-                    raise TraceSchemaError(f"{where}: op {oid} has dependency distance {d} out of range")
-            t = cols["target"][i]
-            if kind == "wait":
-                if t > oid or kinds_before[oid - t] not in ("collective", "p2p"):
-                    raise TraceSchemaError(f"{where}: wait op {oid} does not point at a communication op")
-            if kind in ("collective", "p2p") and cols["group"][i] not in groups:
-                raise TraceSchemaError(
-                    f"{where}: op {oid} ({cols['name'][i]}) uses unknown process group {cols['group'][i]!r}"
-                )
-            kinds_before.append(kind)
+        if seg.block not in outward:
+            deps_out: list[tuple[int, int]] = []
+            waits_out: list[tuple[int, int]] = []
+            for i, kind in enumerate(cols["kind"]):
+                for d in cols["deps"][i]:
+                    if type(d) is not int or d <= 0:
+                        raise TraceSchemaError(f"{where}: op {base + i} has dependency distance {d} out of range")
+                    if d > i:
+                        deps_out.append((i, d))
+                if kind == "wait":
+                    t = cols["target"][i]
+                    if t > i:
+                        waits_out.append((i, t))
+                    elif t <= 0 or cols["kind"][i - t] not in comm:
+                        raise TraceSchemaError(f"{where}: wait op {base + i} does not point at a communication op")
+                if kind in comm and cols["group"][i] not in groups:
+                    raise TraceSchemaError(
+                        f"{where}: op {base + i} ({cols['name'][i]}) uses unknown process group {cols['group'][i]!r}"
+                    )
+            outward[seg.block] = (deps_out, waits_out)
+        starts.append(base)
+        kinds.append(cols["kind"])
+        deps_out, waits_out = outward[seg.block]
+        for i, d in deps_out:
+            if d > base + i:
+                raise TraceSchemaError(f"{where}: op {base + i} has dependency distance {d} out of range")
+        for i, t in waits_out:
+            if t > base + i or kind_at(base + i - t) not in comm:
+                raise TraceSchemaError(f"{where}: wait op {base + i} does not point at a communication op")
         base += len(cols["kind"])
