@@ -9,7 +9,6 @@ transfer end at different times, naming how to split the classes.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
@@ -19,6 +18,7 @@ import numpy as np
 from heterosim.errors import TraceMismatchError
 from heterosim.trace.vocab import P2P
 
+from .events import NETWORK, Ev, EventQueue
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
                      busy_change, span_step)
 from .flows import FluidNetwork, solo_time
@@ -158,8 +158,7 @@ class _Sim:
             mc = tuple(sorted(class_of[r] for r in info.ranks))
             self.member_classes[g] = mc
             self.replica_groups.setdefault((_family(trace, g), mc), []).append(g)
-        self.heap: list[tuple[float, int, int, int]] = []
-        self.seq = 0
+        self.events = EventQueue()
         self.arrivals: dict[tuple, list[tuple[int, int]]] = {}
         self._matched: set[tuple[int, int, int, int]] = set()
         """(class, signature) pairs already checked to match (:meth:`_check`)."""
@@ -170,11 +169,9 @@ class _Sim:
         self._interned: dict[Hashable, int] = {}
         self.stream_waiters: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self.net = FluidNetwork(w.capacity_Bps)
-        self.timers: list[tuple[float, int, tuple, list[float]]] = []
         self.blocker: list[dict[int, tuple[int, int]]] = [{} for _ in self.classes]
         self.slow = w.overlap_slowdown
         self.busy_rate = 1.0 - w.overlap_slowdown
-        self.reach: list[tuple[float, int, int, int]] = []  # (time, seq, class, version): span ends
         self.in_flight: set[tuple] = set()
         if self.slow:
             for cl in self.classes:
@@ -242,8 +239,7 @@ class _Sim:
 
     # -- event handling -------------------------------------------------------------------------
     def push_ready(self, t: float, ci: int, p: int) -> None:
-        heapq.heappush(self.heap, (t, self.seq, ci, p))
-        self.seq += 1
+        self.events.push(t, Ev.READY, ci, p)
 
     def issue(self, ci: int, p: int, issue_t: float) -> None:
         cl = self.classes[ci]
@@ -270,8 +266,7 @@ class _Sim:
         counters[sh.counter] = k + 1
         cl.keys[p] = ((sh.ident, k), sh)
         if not preds:
-            heapq.heappush(self.heap, (issue_t, self.seq, ci, p))
-            self.seq += 1
+            self.events.push(issue_t, Ev.READY, ci, p)
             return
         self.try_ready(ci, p, issue_t)
 
@@ -295,8 +290,7 @@ class _Sim:
     def _push_reach(self, t: float | None, ci: int) -> bool:
         if t is None:
             return False
-        heapq.heappush(self.reach, (t, self.seq, ci, self.classes[ci].ver))
-        self.seq += 1
+        self.events.push(t, Ev.REACH, ci, self.classes[ci].ver)
         return True
 
     def _reached(self, t: float, ci: int, ver: int) -> None:
@@ -420,8 +414,7 @@ class _Sim:
             if sh.solo is None:
                 sh.solo = [self._solo(inst) for inst in sh.insts]
             ends = [t + d for d in sh.solo]
-            heapq.heappush(self.timers, (max(ends), self.seq, key, ends))
-            self.seq += 1
+            self.events.push(max(ends), Ev.TIMER, key, ends)
 
     def _solo(self, inst: CommInstance) -> float:
         ck = ("solo", inst)
@@ -507,30 +500,26 @@ class _Sim:
     def run(self, progress: Callable[[int], None] | None) -> FastRun:
         for ci in range(len(self.classes)):
             self.advance(ci)
-        heap, net, timers, reach, skip = self.heap, self.net, self.timers, self.reach, self.skipper
+        events, net, skip = self.events, self.net, self.skipper
         steps = 0
         # Only net.step and arrive (net.start) change the network: its next event time is read
         # again after those alone (next_time is a function of the network's state).
         t_net = net.next_time()
         while True:
-            t_heap = heap[0][0] if heap else math.inf
-            t_tim = timers[0][0] if timers else math.inf
-            t_cmp = reach[0][0] if reach else math.inf
-            if t_heap == math.inf and t_net == math.inf and t_tim == math.inf and t_cmp == math.inf:
+            ev = events.next(t_net)
+            if ev is None:
                 break
-            if t_net <= t_heap and t_net <= t_tim and t_net <= t_cmp:
+            t, kind, ci, p = ev
+            if kind == NETWORK:
                 t, done = net.step()
                 t_net = net.next_time()
                 for k, ends in done:
                     self.batch_done(k, ends)
-            elif t_tim <= t_heap and t_tim <= t_cmp:
-                _, _, key, ends = heapq.heappop(timers)
-                self.batch_done(key, ends)
-            elif t_cmp <= t_heap:
-                t, _, ci, ver = heapq.heappop(reach)
-                self._reached(t, ci, ver)
+            elif kind == Ev.TIMER:
+                self.batch_done(ci, p)  # (instance key, its replicas' ends)
+            elif kind == Ev.REACH:
+                self._reached(t, ci, p)  # (class, version)
             else:
-                t, _, ci, p = heapq.heappop(heap)
                 self.arrive(t, ci, p)
                 if not ci and skip is not None and skip.is_checkpoint(ci, p):
                     skip.at_checkpoint(t)

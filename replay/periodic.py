@@ -37,6 +37,7 @@ import heapq
 import math
 from typing import Any
 
+from .events import Ev
 from .expand import RoleSkeleton, WaitRecord
 
 __all__ = ["point_period", "Skipper", "TIME_TOL"]
@@ -146,12 +147,12 @@ class Skipper:
         sim = self.sim
         net = sim.net
         if (net._flows or net._transfers or net._owned or net._reserved or net._pending_start
-                or sim.timers):
+                or any(e[1] == Ev.TIMER for e in sim.events.heap)):
             return None
         if any(b.info is None for b in net._batches.values()):
             return None
         fronts, struct, times = [], [], []
-        due = {(e[2], e[3]) for e in sim.reach}  # pending span ends: (class, version)
+        due = {(e[3], e[4]) for e in sim.events.of_kind(Ev.REACH)}  # pending span ends: (class, version)
         for ci, cl in enumerate(sim.classes):
             if cl.tail:
                 return None
@@ -177,9 +178,9 @@ class Skipper:
                 struct.append((s, self._off(cg, f, L), tuple(self._off(q, f, L) for q in cur),
                                tuple(self._off(q, f, L) for q in prev)))
         base = self._bases()
-        heap = sorted(sim.heap)
-        struct.append(tuple((ci, p - fronts[ci]) for _, _, ci, p in heap))
-        times += [e[0] - t for e in heap]
+        ready = sim.events.of_kind(Ev.READY)
+        struct.append(tuple((ci, p - fronts[ci]) for _, _, _, ci, p in ready))
+        times += [e[0] - t for e in ready]
         for key in sorted(sim.arrivals, key=repr):
             struct.append((key[0], key[1] - base[key[0]], tuple((c, p - fronts[c]) for c, p in sim.arrivals[key])))
         for key in sorted(sim.inst, key=repr):
@@ -286,11 +287,11 @@ class Skipper:
         def key_on(key: tuple) -> tuple:
             return (key[0], key[1] + K * dk[key[0]])
 
-        sim.heap[:] = [(e[0] + shift_t, e[1], e[2], e[3] + fr[e[2]][1]) for e in sim.heap]
-        heapq.heapify(sim.heap)
-        # a span end re-planned since (an older version) would be dropped when popped: dropped now
-        sim.reach[:] = [(e[0] + shift_t, e[1], e[2], e[3]) for e in sim.reach if e[3] == sim.classes[e[2]].ver]
-        heapq.heapify(sim.reach)
+        # Every queued event is a READY or a REACH one (no TIMER: _state). A span end re-planned
+        # since (an older version) would be dropped when popped: dropped now.
+        sim.events.replace([(e[0] + shift_t, e[1], e[2], e[3], e[4] + fr[e[3]][1]) if e[1] == Ev.READY
+                            else (e[0] + shift_t, e[1], e[2], e[3], e[4]) for e in sim.events.heap
+                            if e[1] == Ev.READY or e[4] == sim.classes[e[3]].ver])
         in_flight = {key_on(k) for k in sim.in_flight}
         sim.in_flight.clear()
         sim.in_flight.update(in_flight)

@@ -29,8 +29,6 @@ and group/sequence that did not match.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from typing import Hashable
 
@@ -38,6 +36,7 @@ import numpy as np
 
 from heterosim.errors import TraceMismatchError
 
+from .events import NETWORK, Ev, EventQueue
 from .expand import (RankOp, RankTimes, WaitRecord, Workload, busy_change, check_match, describe_op, expand_rank,
                      span_step)
 from .flows import FluidNetwork, solo_time
@@ -79,21 +78,17 @@ def run_reference(w: Workload, *, solo: bool = True) -> dict[int, RankTimes]:
 class _Engine:
     """One run: every rank's state, the event queues and the network.
 
-    Events, earliest first (ties in this order): the fluid network's next transfer completion;
-    ``timers`` (time, tick, instance key), fixed-duration completions when links are not shared;
-    ``reach`` (time, seq, rank, version), the end of a rank's compute op in slowdown mode (an event
-    whose version is stale was re-planned and is skipped); ``ready`` (time, seq, rank, op), a comm
-    op becoming ready on its stream.
+    Events (:mod:`replay.events`), earliest first, ties in this order: the fluid network's next
+    transfer completion; ``TIMER`` (instance key), a fixed-duration completion when links are not
+    shared; ``REACH`` (rank, version), the end of a rank's compute op in slowdown mode (an event
+    whose version is stale was re-planned and is skipped); ``READY`` (rank, op), a comm op
+    becoming ready on its stream.
     """
 
     def __init__(self, w: Workload, solo: bool = True) -> None:
         self.w = w
         self.ranks = [_Rank(expand_rank(w, r)) for r in range(w.trace.world_size)]
-        self.ready: list[tuple[float, int, int, int]] = []
-        self.reach: list[tuple[float, int, int, int]] = []
-        self.timers: list[tuple[float, int, Hashable]] = []
-        self.seq = itertools.count()  # orders ready and reach events of equal times
-        self.tick = itertools.count()  # orders timers of equal times
+        self.events = EventQueue()
         self.net = FluidNetwork(w.capacity_Bps, solo=solo)
         self.arrivals: dict[Hashable, list[tuple[int, int]]] = {}  # instance -> (rank, op) ready so far
         self.members: dict[Hashable, list[tuple[int, int]]] = {}  # started instance -> (rank, op)
@@ -114,25 +109,20 @@ class _Engine:
 
     def step(self) -> bool:
         """Handle the earliest event; False when there is none left."""
-        t_ready = self.ready[0][0] if self.ready else math.inf
-        t_net = self.net.next_time()
-        t_tim = self.timers[0][0] if self.timers else math.inf
-        t_cmp = self.reach[0][0] if self.reach else math.inf
-        if t_ready == t_net == t_tim == t_cmp == math.inf:
+        ev = self.events.next(self.net.next_time())
+        if ev is None:
             return False
-        if t_net <= t_ready and t_net <= t_tim and t_net <= t_cmp:
+        t, kind, a, b = ev
+        if kind == NETWORK:
             t, done = self.net.step()
             for k, _ in done:
                 self.complete(k, t)
-        elif t_tim <= t_ready and t_tim <= t_cmp:
-            t, _, k = heapq.heappop(self.timers)
-            self.complete(k, t)
-        elif t_cmp <= t_ready:
-            t, _, r, ver = heapq.heappop(self.reach)
-            self.compute_done(t, r, ver)
+        elif kind == Ev.TIMER:
+            self.complete(a, t)
+        elif kind == Ev.REACH:
+            self.compute_done(t, a, b)
         else:
-            t, _, r, i = heapq.heappop(self.ready)
-            self.arrive(t, r, i)
+            self.arrive(t, a, b)
         return True
 
     # ------------------------------------------------------------------ one rank's program
@@ -175,7 +165,7 @@ class _Engine:
         """Push rank r's end-of-op event due at t (slowdown mode); False if t is None."""
         if t is None:
             return False
-        heapq.heappush(self.reach, (t, next(self.seq), r, self.ranks[r].ver))
+        self.events.push(t, Ev.REACH, r, self.ranks[r].ver)
         return True
 
     def wait_record(self, t_block: float, t_end: float, t_start: float, target: RankOp) -> WaitRecord:
@@ -211,7 +201,7 @@ class _Engine:
         if pending:
             self.stream_waiters.setdefault((r, pending[0]), []).append((i, issue_t))
             return
-        heapq.heappush(self.ready, (max([issue_t] + [st.end[p] for p in preds]), next(self.seq), r, i))
+        self.events.push(max([issue_t] + [st.end[p] for p in preds]), Ev.READY, r, i)
 
     # ------------------------------------------------------------------ comm instances
     def arrive(self, t: float, r: int, i: int) -> None:
@@ -245,7 +235,7 @@ class _Engine:
             for k, _ in self.net.start(key, [spec], t):
                 self.complete(k, t)
         else:
-            heapq.heappush(self.timers, (t + solo_time(spec, self.w.capacity_Bps), next(self.tick), key))
+            self.events.push(t + solo_time(spec, self.w.capacity_Bps), Ev.TIMER, key)
 
     def complete(self, key: Hashable, t: float) -> None:
         """Instance ``key`` completed at t: each member's op is done."""
