@@ -58,38 +58,47 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
         raise ReplayError(f"unknown symmetry mode {symmetry!r}; valid: exact, max, auto")
     trace = w.trace
     world = trace.world_size
-    extra: list[tuple] = [() for _ in range(world)]
     skeletons: dict[int, RoleSkeleton] = {}
-    base = rank_classes(trace, w.gpu_type, extra)
+    base = rank_classes(trace, w.gpu_type, [() for _ in range(world)])
     if symmetry == "max":
         return _Sim(w, base, skeletons, xp, exact=False, periodic=periodic).run(progress)
     if symmetry == "exact":
         max_restarts = world
     limit = world if symmetry == "exact" else (max_classes or max(64, 4 * (max(base) + 1)))
+    refiner = _Refiner(w, limit, max_restarts)
     class_of = base
-    state: dict[str, Any] = {}
+    while True:
+        try:
+            run = _Sim(w, class_of, skeletons, xp, exact=True, refine=refiner.split, periodic=periodic).run(progress)
+        except _Asymmetric as e:
+            refiner.restarts += 1
+            class_of = e.class_of
+            continue
+        run.restarts = refiner.restarts
+        return run
 
-    def refine(groups: list[list[int]]) -> bool:
-        """Split classes by how replicas ended; False (go on in ``max`` mode) past the limits."""
-        new_extra = list(extra)
+
+class _Refiner:
+    """Splits classes by how the replicas of a transfer ended (``exact`` mode), within the limits:
+    at most ``limit`` classes and ``max_restarts`` restarts."""
+
+    def __init__(self, w: Workload, limit: int, max_restarts: int) -> None:
+        self.w = w
+        self.limit = limit
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.extra: list[tuple] = [() for _ in range(w.trace.world_size)]
+        """Per rank, the index of its replica group at each split so far (colour refinement input)."""
+
+    def split(self, groups: list[list[int]]) -> list[int] | None:
+        """The classes of ranks refined by ``groups`` (ranks whose replicas ended together, earliest
+        first), or None to go on in ``max`` mode past the limits."""
+        new_extra = list(self.extra)
         for idx, ranks in enumerate(groups):
             for r in ranks:
                 new_extra[r] = new_extra[r] + (idx,)
-        new = rank_classes(trace, w.gpu_type, new_extra)
-        if max(new) + 1 > limit or state.get("restarts", 0) >= max_restarts:
-            return False
-        extra[:] = new_extra
-        state["class_of"] = new
-        return True
-
-    restarts = 0
-    while True:
-        try:
-            run = _Sim(w, class_of, skeletons, xp, exact=True, refine=refine, periodic=periodic).run(progress)
-        except _Asymmetric:
-            restarts += 1
-            state["restarts"] = restarts
-            class_of = state["class_of"]
-            continue
-        run.restarts = restarts
-        return run
+        new = rank_classes(self.w.trace, self.w.gpu_type, new_extra)
+        if max(new) + 1 > self.limit or self.restarts >= self.max_restarts:
+            return None
+        self.extra = new_extra
+        return new

@@ -84,9 +84,12 @@ class _Shape:
 
 
 class _Asymmetric(Exception):
-    def __init__(self, groups: list[list[int]]):
+    """Replicas of one class-level transfer ended at different times: the run stops, to restart
+    with ``class_of`` (the classes split by when their replicas ended)."""
+
+    def __init__(self, class_of: list[int]):
         super().__init__("replicas finished at different times")
-        self.groups = groups
+        self.class_of = class_of
 
 
 class _Class:
@@ -125,7 +128,7 @@ class _Class:
 
 class _Sim:
     def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any,
-                 exact: bool = True, refine: Callable[[list[list[int]]], bool] | None = None,
+                 exact: bool = True, refine: Callable[[list[list[int]]], list[int] | None] | None = None,
                  periodic: bool = True):
         self.w = w
         self.exact = exact
@@ -341,15 +344,11 @@ class _Sim:
         cl = self.classes[ci]
         sk = cl.sk
         kinds = sk.kind
-        spans = cl.spans
         n = len(kinds)
-        slow = self.slow
         while cl.pc < n:
             p = cl.pc
             if not cl.blocked:
-                if not slow:
-                    cl.tc += spans[p]
-                elif self._run_span(ci, cl, p):
+                if self._run_span(ci, cl, p):
                     return
                 cl.t_at[p] = cl.tc
             if kinds[p] == "wait":
@@ -366,9 +365,7 @@ class _Sim:
                 self.issue(ci, p, cl.tc)
             cl.pc += 1
         if not cl.tail:
-            if not slow:
-                cl.tc += spans[n]
-            elif self._run_span(ci, cl, n):
+            if self._run_span(ci, cl, n):
                 return
             cl.tail = True
         cl.finish = max(cl.finish, cl.tc)
@@ -436,8 +433,9 @@ class _Sim:
                 reps = self.inst[key][2].replica_ranks
                 for j, e in enumerate(ends):
                     groups[order.index(e)].extend(reps[j])
-                if self.refine is not None and self.refine(groups):
-                    raise _Asymmetric(groups)
+                split = self.refine(groups) if self.refine is not None else None
+                if split is not None:
+                    raise _Asymmetric(split)
                 self.exact = False  # past the class budget: go on with the slowest replica
                 self.switched_at = self.inst[key][1]
             self.asymmetric += 1
