@@ -132,6 +132,41 @@ class CommRecorder:
             return (out[0], work.boxed())
         return out
 
+    def _handed_back(self, works: list, out: Any, start: int) -> dict[int, tuple[int, ...]] | None:
+        """A block (ops from ``start`` on) that leaves ``works`` open, as an overlapped p2p exchange
+        does: replayable when it returns every one of them, their ops are its own, and the bytes
+        they still write are output tensors, whole. Then: each work (by ``id``) -> its ops relative
+        to ``start``; else None. What the writes are is read again by :meth:`_pending_writes`."""
+        leaves = tree_flatten(out)[0]
+        returned = {id(x) for x in leaves if isinstance(x, RecWork)}
+        if returned != {id(w) for w in works} or any(w.get_future().value() is not None for w in works):
+            return None
+        rel = {id(w): tuple(c - start for c in w.comm_ids) for w in works}
+        if any(r < 0 for rs in rel.values() for r in rs):
+            return None
+        ops = {c for w in works for c in w.comm_ids}
+        outs = {_skey(t): _byte_range(t) for t in leaves if isinstance(t, torch.Tensor)}
+        for k, entries in self.unwaited.items():
+            for oid, lo, hi in entries:
+                if oid in ops and outs.get(k) != (lo, hi):
+                    return None
+        return rel
+
+    def _pending_writes(self, t: torch.Tensor, start: int) -> tuple[int, ...]:
+        """The ops (relative to ``start``) of the block just recorded whose writes to ``t`` are
+        still unwaited."""
+        return tuple(oid - start for oid, _, _ in self.unwaited.get(_skey(t), ()) if oid >= start)
+
+    def _revive(self, rel: tuple[int, ...], base: int) -> Any:
+        """A replayed block's open work (its ops at ``base + rel``), as :meth:`_record_comm` made it."""
+        oids = tuple(base + r for r in rel)
+        epoch = self.streams.epoch
+        work = RecWork(lambda cid: self._work_waited(cid, epoch), oids, None)
+        self.works[oids[0]] = work
+        for oid in oids:
+            self.streams.issue(oid)
+        return work
+
     def _append_comm(self, func: Any, info: Any, gid: str, module: str, phase: str, ins: list) -> int:
         stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
         oid = self._append(

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from capture import comm as comm_info
-from capture.commrec import CommRecorder, _skey
+from capture.commrec import CommRecorder, _byte_range, _skey
 from capture.fakecuda import Dispatching, cpu_device_kwargs
 from capture.fusion import Fuser, fusible
 from capture.hoist import hoist
@@ -69,7 +69,8 @@ _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 class _CachedBlock:
     bid: str
     n: int
-    out_meta: Any  # pytree of (shape, dtype, requires_grad, producer local index, counted) / non-tensors
+    out_meta: Any  # pytree of ("__tensor__", shape, dtype, requires_grad, producer, counted, pending writes),
+    # ("__work__", its ops) for an open work handed back, and non-tensors
     reusable: bool
 
 
@@ -282,24 +283,38 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         new_works = itertools.islice(reversed(self.works.values()), len(self.works) - works_before)
         open_works = [w for w in new_works if not w.waited]
         outside_wait = any(r["kind"] == "wait" and r["target"] > i for i, r in enumerate(rows))
-        reusable = not open_works and not outside_wait and not self.pending_funcol
+        reusable = not outside_wait and not self.pending_funcol
+        handed: dict[int, tuple[int, ...]] = {}
+        if open_works and reusable:  # an overlapped exchange hands its requests back
+            handed = self._handed_back(open_works, out, start) or {}
+            reusable = bool(handed)
         self.blocks[bid] = Block.from_rows(rows)
         self.program.append(Segment(bid, self.tags.mb, self.tags.chunk))
-        meta = tree_map(lambda t: self._meta(t, start) if isinstance(t, torch.Tensor) else t, out)
+
+        def meta_of(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return self._meta(x, start, self._pending_writes(x, start) if handed else ())
+            return ("__work__", handed[id(x)]) if id(x) in handed else x
+
+        meta = tree_map(meta_of, out)
         self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
         self.mem.block_allocs = None
         return out
 
-    def _meta(self, t: torch.Tensor, start: int) -> tuple:
+    def _meta(self, t: torch.Tensor, start: int, writes: tuple[int, ...] = ()) -> tuple:
         w = self.writers.get(_skey(t), [])
         local = w[-1] - start if w and w[-1] >= start else None
-        return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local, self.mem.counted_in_block(t))
+        return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local, self.mem.counted_in_block(t), writes)
 
     def _mimic(self, meta: Any, base: int) -> Any:
+        """The outputs of a replayed block whose first op is ``base``: fresh tensors as the block
+        left them (producer, memory count, comm writes still pending) and its open works revived."""
         def make(m: Any) -> Any:
-            if not (isinstance(m, tuple) and m and m[0] == "__tensor__"):
+            if not (isinstance(m, tuple) and m and m[0] in ("__tensor__", "__work__")):
                 return m
-            _, shape, dtype, rg, local, counted = m
+            if m[0] == "__work__":
+                return self._revive(m[1], base)
+            _, shape, dtype, rg, local, counted, writes = m
             self.suppress += 1
             try:
                 t = torch.empty(shape, dtype=dtype)
@@ -311,9 +326,12 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
                 t.requires_grad_(True)
             if local is not None:
                 self._set_writer(t, base + local)
+            if writes:  # an open receive's buffer: a read waits for it (CommRecorder._flush_unwaited)
+                span = _byte_range(t)
+                self.unwaited.setdefault(_skey(t), []).extend((base + r, *span) for r in writes)
             return t
 
-        return tree_map(make, meta, is_leaf=lambda m: isinstance(m, tuple) and bool(m) and m[0] == "__tensor__")
+        return tree_map(make, meta, is_leaf=lambda m: isinstance(m, tuple) and bool(m) and m[0] in ("__tensor__", "__work__"))
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

@@ -50,3 +50,34 @@ def test_wire_width_records_fp8_userbuffer_bytes():
     assert wire_width(info("fp32"), "fp8").nbytes == 2 << 20
     assert wire_width(info("int64"), "fp8").nbytes == 8 << 20
     assert wire_width(info("bf16"), None).nbytes == 8 << 20
+
+
+def test_overlapped_exchanges_are_recorded_once_and_every_request_is_waited(tmp_path):
+    """An interleaved pipeline with --overlap-p2p-communication: each exchange block hands its open
+    requests back and is recorded once per kind, then replayed; the replayed requests are waited on
+    their own ops (one wait per p2p op of the expanded program, none on another kind of op)."""
+    import os
+    import subprocess
+    import sys
+
+    from capture_script import ROOT
+    from heterosim.trace.store import load_trace
+
+    args = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--vocab-size", "128", "--max-position-embeddings", "32", "--pipeline-model-parallel-size", "4",
+            "--num-layers-per-virtual-pipeline-stage", "1", "--overlap-p2p-communication",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16"]
+    p = subprocess.run([sys.executable, "-m", "capture", "--world-size", "4", "-o", str(tmp_path / "t"),
+                        str(ROOT / "models" / "pretrain_gpt.py"), *args], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    role = next(r for r in load_trace(tmp_path / "t").roles if 1 in r.ranks)
+    p2p_blocks = {b for b, blk in role.blocks.items() if "p2p" in blk.columns["kind"]}
+    uses = [s.block for s in role.program if s.block in p2p_blocks]
+    assert len(uses) >= 2 * len(p2p_blocks)  # replayed far more often than recorded
+    ops = role.ops()
+    waited = [ops[o.target].kind for o in ops if o.kind == "wait"]
+    assert set(waited) <= {"p2p", "collective"}
+    targets = [o.target for o in ops if o.kind == "wait"]
+    p2p_ids = [o.id for o in ops if o.kind == "p2p"]
+    assert sorted(t for t in targets if ops[t].kind == "p2p") == p2p_ids
