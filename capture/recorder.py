@@ -65,6 +65,11 @@ cuDNN fused attention); recorded as ``dims["impl"]`` of each attention op."""
 _NOT_ACTIVATION = ("optimizer", "grad_sync", "other")
 
 
+def _is_meta_leaf(m: Any) -> bool:
+    """A cached block's stand-in for an output tensor or an open work (:meth:`Recorder._mimic`)."""
+    return isinstance(m, tuple) and bool(m) and m[0] in ("__tensor__", "__work__")
+
+
 @dataclass(slots=True)
 class _CachedBlock:
     bid: str
@@ -310,7 +315,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         """The outputs of a replayed block whose first op is ``base``: fresh tensors as the block
         left them (producer, memory count, comm writes still pending) and its open works revived."""
         def make(m: Any) -> Any:
-            if not (isinstance(m, tuple) and m and m[0] in ("__tensor__", "__work__")):
+            if not _is_meta_leaf(m):
                 return m
             if m[0] == "__work__":
                 return self._revive(m[1], base)
@@ -331,7 +336,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
                 self.unwaited.setdefault(_skey(t), []).extend((base + r, *span) for r in writes)
             return t
 
-        return tree_map(make, meta, is_leaf=lambda m: isinstance(m, tuple) and bool(m) and m[0] in ("__tensor__", "__work__"))
+        return tree_map(make, meta, is_leaf=_is_meta_leaf)
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

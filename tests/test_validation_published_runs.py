@@ -67,3 +67,13 @@ def test_bad_file_is_one_clear_error(tmp_path, body, message):
     p.write_text(body)
     with pytest.raises(ConfigError, match=f"published runs file {p}.*" + re.escape(message)):
         load_published_runs(p)
+
+
+def test_tp_overlap_names_are_the_models_ones():
+    """The recipe settings name exactly the overlaps models/ knows (validation never imports models
+    at run time, so the two lists are kept apart and held equal here)."""
+    from heterosim.validation.published_runs import SETTINGS
+    from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
+
+    assert SETTINGS["tp_comm_aggregate"] == frozenset(RING_EXCHANGE_OPS)
+    assert tuple(SETTINGS["tp_comm_sm_margin"]) == PIPELINE_OPS
