@@ -499,6 +499,7 @@ class _Sim:
         for ci in range(len(self.classes)):
             self.advance(ci)
         events, net, skip = self.events, self.net, self.skipper
+        anchor = skip.anchor if skip is not None and skip.periods else -1
         steps = 0
         # Only net.step and arrive (net.start) change the network: its next event time is read
         # again after those alone (next_time is a function of the network's state).
@@ -519,7 +520,7 @@ class _Sim:
                 self._reached(t, ci, p)  # (class, version)
             else:
                 self.arrive(t, ci, p)
-                if not ci and skip is not None and skip.is_checkpoint(ci, p):
+                if ci == anchor and skip.is_checkpoint(ci, p):
                     skip.at_checkpoint(t)
                 t_net = net.next_time()
                 steps += 1

@@ -101,6 +101,10 @@ class Skipper:
         self.sim = sim
         self.periods: list[tuple[int, int, int]] = []
         self.anchor_point = -1
+        self.anchor = 0
+        """The class whose checkpoints are compared (the longest period)."""
+        self.strides: list[int] = []
+        """Points each class advanced between the two checkpoints of the skip (whole periods)."""
         self.last: tuple | None = None
         self.skipped = 0
         """Periods advanced in closed form (0: none)."""
@@ -115,18 +119,23 @@ class Skipper:
                 self.periods = []
                 return
             self.periods.append(got)
-        L, lo, _ = self.periods[0]
-        kinds = sim.classes[0].sk.kind
-        # Checkpoints sit on an issued point of the second period; a period of waits alone has
-        # none, and then nothing is skipped.
-        self.anchor_point = next((q for q in range(lo + L, lo + 2 * L) if kinds[q] != "wait"), -1)
+        # The anchor is the class of the longest period (the first stage's, whose embedding chunk
+        # comes back only every PP x VPP steps in an interleaved schedule): its period is the
+        # whole state's, and the other classes advance whole periods of their own meanwhile.
+        self.anchor = max(range(len(self.periods)), key=lambda ci: (self.periods[ci][0], -ci))
+        L, lo, _ = self.periods[self.anchor]
+        kinds = sim.classes[self.anchor].sk.kind
+        # Checkpoints sit on an issued point a quarter period into the steady range, so the points
+        # still in flight there are steady ones too; a period of waits alone has none, and then
+        # nothing is skipped.
+        self.anchor_point = next((q for q in range(lo + L // 4, lo + L + L // 4) if kinds[q] != "wait"), -1)
         if self.anchor_point < 0:
             self.periods = []
 
     def is_checkpoint(self, ci: int, p: int) -> bool:
-        if ci or not self.periods or self.skipped:
+        if ci != self.anchor or not self.periods or self.skipped:
             return False
-        L, lo, hi = self.periods[0]
+        L, lo, hi = self.periods[ci]
         return p >= self.anchor_point and (p - self.anchor_point) % L == 0 and p < hi
 
     # -- state ----------------------------------------------------------------------------------
@@ -220,14 +229,18 @@ class Skipper:
         if now is None or last is None or now[0] != last[0] or not _same(now[1], last[1]):
             return None
         fronts, fronts0 = now[2], last[2]
-        if any(f - f0 != L for f, f0, (L, _, _) in zip(fronts, fronts0, self.periods)):
+        # Each class must have advanced whole periods of its own from inside its steady range:
+        # then its program from the last checkpoint on repeats every ``d`` points.
+        d = [f - f0 for f, f0 in zip(fronts, fronts0)]
+        if any(dc <= 0 or dc % L or f0 < lo for dc, f0, (L, lo, _) in zip(d, fronts0, self.periods)):
             return None
         T = t - last[6]
         if not T > 0:
             return None
-        K = min((hi - L - cl.pc) // L for cl, (L, _, hi) in zip(self.sim.classes, self.periods))
+        K = min((hi - dc - cl.pc) // dc for cl, dc, (_, _, hi) in zip(self.sim.classes, d, self.periods))
         if K < _MIN_PERIODS:
             return None
+        self.strides = d
         self._advance(K, T, last, now)
         self.skipped = K
         self.last = None
@@ -239,10 +252,11 @@ class Skipper:
         base = now[5]
         dk = {ident: base[ident] - base0.get(ident, 0) for ident in base}
         shift_t = K * T
+        stride = self.strides  # points per class between the two checkpoints: whole periods
         for ci, cl in enumerate(sim.classes):
-            L = self.periods[ci][0]
+            L, D = self.periods[ci][0], stride[ci]
             f, pc = fronts[ci], cl.pc
-            S = K * L
+            S = K * D
             # the state in flight, K periods on
             for q in range(pc - 1, f - 1, -1):
                 cl.end[q + S] = cl.end[q] + shift_t if cl.end[q] == cl.end[q] else math.nan
@@ -253,23 +267,23 @@ class Skipper:
                     cl.keys[q + S] = ((key[0], key[1] + K * dk[key[0]]), sh)
                 if q in sim.blocker[ci]:
                     cj, pj = sim.blocker[ci][q]
-                    sim.blocker[ci][q + S] = (cj, pj + K * self.periods[cj][0])
+                    sim.blocker[ci][q + S] = (cj, pj + K * stride[cj])
             # the skipped periods: the last complete period, j * T later (nan, a wait's end, stays
             # nan); a skipped point keeps its shape, the sequence number in its key is never read again
-            src, ds = f - L, [j * T for j in range(1, K + 1)]
+            src, ds = f - D, [j * T for j in range(1, K + 1)]
             cl.end[f:f + S] = [x + d for d in ds for x in cl.end[src:f]]
             cl.start[f:f + S] = [x + d for d in ds for x in cl.start[src:f]]
             cl.t_at[f:f + S] = [x + d for d in ds for x in cl.t_at[src:f]]
-            keyed = [r for r in range(L) if src + r in cl.keys]
-            cl.keys.update(zip([f + j * L + r for j in range(K) for r in keyed],
+            keyed = [r for r in range(D) if src + r in cl.keys]
+            cl.keys.update(zip([f + j * D + r for j in range(K) for r in keyed],
                                [cl.keys[src + r] for r in keyed] * K))
             blk = sim.blocker[ci]
-            by = [(r, cj, pj, self.periods[cj][0]) for r in range(L) if src + r in blk
+            by = [(r, cj, pj, stride[cj]) for r in range(D) if src + r in blk
                   for cj, pj in (blk[src + r],)]
-            blk.update(zip([f + j * L + r for j in range(K) for r, _, _, _ in by],
+            blk.update(zip([f + j * D + r for j in range(K) for r, _, _, _ in by],
                            [(cj, pj + j * lj) for j in range(1, K + 1) for _, cj, pj, lj in by]))
             cl.waits += [WaitRecord(t_block=w.t_block + d, t_end=w.t_end + d, t_start=w.t_start + d, dim=w.dim,
-                                    inter_node=w.inter_node, point=w.point + j * L)
+                                    inter_node=w.inter_node, point=w.point + j * D)
                          for j, d in enumerate(ds, 1) for w in cl.waits[waits0[ci]:]]
             for ck, k in cl.counters.items():
                 cl.counters[ck] = k + K * (k - counters0[ci].get(ck, 0))
@@ -282,7 +296,7 @@ class Skipper:
             cl.compute += K * (cl.compute - compute0[ci])  # 0 without slowdown (the spans' sum)
             cl.t_reach += shift_t  # the work left and the comm ops in flight stay as they are
             self.fronts[ci] = f + S
-        fr = [(fronts[ci], K * self.periods[ci][0]) for ci in range(len(sim.classes))]
+        fr = [(fronts[ci], K * stride[ci]) for ci in range(len(sim.classes))]
 
         def key_on(key: tuple) -> tuple:
             return (key[0], key[1] + K * dk[key[0]])

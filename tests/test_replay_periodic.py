@@ -12,10 +12,12 @@ from replay.reference import run_reference
 from tests.test_replay_engine import assert_same, coll, comp, make_trace, p2p, toy_workload, wait
 
 
-def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40, overlap: bool = False):
+def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40, overlap: bool = False, every: int = 0):
     """TP2 x PP ``pp`` x DP2, ``mbs`` micro-batches in 1F1B, random stage speeds, no shared NIC (every
     transfer runs solo, the state the skip can move). ``overlap``: each backward also reduces a
-    gradient bucket over DP while its compute runs (issued before it, waited after it)."""
+    gradient bucket over DP while its compute runs (issued before it, waited after it). ``every``:
+    stage 0's forward of every ``every``-th micro-batch computes 50% longer (as the first chunk of an
+    interleaved stage holds the embedding), so its period is ``every`` times the others'."""
     rng = random.Random(seed)
     tp, dp = 2, 2
     world = tp * pp * dp
@@ -48,13 +50,19 @@ def one_f_one_b_case(seed: int, pp: int = 6, mbs: int = 40, overlap: bool = Fals
         if s:
             bwd.append(p2p("send", pg, s - 1, 1 << 20))
         opt = [coll("all_reduce", dg, 1 << 22, phase="grad_sync"), wait(1), comp(1e9, "optimizer")]
+        blocks = {"fwd": fwd, "bwd": bwd, "opt": opt}
+        if every and s == 0:
+            blocks["fwd_e"] = [dict(op, flops=1.5 * op["flops"], flops_full=1.5 * op["flops_full"]) if op["kind"] == "compute" else op for op in fwd]
+
+        def f(m):
+            return ("fwd_e" if every and s == 0 and m % every == 0 else "fwd", m)
+
         warm = min(pp - s - 1, mbs)
-        prog = [("fwd", m) for m in range(warm)]
+        prog = [f(m) for m in range(warm)]
         for i in range(mbs - warm):
-            prog += [("fwd", warm + i), ("bwd", i)]
+            prog += [f(warm + i), ("bwd", i)]
         prog += [("bwd", m) for m in range(mbs - warm, mbs)] + [("opt", -1)]
-        roles.append(([rank(t, d, s) for d in range(dp) for t in range(tp)], {"fwd": fwd, "bwd": bwd, "opt": opt},
-                      prog))
+        roles.append(([rank(t, d, s) for d in range(dp) for t in range(tp)], blocks, prog))
     trace = make_trace(world, groups, roles, layout={"tp": tp, "pp": pp, "dp": dp})
     return toy_workload(trace, latency=1e-5)
 
@@ -94,6 +102,21 @@ def test_skipping_the_steady_phase_keeps_every_time_within_1e9(seed):
     assert on.periods_skipped > 0 and off.periods_skipped == 0
     _close(on, off)
     assert_same(w)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_classes_of_different_periods_skip_together(seed):
+    """Stage 0 repeats only every third micro-batch (its heavier forward), the other stages every
+    one: the checkpoints are stage 0's, every other class advances three of its periods between
+    two of them, and the skip keeps every time within 1e-9 of the event-by-event run."""
+    w = one_f_one_b_case(seed, every=3)
+    on, off = run_fast(w), run_fast(w, periodic=False)
+    sks = on.skeletons
+    L0 = point_period(sks[0], sks[0].spans["A"].tolist())[0]
+    L1 = point_period(sks[1], sks[1].spans["A"].tolist())[0]
+    assert (L0, L1) == (3 * 7, 10)  # stage 0: 7 points per micro-batch (as above); stage 1 adds recv + wait, send
+    assert on.periods_skipped > 0 and off.periods_skipped == 0
+    _close(on, off)
 
 
 def test_a_pipeline_that_never_repeats_is_simulated_event_by_event():
