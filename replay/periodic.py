@@ -184,8 +184,8 @@ class Skipper:
                 times += (_rel(cl.end[q], t), _rel(cl.start[q], t), _rel(cl.t_at[q], t))
             for s in sorted(cl.stream_groups):
                 cg, cur, prev = cl.stream_groups[s]
-                struct.append((s, self._off(cg, f, L), tuple(self._off(q, f, L) for q in cur),
-                               tuple(self._off(q, f, L) for q in prev)))
+                struct.append((s, cg - f if self._live(cl, cg, f) else "old", tuple(self._off(q, f) for q in cur),
+                               tuple(self._off(q, f) for q in prev)))
         base = self._bases()
         ready = sim.events.of_kind(Ev.READY)
         struct.append(tuple((ci, p - fronts[ci]) for _, _, _, ci, p in ready))
@@ -209,9 +209,20 @@ class Skipper:
         compute = [cl.compute for cl in sim.classes]
         return tuple(struct), times, fronts, counters, waits, base, t, compute
 
+    # A stream's last launch group matters to the ops issued next only through its points still
+    # running (a stream op waits for them) and its id (an op of the same launch joins it). Points
+    # before the frontier have completed, at or before any later issue, so they count as "old":
+    # where they sit does not change what follows (a stream used once per iteration, e.g. by the
+    # parameter all-gathers, would otherwise keep two checkpoints apart for a whole period).
     @staticmethod
-    def _off(q: int, f: int, L: int) -> Any:
-        return "old" if q < f - L else q - f
+    def _off(q: int, f: int) -> Any:
+        return "old" if q < f else q - f
+
+    @staticmethod
+    def _live(cl: Any, cg: int, f: int) -> bool:
+        """Whether launch group ``cg`` may still be joined or holds running points."""
+        co = cl.sk.coalesced
+        return cg >= f or (cl.pc < len(co) and co[cl.pc] == cg)
 
     def _bases(self) -> dict[int, int]:
         base: dict[int, int] = {}
@@ -237,7 +248,9 @@ class Skipper:
         T = t - last[6]
         if not T > 0:
             return None
-        K = min((hi - dc - cl.pc) // dc for cl, dc, (_, _, hi) in zip(self.sim.classes, d, self.periods))
+        # Every point in flight lands inside its steady range: [lo, hi) repeats, so point q + K d acts
+        # as q for q < pc when pc + K d <= hi.
+        K = min((hi - cl.pc) // dc for cl, dc, (_, _, hi) in zip(self.sim.classes, d, self.periods))
         if K < _MIN_PERIODS:
             return None
         self.strides = d
@@ -254,7 +267,7 @@ class Skipper:
         shift_t = K * T
         stride = self.strides  # points per class between the two checkpoints: whole periods
         for ci, cl in enumerate(sim.classes):
-            L, D = self.periods[ci][0], stride[ci]
+            D = stride[ci]
             f, pc = fronts[ci], cl.pc
             S = K * D
             # the state in flight, K periods on
@@ -287,9 +300,10 @@ class Skipper:
                          for j, d in enumerate(ds, 1) for w in cl.waits[waits0[ci]:]]
             for ck, k in cl.counters.items():
                 cl.counters[ck] = k + K * (k - counters0[ci].get(ck, 0))
+            mv = self._mover(f, S)
             for s, (cg, cur, prev) in list(cl.stream_groups.items()):
-                mv = self._mover(f, L, S)
-                cl.stream_groups[s] = (mv(cg), [mv(q) for q in cur], [mv(q) for q in prev])
+                cl.stream_groups[s] = (cg + S if self._live(cl, cg, f) else cg, [mv(q) for q in cur],
+                                       [mv(q) for q in prev])
             cl.pc += S
             cl.tc += shift_t
             cl.finish += shift_t
@@ -321,7 +335,7 @@ class Skipper:
             cl = sim.classes[ci]
             S = fr[ci][1]
             for p, _ in ws:
-                cl.preds[p + S] = [self._mover(fr[ci][0], self.periods[ci][0], S)(x) for x in cl.preds[p]]
+                cl.preds[p + S] = [self._mover(fr[ci][0], S)(x) for x in cl.preds[p]]
             waiters[(ci, q + S)] = [(p + S, it + shift_t) for p, it in ws]
         sim.stream_waiters.clear()
         sim.stream_waiters.update(waiters)
@@ -340,7 +354,7 @@ class Skipper:
         net.now += shift_t
 
     @staticmethod
-    def _mover(f: int, L: int, S: int):
+    def _mover(f: int, S: int):
         def mv(q: int) -> int:
-            return q if q < f - L else q + S
+            return q if q < f else q + S
         return mv
