@@ -27,7 +27,7 @@ import numpy as np
 
 from heterosim.errors import ReplayError
 
-from .engine_sim import FastRun, _Asymmetric, _Sim
+from .engine_sim import FastRun, _Asymmetric, _Sim, _Unfold
 from .expand import RoleSkeleton, Workload, rank_classes
 
 __all__ = ["FastRun", "run_fast"]
@@ -60,8 +60,18 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
     world = trace.world_size
     skeletons: dict[int, RoleSkeleton] = {}
     base = rank_classes(trace, w.gpu_type, [() for _ in range(world)])
+    fold = [True]
+
+    def sim(class_of: list[int], **kw: Any) -> FastRun:
+        # A transfer that does not fold meeting folded ones in flight: run again unfolded.
+        try:
+            return _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=fold[0], **kw).run(progress)
+        except _Unfold:
+            fold[0] = False
+            return _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=False, **kw).run(progress)
+
     if symmetry == "max":
-        return _Sim(w, base, skeletons, xp, exact=False, periodic=periodic).run(progress)
+        return sim(base, exact=False)
     if symmetry == "exact":
         max_restarts = world
     limit = world if symmetry == "exact" else (max_classes or max(64, 4 * (max(base) + 1)))
@@ -69,7 +79,7 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
     class_of = base
     while True:
         try:
-            run = _Sim(w, class_of, skeletons, xp, exact=True, refine=refiner.split, periodic=periodic).run(progress)
+            run = sim(class_of, exact=True, refine=refiner.split)
         except _Asymmetric as e:
             refiner.restarts += 1
             class_of = e.class_of

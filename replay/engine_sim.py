@@ -81,6 +81,13 @@ class _Shape:
     inter_node: bool
     specs: list | None = None
     solo: list[float] | None = None
+    folded: Any = None
+    """Its :class:`replay.fold.FoldedBatch` (False: it does not fold; None: not asked yet)."""
+
+
+class _Unfold(Exception):
+    """A transfer that does not fold started while folded ones were in flight: the run stops, to
+    restart without the fold (:mod:`replay.fold`)."""
 
 
 class _Asymmetric(Exception):
@@ -129,8 +136,12 @@ class _Class:
 class _Sim:
     def __init__(self, w: Workload, class_of: list[int], skeletons: dict[int, RoleSkeleton], xp: Any,
                  exact: bool = True, refine: Callable[[list[list[int]]], list[int] | None] | None = None,
-                 periodic: bool = True):
+                 periodic: bool = True, fold: bool = True):
         self.w = w
+        self.fold = w._cache.get("fold") if fold and w.link_sharing else None
+        """The network's quotient by a node shift (:mod:`replay.fold`), or None."""
+        self.folded = False
+        """The network holds folded transfers (decided whenever it is idle)."""
         self.exact = exact
         self.refine = refine
         self.asymmetric = 0
@@ -405,7 +416,18 @@ class _Sim:
         if sh.specs is None:
             sh.specs = [self.w.transfer_spec(inst) for inst in sh.insts]
         if self.w.link_sharing:
-            for k, ends in self.net.start(key, sh.specs, t, shape=sh):
+            specs, shape = sh.specs, sh
+            if self.fold is not None:
+                fb = sh.folded
+                if fb is None:
+                    fb = sh.folded = self.fold.batch(sh.specs, sh.replica_ranks) or False
+                if self.net.idle():
+                    self.folded = bool(fb)
+                if self.folded:
+                    if not fb:
+                        raise _Unfold()
+                    specs, shape = fb.specs, fb
+            for k, ends in self.net.start(key, specs, t, shape=shape):
                 self.batch_done(k, ends)
         else:
             if sh.solo is None:
@@ -430,7 +452,8 @@ class _Sim:
                 ends = list(ends)
                 order = sorted(set(ends))
                 groups: list[list[int]] = [[] for _ in order]
-                reps = self.inst[key][2].replica_ranks
+                sh = self.inst[key][2]
+                reps = sh.replica_ranks if len(ends) == len(sh.replica_ranks) else sh.folded.replica_ranks
                 for j, e in enumerate(ends):
                     groups[order.index(e)].extend(reps[j])
                 split = self.refine(groups) if self.refine is not None else None

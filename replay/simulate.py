@@ -137,6 +137,10 @@ def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: boo
                  capacity_Bps=capacity, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     w._cache["labels"] = _labels
     w._cache["host_stall"] = stall
+    if link_sharing:
+        from .fold import build_fold
+
+        w._cache["fold"] = build_fold(trace, cluster, gpus, slack)
     return w
 
 
