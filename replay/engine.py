@@ -53,6 +53,10 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
 
     ``periodic``: advance a repeating steady 1F1B phase by whole periods (:mod:`replay.periodic`;
     an approximation within 1e-9 of the iteration time, tested); False simulates every event.
+
+    With ``w._cache["fold"]`` (:func:`replay.simulate.build_workload` sets it where the job folds),
+    the network runs folded by a node shift (:mod:`replay.fold`); ``FastRun.fold`` says whether it
+    stayed so.
     """
     if symmetry not in ("exact", "max", "auto"):
         raise ReplayError(f"unknown symmetry mode {symmetry!r}; valid: exact, max, auto")
@@ -63,12 +67,16 @@ def run_fast(w: Workload, *, xp: Any = np, progress: Callable[[int], None] | Non
     fold = [True]
 
     def sim(class_of: list[int], **kw: Any) -> FastRun:
-        # A transfer that does not fold meeting folded ones in flight: run again unfolded.
-        try:
-            return _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=fold[0], **kw).run(progress)
-        except _Unfold:
-            fold[0] = False
-            return _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=False, **kw).run(progress)
+        # A transfer that does not fold meeting folded ones in flight: run again, unfolded.
+        if fold[0]:
+            try:
+                return _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=True, **kw).run(progress)
+            except _Unfold:
+                fold[0] = False
+        run = _Sim(w, class_of, skeletons, xp, periodic=periodic, fold=False, **kw).run(progress)
+        if w.link_sharing and w._cache.get("fold") is not None:
+            run.fold = "off"
+        return run
 
     if symmetry == "max":
         return sim(base, exact=False)

@@ -57,6 +57,11 @@ class FastRun:
     network_recomputes: int = 0
     periods_skipped: int = 0
     """Steady 1F1B periods advanced in closed form (:mod:`replay.periodic`), 0 if none."""
+    folded_transfers: int = 0
+    """Class-level transfers run on the network folded by a node shift (:mod:`replay.fold`)."""
+    fold: str = "none"
+    """``on`` (the network was folded where it could be), ``off`` (a transfer that does not fold
+    met folded ones in flight: the run went again unfolded) or ``none`` (the job does not fold)."""
 
     def rank_times(self, rank: int) -> RankTimes:
         """Times of ``rank`` (those of its class)."""
@@ -142,6 +147,7 @@ class _Sim:
         """The network's quotient by a node shift (:mod:`replay.fold`), or None."""
         self.folded = False
         """The network holds folded transfers (decided whenever it is idle)."""
+        self.folded_transfers = 0
         self.exact = exact
         self.refine = refine
         self.asymmetric = 0
@@ -427,6 +433,7 @@ class _Sim:
                     if not fb:
                         raise _Unfold()
                     specs, shape = fb.specs, fb
+                    self.folded_transfers += 1
             for k, ends in self.net.start(key, specs, t, shape=shape):
                 self.batch_done(k, ends)
         else:
@@ -567,7 +574,8 @@ class _Sim:
                        blocker=self.blocker, symmetry="exact" if self.exact else "max",
                        asymmetric=self.asymmetric, max_spread=self.max_spread,
                        network_recomputes=self.net.recomputes,
-                       periods_skipped=self.skipper.skipped if self.skipper is not None else 0)
+                       periods_skipped=self.skipper.skipped if self.skipper is not None else 0,
+                       folded_transfers=self.folded_transfers, fold="on" if self.fold is not None else "none")
 
     def _check_done(self) -> None:
         stuck = [cl for cl in self.classes if cl.pc < len(cl.sk)]

@@ -227,7 +227,9 @@ def summarize(run: FastRun, w: Workload, *, cluster_name: str, peak_flops: Seque
         options=dict(options or {}),
         stats={"classes": len(run.classes), "restarts": run.restarts,
                "network_solves": run.network_recomputes, "symmetry": run.symmetry,
-               "asymmetric_transfers": run.asymmetric, "max_replica_spread": run.max_spread, **(stats or {})},
+               "asymmetric_transfers": run.asymmetric, "max_replica_spread": run.max_spread,
+               "periods_skipped": run.periods_skipped, "fold": run.fold, "folded_transfers": run.folded_transfers,
+               **(stats or {})},
         _run=run,
         _workload=w,
     )
