@@ -65,6 +65,7 @@ class Fold:
         self.link_node = link_node
         """Link -> the node of its source endpoint (else of its destination)."""
         self.rank_node = rank_node
+        """Rank -> its node."""
 
     def batch(self, specs: Sequence[TransferSpec], replica_ranks: Sequence[Sequence[int]]) -> FoldedBatch | None:
         """The folded batch, or None when the batch is not symmetric under the shift."""
@@ -146,7 +147,8 @@ def _shift(trace: Any, node: Sequence[int], gpu_type: Sequence[str]) -> list[int
     return sigma
 
 
-def build_fold(trace: Any, cluster: Any, gpus: Sequence[int], never_binding: frozenset[int] = frozenset()) -> Fold | None:
+def build_fold(trace: Any, cluster: Any, gpus: Sequence[int],
+               never_binding: frozenset[int] = frozenset()) -> Fold | None:
     """The fold of ``trace`` placed on ``cluster`` (``gpus``: each rank's GPU), or None."""
     world = trace.world_size
     node = [int(cluster.gpu_node[g]) for g in gpus]
