@@ -27,8 +27,9 @@ import numpy as np
 
 from heterosim.errors import ReplayError
 
-from .engine_sim import FastRun, _Asymmetric, _Sim, _Unfold
+from .engine_sim import _Asymmetric, _Sim, _Unfold
 from .expand import RoleSkeleton, Workload, rank_classes
+from .fastrun import FastRun
 
 __all__ = ["FastRun", "run_fast"]
 
