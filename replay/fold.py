@@ -115,9 +115,12 @@ def _shift(trace: Any, node: Sequence[int], gpu_type: Sequence[str]) -> list[int
     """The rank permutation that moves every data-parallel lane on by the lanes of one node, or
     None when the job has no such symmetry."""
     world = trace.world_size
-    dp = {tuple(g.ranks): None for g in trace.groups.values() if g.dim == "dp" and len(g.ranks) > 1}
-    if not dp:
+    # The data-parallel groups proper: with context parallelism there are also DP x CP ones (the
+    # optimizer's), larger; the shift must map those onto groups too (checked below).
+    sizes = [len(g.ranks) for g in trace.groups.values() if g.dim == "dp" and len(g.ranks) > 1]
+    if not sizes:
         return None
+    dp = {tuple(g.ranks): None for g in trace.groups.values() if g.dim == "dp" and len(g.ranks) == min(sizes)}
     sigma = [-1] * world
     for g in dp:  # each rank set once (one data-parallel group may be created under several names)
         ranks = list(g)

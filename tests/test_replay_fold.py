@@ -117,3 +117,22 @@ def test_no_fold_without_data_parallel_lanes_to_shift():
     assert w._cache["fold"] is None
     w, _ = _workload(tp=8, pp=1, dp=4, cluster="mixed-a100-h100")
     assert w._cache["fold"] is None
+
+
+def test_larger_dp_groups_beside_the_data_parallel_ones_still_fold():
+    """With context parallelism Megatron also makes DP x CP groups (the optimizer's), of dimension
+    dp too: the shift is taken from the smallest DP groups and must map the larger ones onto groups
+    (here the union of two DP groups maps onto itself)."""
+    from heterosim.trace.ir import GroupInfo
+
+    w, cl = _workload()
+    trace = w.trace
+    dp = sorted((g.ranks for g in trace.groups.values() if g.dim == "dp"), key=lambda r: r[0])
+    trace.groups["dp_x_cp"] = GroupInfo(tuple(sorted(dp[0] + dp[1])), "dp", "dp_x_cp")
+    gpus = [cl.rank_to_gpu(r) for r in range(trace.world_size)]
+    f = fold_mod.build_fold(trace, cl, gpus, cl.network.never_binding)
+    assert f is not None and f.order == 2
+    # a larger group that the shift does not map onto a group (lanes 0-1 of one DP group and
+    # lanes 2-3 of another) prevents the fold
+    trace.groups["odd"] = GroupInfo((dp[0][0], dp[0][1], dp[1][2], dp[1][3]), "dp", "odd")
+    assert fold_mod.build_fold(trace, cl, gpus, cl.network.never_binding) is None
