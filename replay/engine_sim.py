@@ -19,9 +19,9 @@ from heterosim.errors import TraceMismatchError
 from heterosim.trace.vocab import P2P
 
 from .events import NETWORK, Ev, EventQueue
-from .fastrun import FastRun
 from .expand import (CommInstance, RankTimes, RoleSkeleton, WaitRecord, Workload, _family, build_skeleton,
                      busy_change, span_step)
+from .fastrun import FastRun
 from .flows import FluidNetwork, solo_time
 from .holds import end_span
 from .periodic import Skipper

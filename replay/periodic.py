@@ -10,8 +10,8 @@ hold the same state (every class one period further, the same transfers in fligh
 pending events, every time at the same offset from the checkpoint's), it advances ``K`` periods at
 once: the points in between get the last period's records (end, start, reach times, waits,
 blockers) ``j * T`` later, and the state in flight moves ``K * T`` later and ``K`` periods
-further. ``K`` stops one period before the first class leaves its steady range, so the cool-down
-is simulated event by event.
+further. ``K`` stops where the first class's points in flight would leave its steady range, so
+the cool-down is simulated event by event.
 
 With overlap slowdown the compute clock is part of that state: per class the work (full-speed
 seconds) left in the span in progress, the count of its comm ops in flight, the pending end of the
@@ -335,7 +335,8 @@ class Skipper:
             cl = sim.classes[ci]
             S = fr[ci][1]
             for p, _ in ws:
-                cl.preds[p + S] = [self._mover(fr[ci][0], S)(x) for x in cl.preds[p]]
+                mv = self._mover(fr[ci][0], S)
+                cl.preds[p + S] = [mv(x) for x in cl.preds[p]]
             waiters[(ci, q + S)] = [(p + S, it + shift_t) for p, it in ws]
         sim.stream_waiters.clear()
         sim.stream_waiters.update(waiters)

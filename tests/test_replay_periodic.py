@@ -130,9 +130,9 @@ def test_classes_of_different_periods_skip_together(seed):
 @pytest.mark.parametrize("seed", [0, 1, 3])
 def test_a_stream_used_once_does_not_delay_the_skip(seed):
     """Stage 0's forward of micro-batch 5 (its first after the warm-up) all-gathers on a stream of its
-    own, within one of its periods of the first checkpoints. That launch completes long before, so
-    where it sits does not matter: as many periods are skipped as without it, and every time stays
-    within 1e-9 of the event-by-event run."""
+    own, used nowhere else. That launch has completed by the checkpoints, so where it sits does not
+    matter: as many periods are skipped as without it, and every time stays within 1e-9 of the
+    event-by-event run."""
     plain = run_fast(one_f_one_b_case(seed, every=3))
     w = one_f_one_b_case(seed, every=3, gather=5)
     on, off = run_fast(w), run_fast(w, periodic=False)
