@@ -258,7 +258,10 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
     if arch >= 2 and n_nodes > 1 and speed > 45 and runtime < 16:
         runtime *= 2
     # The bottleneck is judged on hardware bandwidth: the link with the most ring bytes per B/s.
-    util = {i: cnt / view.links[i].bw for i, cnt in sum(loads, Counter()).items()}
+    total_load: Counter = Counter()
+    for load in loads:
+        total_load.update(load)
+    util = {i: cnt / view.links[i].bw for i, cnt in total_load.items()}
     top = max(util.values(), default=0.0)
     bottleneck = min((i for i, u in util.items() if u >= top * (1 - 1e-9)),
                      key=lambda i: (view.links[i].bw, i), default=None)

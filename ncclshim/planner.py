@@ -133,6 +133,8 @@ class Planner:
         self._plans: dict[tuple, Plan] = {}
         self._settings: dict[tuple, Settings] = {}
         self._nvswitch = all(n.fabric.kind == "nvswitch" for n in view.nodes)
+        self._latency_stated = any(extra_latency_us(view, (i,)) != 0.0 for i in range(len(view.links)))
+        """Whether any link's latency differs from its kind's default (else every path's extra is 0)."""
 
     def plan(self, collective: str, nbytes: int, ranks: Sequence[int], *, env: Mapping[str, str] | None = None,
              dtype: str = "bf16", root: int = 0) -> Plan:
@@ -201,7 +203,9 @@ class Planner:
             ratio = {i: b / links[i].bw for i, b in load.items()}
             top = max(ratio.values(), default=0.0)
             bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
-            extra = max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
+            # Links at their default latency add nothing: skip the paths when the view has no other.
+            extra = (max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
+                     if self._latency_stated else 0.0)
             t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck, extra)
         return t
 
