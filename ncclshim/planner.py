@@ -36,6 +36,7 @@ from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_E
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze, extra_latency_us
 from ncclshim.topology import TopologyView
+from ncclshim.translate import NodeTranslator
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
 __all__ = ["COLLECTIVES", "Flow", "Plan", "Planner", "plan", "is_trivial", "busbw_factor"]
@@ -125,8 +126,12 @@ class _Template:
 class Planner:
     """Plans for one topology view, with its caches. ``plan()`` keeps one per view."""
 
-    def __init__(self, view: TopologyView) -> None:
+    def __init__(self, view: TopologyView, *, translate: bool = True) -> None:
         self.view = view
+        self.translate = translate
+        """Plan one-node groups on the first node of their kind and move the plan over
+        (:mod:`ncclshim.translate`; equal to planning them where they are)."""
+        self._translator = NodeTranslator(view)
         self._graphs: dict[tuple, GroupGraph] = {}
         self._choices: dict[tuple, Choice] = {}
         self._templates: dict[tuple, _Template] = {}
@@ -149,7 +154,13 @@ class Planner:
         settings = self._settings.get(env_key)
         if settings is None:
             settings = self._settings[env_key] = parse_env(env)
-        result = self._make(collective, int(nbytes), ranks_t, settings, dtype, ranks_t[root])
+        result = None
+        moved = self._translator.source(ranks_t) if self.translate else None
+        if moved is not None:  # a one-node group off its kind's first node (ncclshim.translate)
+            base = self.plan(collective, nbytes, moved[1], env=env, dtype=dtype, root=root)
+            result = self._translator.translate(base, moved[0], ranks_t)
+        if result is None:
+            result = self._make(collective, int(nbytes), ranks_t, settings, dtype, ranks_t[root])
         self._plans[key] = result
         return result
 
