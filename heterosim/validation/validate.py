@@ -33,7 +33,7 @@ from heterosim.errors import ConfigError, HeteroSimError
 
 from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
 
-__all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "capture_cached",
+__all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "capture_cached", "cached_key",
            "code_version", "DEFAULT_CACHE_DIR", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
@@ -281,6 +281,13 @@ def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.Pa
     return cached_trace(flags, world_size, cache_dir, script=script)[0]
 
 
+def cached_key(flags: Sequence[str], world_size: int, *, script: str | os.PathLike = _SCRIPT) -> str:
+    """The cache entry's name for ``script flags`` at ``world_size``: a hash of them, ``--ranks auto``
+    and :func:`code_version`."""
+    return hashlib.sha256(json.dumps({"script": Path(script).name, "flags": list(flags), "world": world_size,
+                                      "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
+
+
 def cached_trace(flags: Sequence[str], world_size: int, cache_dir: str | os.PathLike | None = None,
                  *, script: str | os.PathLike = _SCRIPT) -> tuple[Path, Any]:
     """(directory, loaded trace) of :func:`capture_cached`: the trace is read once, whether it
@@ -290,9 +297,7 @@ def cached_trace(flags: Sequence[str], world_size: int, cache_dir: str | os.Path
     from heterosim.trace.store import load_trace
 
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    key = hashlib.sha256(json.dumps({"script": Path(script).name, "flags": list(flags), "world": world_size,
-                                     "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
-    out = cache / key
+    out = cache / cached_key(flags, world_size, script=script)
     if (out / "trace.json").is_file():
         try:
             return out, load_trace(out)
