@@ -205,11 +205,17 @@ class Planner:
             links = self.view.links
             load: dict[int, float] = {}
             phases: dict[int, dict[int, float]] = {}
-            for _, _, frac, _, path, phase in specs:
-                per = phases.setdefault(phase, {})
-                for link in path:
-                    per[link] = per.get(link, 0.0) + frac
-                    load[link] = load.get(link, 0.0) + frac
+            if len({sp[5] for sp in specs}) == 1:  # one phase (rings, trees, p2p): its load is the load
+                for _, _, frac, _, path, _ in specs:
+                    for link in path:
+                        load[link] = load.get(link, 0.0) + frac
+                phases[specs[0][5]] = load
+            else:
+                for _, _, frac, _, path, phase in specs:
+                    per = phases.setdefault(phase, {})
+                    for link in path:
+                        per[link] = per.get(link, 0.0) + frac
+                        load[link] = load.get(link, 0.0) + frac
             wire = sum(max((b / links[i].bw for i, b in per.items()), default=0.0) for per in phases.values())
             ratio = {i: b / links[i].bw for i, b in load.items()}
             top = max(ratio.values(), default=0.0)

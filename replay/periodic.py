@@ -37,6 +37,8 @@ import heapq
 import math
 from typing import Any
 
+import numpy as np
+
 from .events import Ev
 from .expand import RoleSkeleton, WaitRecord
 
@@ -284,9 +286,9 @@ class Skipper:
             # the skipped periods: the last complete period, j * T later (nan, a wait's end, stays
             # nan); a skipped point keeps its shape, the sequence number in its key is never read again
             src, ds = f - D, [j * T for j in range(1, K + 1)]
-            cl.end[f:f + S] = [x + d for d in ds for x in cl.end[src:f]]
-            cl.start[f:f + S] = [x + d for d in ds for x in cl.start[src:f]]
-            cl.t_at[f:f + S] = [x + d for d in ds for x in cl.t_at[src:f]]
+            shifts = np.array(ds)[:, None]  # row j: the period j * T on (same sums as in Python)
+            for col in (cl.end, cl.start, cl.t_at):
+                col[f:f + S] = (np.array(col[src:f], dtype=np.float64) + shifts).ravel().tolist()
             keyed = [r for r in range(D) if src + r in cl.keys]
             cl.keys.update(zip([f + j * D + r for j in range(K) for r in keyed],
                                [cl.keys[src + r] for r in keyed] * K))
