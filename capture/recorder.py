@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from capture import comm as comm_info
 from capture.commrec import CommRecorder, _byte_range, _skey
@@ -41,7 +41,7 @@ from capture.modpaths import ModulePaths
 from capture.streams import StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
-from capture.opinfo import describe, read_tensors
+from capture.opinfo import describe, read_tensors, tensors_in
 from heterosim.annotate import Annotator
 
 __all__ = ["Recorder"]
@@ -450,8 +450,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
     def _record_compute(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         if func in _ALLOC or func in _SKIP:
             return out
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        ins = tensors_in((args, kwargs))
+        outs = tensors_in(out)
         schema = func._schema
         mutated = [
             t
@@ -566,14 +566,14 @@ to run for real, and the per-op argument walk of :func:`_host_data` is skipped."
 
 
 def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
-    return [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    return tensors_in((args, kwargs))
 
 
 def _host_data(args: Any, kwargs: dict) -> bool:
     """Whether an op's tensors are all real CPU tensors (at least one; none fake)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    ts = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    ts = tensors_in((args, kwargs))
     return bool(ts) and not any(isinstance(t, FakeTensor) or t.device.type != "cpu" for t in ts)
 
 

@@ -126,3 +126,26 @@ def test_megatron_causal_softmax_moves_only_unmasked_reads():
     assert (b.kernel_class, b.dims, b.bytes_read, b.bytes_written) == ("softmax", {"numel": 8192}, 16640, 16384)
     assert b.flops == b.flops_full == 20800
     assert b.signature == "heterosim.scaled_upper_triang_masked_softmax_backward.default:bf16:2x64x64,2x64x64"
+
+
+def test_tensors_in_follows_tree_flatten_order():
+    from collections import OrderedDict, namedtuple
+
+    from torch.utils._pytree import tree_flatten
+
+    from capture.opinfo import tensors_in
+
+    a, b, c, d, e = (torch.full((1,), float(i)) for i in range(5))
+    Pair = namedtuple("Pair", "x y")
+    cases = [
+        ((a, [b, None, (c, 3)], {"k": d, "j": [e]}), {}),
+        ([], {"out": a}),
+        ((Pair(a, b), torch.return_types.max((c, d))), {"z": OrderedDict(q=e, p=a)}),
+        ((1, 2.0, torch.float32, "s"), {}),
+        (a, {}),
+    ]
+    for args, kwargs in cases:
+        want = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        got = tensors_in((args, kwargs))
+        assert [id(t) for t in got] == [id(t) for t in want]
+    assert [float(t) for t in tensors_in(((a, [b, (c,)]), {"k": [d], "m": e}))] == [0.0, 1.0, 2.0, 3.0, 4.0]
