@@ -289,14 +289,19 @@ class Skipper:
             shifts = np.array(ds)[:, None]  # row j: the period j * T on (same sums as in Python)
             for col in (cl.end, cl.start, cl.t_at):
                 col[f:f + S] = (np.array(col[src:f], dtype=np.float64) + shifts).ravel().tolist()
+            # point f + j D + r (j < K) takes point src + r's key, and its blocker K periods on:
+            # index grids built by numpy (integers: exact), the entries zipped at C speed
+            rows = np.arange(K, dtype=np.int64)[:, None]
             keyed = [r for r in range(D) if src + r in cl.keys]
-            cl.keys.update(zip([f + j * D + r for j in range(K) for r in keyed],
+            cl.keys.update(zip((f + rows * D + np.array(keyed, dtype=np.int64)).ravel().tolist(),
                                [cl.keys[src + r] for r in keyed] * K))
             blk = sim.blocker[ci]
             by = [(r, cj, pj, stride[cj]) for r in range(D) if src + r in blk
                   for cj, pj in (blk[src + r],)]
-            blk.update(zip([f + j * D + r for j in range(K) for r, _, _, _ in by],
-                           [(cj, pj + j * lj) for j in range(1, K + 1) for _, cj, pj, lj in by]))
+            if by:
+                r_, cj_, pj_, lj_ = (np.array(c, dtype=np.int64) for c in zip(*by))
+                blk.update(zip((f + rows * D + r_).ravel().tolist(),
+                               zip(cj_.tolist() * K, (pj_ + (rows + 1) * lj_).ravel().tolist())))
             cl.waits += [WaitRecord(t_block=w.t_block + d, t_end=w.t_end + d, t_start=w.t_start + d, dim=w.dim,
                                     inter_node=w.inter_node, point=w.point + j * D)
                          for j, d in enumerate(ds, 1) for w in cl.waits[waits0[ci]:]]
