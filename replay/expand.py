@@ -17,7 +17,7 @@ Pairing rules (the same for both engines):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -250,9 +250,11 @@ def check_match(first: RankOp, first_rank: int, op: RankOp, rank: int, key: Hash
         )
 
 
-@dataclass(slots=True, kw_only=True)
-class WaitRecord:
-    """The compute stream of a rank blocked at a wait op from ``t_block`` to ``t_end``."""
+class WaitRecord(NamedTuple):
+    """The compute stream of a rank blocked at a wait op from ``t_block`` to ``t_end``.
+
+    NB: a NamedTuple, not a dataclass: the steady-phase skip writes hundreds of thousands of them
+    (``replay.periodic``), and a tuple is built at C speed."""
 
     t_block: float
     t_end: float

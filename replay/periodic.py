@@ -82,6 +82,10 @@ def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] |
     return None
 
 
+def _wait_record(fields: tuple) -> WaitRecord:
+    return tuple.__new__(WaitRecord, fields)
+
+
 def _rel(x: float, t: float) -> float:
     return x - t if x == x else math.nan
 
@@ -302,9 +306,12 @@ class Skipper:
                 r_, cj_, pj_, lj_ = (np.array(c, dtype=np.int64) for c in zip(*by))
                 blk.update(zip((f + rows * D + r_).ravel().tolist(),
                                zip(cj_.tolist() * K, (pj_ + (rows + 1) * lj_).ravel().tolist())))
-            cl.waits += [WaitRecord(t_block=w.t_block + d, t_end=w.t_end + d, t_start=w.t_start + d, dim=w.dim,
-                                    inter_node=w.inter_node, point=w.point + j * D)
-                         for j, d in enumerate(ds, 1) for w in cl.waits[waits0[ci]:]]
+            base_w = cl.waits[waits0[ci]:]
+            if base_w:  # the last period's waits, j * T and j periods of points on (j = 1..K)
+                t_block, t_end, t_start, dims, inter, points = (list(c) for c in zip(*base_w))
+                cl.waits += map(_wait_record, zip(
+                    *((np.array(c, dtype=np.float64) + shifts).ravel().tolist() for c in (t_block, t_end, t_start)),
+                    dims * K, inter * K, (np.array(points, dtype=np.int64) + (rows + 1) * D).ravel().tolist()))
             for ck, k in cl.counters.items():
                 cl.counters[ck] = k + K * (k - counters0[ci].get(ck, 0))
             mv = self._mover(f, S)
