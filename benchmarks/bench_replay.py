@@ -32,7 +32,8 @@ non-overlapped p2p): forward/backward blocks per kind of chunk and, between them
 kind of ``_communicate`` exchange (its sends and recvs in one coalesced launch, then waited; the
 last stage's chunk c feeds the first stage's chunk c+1). The 1F1B traces keep p2p inside the
 compute blocks, sends unwaited.
-Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for accuracy work.
+Switch to captured traces (python -m capture ... models/pretrain_gpt.py) for accuracy work;
+benchmarks/bench_captured.py times the same cluster-scale jobs captured.
 """
 
 from __future__ import annotations
