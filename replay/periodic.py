@@ -265,6 +265,39 @@ class Skipper:
         self.last = None
         return t + K * T
 
+    def _fill_skipped(self, ci: int, cl: Any, f: int, K: int, T: float, w0: int) -> None:
+        """Write out class ``ci``'s skipped periods, points ``f`` to ``f + K D``: the last complete
+        period's times ``j T`` later, its keys and its blockers ``j`` periods on, its waits (from
+        ``w0``) shifted alike; every column built by numpy and zipped in at C speed."""
+        sim, stride = self.sim, self.strides
+        D = stride[ci]
+        S = K * D
+        # the skipped periods: the last complete period, j * T later (nan, a wait's end, stays
+        # nan); a skipped point keeps its shape, the sequence number in its key is never read again
+        src, ds = f - D, [j * T for j in range(1, K + 1)]
+        shifts = np.array(ds)[:, None]  # row j: the period j * T on (same sums as in Python)
+        for col in (cl.end, cl.start, cl.t_at):
+            col[f:f + S] = (np.array(col[src:f], dtype=np.float64) + shifts).ravel().tolist()
+        # point f + j D + r (j < K) takes point src + r's key, and its blocker K periods on:
+        # index grids built by numpy (integers: exact), the entries zipped at C speed
+        rows = np.arange(K, dtype=np.int64)[:, None]
+        keyed = [r for r in range(D) if src + r in cl.keys]
+        cl.keys.update(zip((f + rows * D + np.array(keyed, dtype=np.int64)).ravel().tolist(),
+                           [cl.keys[src + r] for r in keyed] * K))
+        blk = sim.blocker[ci]
+        by = [(r, cj, pj, stride[cj]) for r in range(D) if src + r in blk
+              for cj, pj in (blk[src + r],)]
+        if by:
+            r_, cj_, pj_, lj_ = (np.array(c, dtype=np.int64) for c in zip(*by))
+            blk.update(zip((f + rows * D + r_).ravel().tolist(),
+                           zip(cj_.tolist() * K, (pj_ + (rows + 1) * lj_).ravel().tolist())))
+        base_w = cl.waits[w0:]
+        if base_w:  # the last period's waits, j * T and j periods of points on (j = 1..K)
+            t_block, t_end, t_start, dims, inter, points = (list(c) for c in zip(*base_w))
+            cl.waits += map(_wait_record, zip(
+                *((np.array(c, dtype=np.float64) + shifts).ravel().tolist() for c in (t_block, t_end, t_start)),
+                dims * K, inter * K, (np.array(points, dtype=np.int64) + (rows + 1) * D).ravel().tolist()))
+
     def _advance(self, K: int, T: float, last: tuple, now: tuple) -> None:
         sim = self.sim
         fronts, counters0, waits0, base0, compute0 = now[2], last[3], last[4], last[5], last[7]
@@ -287,31 +320,7 @@ class Skipper:
                 if q in sim.blocker[ci]:
                     cj, pj = sim.blocker[ci][q]
                     sim.blocker[ci][q + S] = (cj, pj + K * stride[cj])
-            # the skipped periods: the last complete period, j * T later (nan, a wait's end, stays
-            # nan); a skipped point keeps its shape, the sequence number in its key is never read again
-            src, ds = f - D, [j * T for j in range(1, K + 1)]
-            shifts = np.array(ds)[:, None]  # row j: the period j * T on (same sums as in Python)
-            for col in (cl.end, cl.start, cl.t_at):
-                col[f:f + S] = (np.array(col[src:f], dtype=np.float64) + shifts).ravel().tolist()
-            # point f + j D + r (j < K) takes point src + r's key, and its blocker K periods on:
-            # index grids built by numpy (integers: exact), the entries zipped at C speed
-            rows = np.arange(K, dtype=np.int64)[:, None]
-            keyed = [r for r in range(D) if src + r in cl.keys]
-            cl.keys.update(zip((f + rows * D + np.array(keyed, dtype=np.int64)).ravel().tolist(),
-                               [cl.keys[src + r] for r in keyed] * K))
-            blk = sim.blocker[ci]
-            by = [(r, cj, pj, stride[cj]) for r in range(D) if src + r in blk
-                  for cj, pj in (blk[src + r],)]
-            if by:
-                r_, cj_, pj_, lj_ = (np.array(c, dtype=np.int64) for c in zip(*by))
-                blk.update(zip((f + rows * D + r_).ravel().tolist(),
-                               zip(cj_.tolist() * K, (pj_ + (rows + 1) * lj_).ravel().tolist())))
-            base_w = cl.waits[waits0[ci]:]
-            if base_w:  # the last period's waits, j * T and j periods of points on (j = 1..K)
-                t_block, t_end, t_start, dims, inter, points = (list(c) for c in zip(*base_w))
-                cl.waits += map(_wait_record, zip(
-                    *((np.array(c, dtype=np.float64) + shifts).ravel().tolist() for c in (t_block, t_end, t_start)),
-                    dims * K, inter * K, (np.array(points, dtype=np.int64) + (rows + 1) * D).ravel().tolist()))
+            self._fill_skipped(ci, cl, f, K, T, waits0[ci])
             for ck, k in cl.counters.items():
                 cl.counters[ck] = k + K * (k - counters0[ci].get(ck, 0))
             mv = self._mover(f, S)
