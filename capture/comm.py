@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten
 
-from capture.opinfo import dtype_name
+from capture.opinfo import dtype_name, tensors_in
 from heterosim.errors import CaptureError
 from heterosim.trace.vocab import COLLECTIVES, P2P
 
@@ -42,12 +41,8 @@ class CommInfo:
     written: tuple[torch.Tensor, ...]
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
-
-
 def _nb(x: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(x))
+    return sum(t.numel() * t.element_size() for t in tensors_in(x))
 
 
 # packet name -> (collective, which argument's bytes are the nccl-tests size, written argument)
@@ -95,8 +90,8 @@ def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
             raise CaptureError(f"unsupported c10d op {func}; supported: {sorted(_C10D)}")
         coll, size_arg, written_arg = _C10D[packet]
         nbytes = 0 if size_arg is None else _nb(args[size_arg])
-        data = _tensors(args[0]) if args and size_arg is not None else []
-        written = tuple(_tensors(args[written_arg])) if written_arg is not None else ()
+        data = tensors_in(args[0]) if args and size_arg is not None else []
+        written = tuple(tensors_in(args[written_arg])) if written_arg is not None else ()
         peer = int(args[2]) if coll in P2P else -1
         kind = "p2p" if coll in P2P else "collective"
         return CommInfo(kind, coll, nbytes, dtype_name(data[0].dtype) if data else "", peer, written)
@@ -106,7 +101,7 @@ def describe_comm(func: Any, args: Any, kwargs: dict, out: Any) -> CommInfo:
     nbytes = _nb(args[0])
     if coll == "all_gather":  # functional all_gather takes the shard: size is the gathered output
         nbytes = _nb(out) if out is not None else nbytes * int(args[1])
-    data = _tensors(args[0])
+    data = tensors_in(args[0])
     return CommInfo("collective", coll, nbytes, dtype_name(data[0].dtype) if data else "", -1, ())
 
 

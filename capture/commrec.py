@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from capture import comm as comm_info
+from capture.opinfo import tensors_in
 from capture.streams import RecWork
 from heterosim.trace.vocab import DTYPE_BYTES
 
@@ -90,11 +91,11 @@ class CommRecorder:
     def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         phase, in_bwd = self._phase()
         module = self.paths.path(in_bwd)
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        ins = tensors_in((args, kwargs))
         if func is _c10d_functional.wait_tensor.default:
             src = self.writers.get(_skey(ins[0]), [])
             if src:  # eager semantics: the wait lands at the first use of the result
-                for t in [ins[0], *[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]]:
+                for t in [ins[0], *tensors_in(out)]:
                     self.pending_funcol[_skey(t)] = (src[-1],)
                     self._set_writer(t, src[-1])
             return out
@@ -115,9 +116,8 @@ class CommRecorder:
             if grouped:
                 self._batch(False)
         if func.namespace == "_c10d_functional":
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self._set_writer(t, oids[0])
+            for t in tensors_in(out):
+                self._set_writer(t, oids[0])
             return out
         for info, oid in zip(infos, oids):
             for t in info.written:

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from capture.opinfo import unique_nbytes
+from capture.opinfo import tensors_in, unique_nbytes
 from heterosim.trace.vocab import kernel_class_of, register_kernel_class
 
 __all__ = ["Fuser", "Kernel", "compiled", "compile_eagerly", "fusible", "POINTWISE", "REDUCTION"]
@@ -177,7 +176,7 @@ class Fuser:
         if seq1 > self._seq0:  # autograd nodes were created: their backward ops form the region too
             self.starts.append(self._seq0)
             self.spans.append((self._seq0, seq1, self.current))
-        outs = {_skey(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)}
+        outs = {_skey(t) for t in tensors_in(out)}
         for k in self.pending:
             self._settle(k, keep=outs)
         self.pending, self.tail, self.current = [], None, None

@@ -408,7 +408,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         if func is SCALAR_READ:  # .item(): no data to read back; a placeholder (capture/hostsync.py)
             return self.read_scalar(args[0], record=True)
         if func in comm_info.NO_FAKE_IMPL:
-            self.fuser.escape(_tensors(args, kwargs))
+            self.fuser.escape(tensors_in((args, kwargs)))
             return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
@@ -421,7 +421,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         out = func(*args, **kwargs)
         self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
         if func.namespace in ("c10d", "_c10d_functional"):
-            self.fuser.escape(_tensors(args, kwargs))
+            self.fuser.escape(tensors_in((args, kwargs)))
             return self._record_comm(func, args, kwargs, out)
         return self._record_compute(func, args, kwargs, out)
 
@@ -563,10 +563,6 @@ _PLAIN_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
 _REAL_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 """Types a real (non-fake) tensor argument shows in ``types``: without one, an op has no host data
 to run for real, and the per-op argument walk of :func:`_host_data` is skipped."""
-
-
-def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
-    return tensors_in((args, kwargs))
 
 
 def _host_data(args: Any, kwargs: dict) -> bool:

@@ -357,8 +357,8 @@ class Skipper:
         for (ci, q), ws in sim.stream_waiters.items():
             cl = sim.classes[ci]
             S = fr[ci][1]
+            mv = self._mover(fr[ci][0], S)
             for p, _ in ws:
-                mv = self._mover(fr[ci][0], S)
                 cl.preds[p + S] = [mv(x) for x in cl.preds[p]]
             waiters[(ci, q + S)] = [(p + S, it + shift_t) for p, it in ws]
         sim.stream_waiters.clear()
