@@ -123,6 +123,27 @@ class _Template:
     """Largest latency beyond the links' defaults over the flows' paths, us (p2p operations)."""
 
 
+_CHANNEL_ORDERED = {"RING": 1, "TREE": 2}
+"""Algorithms whose template channel ``k`` is NCCL's run-time channel ``k`` for ``k`` below the
+template's channel count, with that count per distinct ring of the group (``GroupGraph.rings``):
+ring ``k`` of the search (run-time channels repeat the search's rings,
+``connect.cc:ncclTopoPostset``) and, for trees, pattern ``k mod R`` of tree ``k div R`` (the second
+half of the channels takes the dual tree, ``connectTrees``)."""
+
+
+def _first_channels(specs: Sequence[FlowSpec], channels: int, used: int) -> tuple[FlowSpec, ...]:
+    """The specs of channels ``0..used-1`` of a ``channels``-channel template, each carrying
+    ``1/used`` of the buffer instead of ``1/channels``.
+
+    A call smaller than ``channels x threads x threshold`` bytes runs on fewer channels
+    (``enqueue.cc:topoGetAlgoInfo``, docs/nccl.md §1.5), so its bytes cross only those channels'
+    rings or trees. NB: with ``used`` >= ``channels`` the even spread over the template's channels
+    stands for every run-time channel (§7), whether or not ``used`` is a multiple of ``channels``.
+    """
+    scale = channels / used
+    return tuple((a, b, frac * scale, ch, path, ph) for a, b, frac, ch, path, ph in specs if ch < used)
+
+
 class Planner:
     """Plans for one topology view, with its caches. ``plan()`` keeps one per view."""
 
@@ -193,38 +214,51 @@ class Planner:
             g = self._graphs[key] = analyze(ranks, self.view, pxn=pxn)
         return g
 
-    def _template(self, coll: str, algo: str, ranks: tuple[int, ...], pxn: bool, root: int) -> _Template:
-        key = (coll, algo, ranks, pxn, root if coll in ("broadcast", "reduce") else 0)
+    def _template(self, coll: str, algo: str, ranks: tuple[int, ...], pxn: bool, root: int,
+                  used: int | None = None) -> _Template:
+        """The flow template of ``coll`` by ``algo`` over ``ranks`` (cached); with ``used``, the
+        template of a call NCCL runs on only its first ``used`` channels (:data:`_CHANNEL_ORDERED`)."""
+        key = (coll, algo, ranks, pxn, root if coll in ("broadcast", "reduce") else 0, used)
         t = self._templates.get(key)
         if t is None:
-            if coll in P2P:  # a single path: no communicator analysis needed
+            if used is not None:  # the full template is not kept: a world group's can be 10^5 flows
+                full = self._templates.get(key[:-1] + (None,))
+                g = self.graph(ranks, pxn)
+                specs = _first_channels(full.specs if full is not None else
+                                        template(coll, algo, g, self.view, pxn=pxn, root=root),
+                                        _CHANNEL_ORDERED[algo] * len(g.rings), used)
+            elif coll in P2P:  # a single path: no communicator analysis needed
                 a, b = ranks
-                specs: tuple[FlowSpec, ...] = ((a, b, 1.0, 0, self.view.route(a, b, 0, pxn=pxn), 0),)
+                specs = ((a, b, 1.0, 0, self.view.route(a, b, 0, pxn=pxn), 0),)
             else:
                 specs = template(coll, algo, self.graph(ranks, pxn), self.view, pxn=pxn, root=root)
-            links = self.view.links
-            load: dict[int, float] = {}
-            phases: dict[int, dict[int, float]] = {}
-            if len({sp[5] for sp in specs}) == 1:  # one phase (rings, trees, p2p): its load is the load
-                for _, _, frac, _, path, _ in specs:
-                    for link in path:
-                        load[link] = load.get(link, 0.0) + frac
-                phases[specs[0][5]] = load
-            else:
-                for _, _, frac, _, path, phase in specs:
-                    per = phases.setdefault(phase, {})
-                    for link in path:
-                        per[link] = per.get(link, 0.0) + frac
-                        load[link] = load.get(link, 0.0) + frac
-            wire = sum(max((b / links[i].bw for i, b in per.items()), default=0.0) for per in phases.values())
-            ratio = {i: b / links[i].bw for i, b in load.items()}
-            top = max(ratio.values(), default=0.0)
-            bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
-            # Links at their default latency add nothing: skip the paths when the view has no other.
-            extra = (max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
-                     if self._latency_stated else 0.0)
-            t = self._templates[key] = _Template(specs, wire, tuple(sorted(load.items())), bottleneck, extra)
+            t = self._templates[key] = self._summarize(specs)
         return t
+
+    def _summarize(self, specs: tuple[FlowSpec, ...]) -> _Template:
+        """Link loads, alone time per byte, bottleneck and extra latency of a template's flows."""
+        links = self.view.links
+        load: dict[int, float] = {}
+        phases: dict[int, dict[int, float]] = {}
+        if len({sp[5] for sp in specs}) == 1:  # one phase (rings, trees, p2p): its load is the load
+            for _, _, frac, _, path, _ in specs:
+                for link in path:
+                    load[link] = load.get(link, 0.0) + frac
+            phases[specs[0][5]] = load
+        else:
+            for _, _, frac, _, path, phase in specs:
+                per = phases.setdefault(phase, {})
+                for link in path:
+                    per[link] = per.get(link, 0.0) + frac
+                    load[link] = load.get(link, 0.0) + frac
+        wire = sum(max((b / links[i].bw for i, b in per.items()), default=0.0) for per in phases.values())
+        ratio = {i: b / links[i].bw for i, b in load.items()}
+        top = max(ratio.values(), default=0.0)
+        bottleneck = min((i for i, r in ratio.items() if r >= top * (1 - 1e-9)), default=None)
+        # Links at their default latency add nothing: skip the paths when the view has no other.
+        extra = (max((extra_latency_us(self.view, p) for p in {sp[4] for sp in specs}), default=0.0)
+                 if self._latency_stated else 0.0)
+        return _Template(specs, wire, tuple(sorted(load.items())), bottleneck, extra)
 
     def _p2p_choice(self, coll: str, nbytes: int, n: int, t: _Template, s: Settings) -> Choice:
         """send/recv and all_to_all: NCCL has no cost model; same form, per-peer protocol rule (§1.6)."""
@@ -276,7 +310,9 @@ class Planner:
                 choice = self._choices[key] = select(coll, nbytes, g, s, dtype=dtype, collnet=self.view.collnet,
                                                      nvswitch=self._nvswitch,
                                                      net_latency_us=self.view.net_latency * 1e6)
-            t = self._template(coll, choice.algo, ranks, s.pxn, root)
+            per_ring = _CHANNEL_ORDERED.get(choice.algo, 0)
+            used = choice.nchannels if choice.nchannels < per_ring * len(g.rings) else None
+            t = self._template(coll, choice.algo, ranks, s.pxn, root, used)
         else:
             t = self._template(coll, "P2P", ranks, s.pxn, root)
             choice = self._p2p_choice(coll, nbytes, n, t, s)
