@@ -1,4 +1,5 @@
-"""Recorder details: functional-collective waits at first use, DTensor local shapes, grouped p2p."""
+"""Recorder details: functional-collective waits at first use, DTensor local shapes, grouped p2p,
+device queries from C++."""
 
 import pytest
 
@@ -35,6 +36,14 @@ def test_batched_p2p_is_one_grouped_launch(ops):
     assert [o.collective for o in p2p] == ["send", "recv"]
     assert p2p[1].coalesced == p2p[0].id and p2p[0].coalesced == -1
     assert p2p[0].peer == 1 and p2p[1].peer == 3 and p2p[0].comm_bytes == 64
+
+
+def test_device_queries_from_cpp_are_answered_not_recorded(ops):
+    """``torch.mm(x, w, out=buf)`` runs (its device checks see the fake device) and is recorded as
+    one 8 x 16 x 16 GEMM; the device queries themselves leave no op."""
+    mm_out = [o for o in ops if o.name == "aten.mm.out"]
+    assert len(mm_out) == 1 and dict(mm_out[0].dims) == {"m": 8, "k": 16, "n": 16, "batch": 1}
+    assert not any(o.name.startswith("prim.") for o in ops)
 
 
 def test_wire_width_records_fp8_userbuffer_bytes():

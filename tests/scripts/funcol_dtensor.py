@@ -2,7 +2,8 @@
 
 World 4: a functional all_reduce whose result is used after an independent matmul (the wait
 must land at the first use), a DTensor column-wise matmul on a 1-D mesh of 4 (local shapes must be
-recorded, not global ones), and a batch_isend_irecv ring exchange (one grouped launch).
+recorded, not global ones), a batch_isend_irecv ring exchange (one grouped launch), and a
+``torch.mm(out=)`` whose argument checks ask C++ for the tensors' devices (answered, not recorded).
 """
 import torch
 import torch.distributed as dist
@@ -29,3 +30,6 @@ recv = torch.empty(4, 4)
 ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
 for req in dist.batch_isend_irecv(ops):
     req.wait()
+
+buf = torch.empty(8, 16)
+torch.mm(x, w, out=buf)        # C++ checks the devices of x, w and buf (prim.device)
