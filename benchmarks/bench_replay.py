@@ -361,6 +361,23 @@ def synth_trace(c: Shape) -> Trace:
                  model={"num_layers": c.layers, "hidden_size": c.hidden})
 
 
+def peak_rss_gb() -> float:
+    """This process's peak resident set, GB: ``VmHWM`` of ``/proc/self/status`` where there is one.
+
+    ``getrusage``'s ``ru_maxrss`` survives ``exec`` on Linux: a replay started by a large parent
+    (``bench_captured`` after its captures) would report the parent's peak, not its own; VmHWM
+    belongs to the process's own address space. Elsewhere ``ru_maxrss`` (taken as kB).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
 def run_case(c: Shape, link_sharing: bool = True, overlap_slowdown: float = 0.0) -> dict:
     from heterosim.cluster import load_cluster
     from replay.simulate import simulate
@@ -376,7 +393,7 @@ def run_case(c: Shape, link_sharing: bool = True, overlap_slowdown: float = 0.0)
     return {"case": c.name, "gpus": c.world, "synth_s": t1 - t0, "cluster_s": t2 - t1, "simulate_s": t3 - t2,
             "cpu_s": time.process_time() - c2, "symmetry": res.stats["symmetry"],
             "iteration_s": res.iteration_time_s, "mfu": res.mfu, "classes": res.stats["classes"],
-            "solves": res.stats["network_solves"], "maxrss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+            "solves": res.stats["network_solves"], "maxrss_GB": peak_rss_gb()}
 
 
 def _bench_trace(path: str, cluster: str, link_sharing: bool, overlap_slowdown: float = 0.0) -> int:
@@ -388,7 +405,7 @@ def _bench_trace(path: str, cluster: str, link_sharing: bool, overlap_slowdown: 
     t1, c1 = time.perf_counter(), time.process_time()
     res = simulate(trace, cluster, link_sharing=link_sharing, overlap_slowdown=overlap_slowdown)
     t2, c2 = time.perf_counter(), time.process_time()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    rss = peak_rss_gb()
     print(f"{'trace':<28} {'GPUs':>6} {'load s':>7} {'replay s':>9} {'CPU s':>7} {'iter s':>8} {'MFU':>6} "
           f"{'classes':>7} {'symmetry':>8} {'maxRSS GB':>9}")
     print(f"{path[-28:]:<28} {trace.world_size:>6} {t1 - t0:>7.2f} {t2 - t1:>9.2f} {c2 - c1:>7.2f} "

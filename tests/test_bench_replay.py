@@ -91,3 +91,18 @@ def test_cluster_cases_interleave():
     assert CASES["megascale-175b-12288-1f1b"].vpp == CASES["hopper-175b-2048-1f1b"].vpp == 1
     with pytest.raises(ValueError, match="multiple of pp"):
         Shape("bad", 8, 256, 4, 4, 1024, 512, 128, 2, 4, 2, 12, "dgx-a100", vpp=2)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_peak_rss_is_the_replays_own_not_its_parents():
+    """A child started by a parent holding 300 MB reports its own peak (well under 300 MB), where
+    getrusage's ru_maxrss would carry the parent's over exec."""
+    import subprocess
+
+    held = bytearray(300_000_000)
+    held[::4096] = b"\x01" * len(held[::4096])  # touch every page
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'benchmarks')!r}); "
+            "from bench_replay import peak_rss_gb; print(peak_rss_gb())")
+    child_gb = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert 0 < child_gb < 0.2 and len(held) == 300_000_000
