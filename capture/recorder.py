@@ -61,8 +61,8 @@ _UPLOADS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.def
 _VIEWS_EXTRA = {aten.t.default, aten.view.default, aten._unsafe_view.default}
 _DEVICE_QUERY = torch.ops.prim.device.default
 """C++ asking a fake tensor for its device (an argument check of ``torch.mm(out=)``, of every c10d
-call): no kernel, nothing to record; answered as FakeTensor answers it (``FakeTensor.__torch_dispatch__``:
-its fake device, ``meta`` while its mode runs a kernel)."""
+call): no kernel, nothing to record; answered with the fake device, as ``FakeTensor.__torch_dispatch__``
+does outside a fake kernel (inside one, or for another tensor type, the query takes the usual path)."""
 ATTENTION_IMPLS = ("flash", "fused")
 """Declared ``attention_backend`` values that name a kernel implementation (FlashAttention-2,
 cuDNN fused attention); recorded as ``dims["impl"]`` of each attention op."""
@@ -393,11 +393,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 
     # ---- dispatch ------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is _DEVICE_QUERY:  # the commonest call by far (60% of a TP-overlapped forward's)
-            t = args[0]
-            if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
-                return t.fake_device
-            return func(*args)
+        if func is _DEVICE_QUERY and isinstance(args[0], FakeTensor) and not args[0].fake_mode.in_kernel_invocation:
+            return args[0].fake_device  # the commonest call by far (60% of a TP-overlapped forward's)
         Dispatching.depth += 1  # torch's kernels see tensors on the CPU (capture/fakecuda.py)
         try:
             return self._dispatch(func, types, args, cpu_device_kwargs(kwargs or {}))
