@@ -64,11 +64,12 @@ def _all_to_all(g: GroupGraph, view: TopologyView, pxn: bool) -> list[FlowSpec]:
 
 
 def template(coll: str, algo: str, g: GroupGraph, view: TopologyView, *, pxn: bool = True,
-             root: int = 0) -> tuple[FlowSpec, ...]:
+             root: int = 0, channels: int | None = None) -> tuple[FlowSpec, ...]:
     """Flow template of ``coll`` run with ``algo`` over the group ``g`` (``root``: GPU index).
 
     all_to_all and send/recv are grouped point-to-point (``algo`` is not read); the collectives
-    take the flows of ``algo``'s registry entry (:mod:`ncclshim.algorithms`).
+    take the flows of ``algo``'s registry entry (:mod:`ncclshim.algorithms`). ``channels``: only
+    the flows of run-time channels ``0..channels-1``, for RING and TREE (``FlowBuilder``).
 
     Raises:
         UnsupportedCollectiveError: ``algo`` is not a registered algorithm.
@@ -78,4 +79,5 @@ def template(coll: str, algo: str, g: GroupGraph, view: TopologyView, *, pxn: bo
     if coll in ("send", "recv"):
         a, b = g.ranks
         return ((a, b, 1.0, 0, view.route(a, b, 0, pxn=pxn), 0),)
-    return tuple(algorithms.get(algo).flows(coll, g, view, pxn, root))
+    build = algorithms.get(algo).flows
+    return tuple(build(coll, g, view, pxn, root) if channels is None else build(coll, g, view, pxn, root, channels))

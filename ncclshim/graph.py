@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from heterosim.cluster.bandwidth import arch_index
 from heterosim.cluster.spec import DEFAULT_LATENCY_US
@@ -26,7 +27,8 @@ from heterosim.errors import TopologyError
 from ncclshim.constants import INTER_SPEEDS, INTRA_SPEEDS, MAX_CHANNELS
 from ncclshim.topology import TopologyView
 
-__all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment", "extra_latency_us"]
+__all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment", "extra_latency_us",
+           "latency_stated"]
 
 _MAX_RING_CHANNELS = MAX_CHANNELS // 2
 
@@ -95,19 +97,52 @@ class GroupGraph:
 
 def path_type(view: TopologyView, path: tuple[int, ...]) -> str:
     """NCCL's path type of a GPU->GPU or GPU->NIC path built from the view's links."""
-    kinds = [view.links[i] for i in path]
-    if any(k.kind == "net" for k in kinds):
-        kinds = kinds[: next(i for i, k in enumerate(kinds) if k.kind == "net")]
-        if any(k.kind == "nvlink" for k in kinds):
+    return _path_type(_link_traits(view), path)
+
+
+def _path_type(traits: tuple[tuple[str, bool, bool, str | None], ...], path: tuple[int, ...]) -> str:
+    kinds = [traits[i] for i in path]
+    net = next((j for j, k in enumerate(kinds) if k[0] == "net"), None)
+    if net is not None:
+        kinds = kinds[:net]
+        if any(k[0] == "nvlink" for k in kinds):
             return "PXN"
-    if kinds and all(k.kind == "nvlink" for k in kinds):
-        return "NVL" if sum(1 for k in kinds if ".gpu" in k.dst) <= 1 else "NVB"
-    if any(k.kind == "cpu" for k in kinds):
+    if kinds and all(k[0] == "nvlink" for k in kinds):
+        return "NVL" if sum(1 for k in kinds if k[1]) <= 1 else "NVB"
+    if any(k[0] == "cpu" for k in kinds):
         return "SYS"
-    if any(".cpu" in k.dst for k in kinds):
+    if any(k[2] for k in kinds):
         return "PHB"
-    switches = {k.dst for k in kinds if ".sw" in k.dst}
+    switches = {k[3] for k in kinds if k[3] is not None}
     return "PIX" if len(switches) <= 1 else "PXB"
+
+
+_PER_VIEW: dict[tuple[str, int], tuple[TopologyView, object]] = {}
+
+
+def _per_view(name: str, view: TopologyView, build: Callable[[TopologyView], Any]) -> Any:
+    """``build(view)``, computed once per view (a few views are kept; a view is immutable)."""
+    hit = _PER_VIEW.get((name, id(view)))
+    if hit is not None and hit[0] is view:
+        return hit[1]
+    value = build(view)
+    if len(_PER_VIEW) >= 32:
+        _PER_VIEW.pop(next(iter(_PER_VIEW)))
+    _PER_VIEW[(name, id(view))] = (view, value)
+    return value
+
+
+def _link_traits(view: TopologyView) -> tuple[tuple[str, bool, bool, str | None], ...]:
+    """Per link what :func:`path_type` reads: (kind, ends at a GPU, ends at a CPU, the PCIe switch
+    it ends at or None)."""
+    return _per_view("traits", view, lambda v: tuple(
+        (k.kind, ".gpu" in k.dst, ".cpu" in k.dst, k.dst if ".sw" in k.dst else None) for k in v.links))
+
+
+def latency_stated(view: TopologyView) -> bool:
+    """Whether any link's latency differs from its kind's default; when none does, every path's
+    :func:`extra_latency_us` is exactly 0 and callers may skip the sums."""
+    return _per_view("latency", view, lambda v: any(extra_latency_us(v, (i,)) != 0.0 for i in range(len(v.links))))
 
 
 def extra_latency_us(view: TopologyView, path: tuple[int, ...]) -> float:
@@ -233,8 +268,10 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
 
     intra_hops = [h.path for ring in rings for h in ring.hops if not h.inter]
     inter_hops = [h.path for ring in rings for h in ring.hops if h.inter]
-    type_intra = _worst([path_type(view, p) for p in intra_hops], "NVL")
-    type_inter = _worst([path_type(view, p) for p in inter_hops], "PIX")
+    stated = latency_stated(view)
+    traits = _link_traits(view)
+    type_intra = _worst([_path_type(traits, p) for p in set(intra_hops)], "NVL")
+    type_inter = _worst([_path_type(traits, p) for p in set(inter_hops)], "PIX")
     # totalBw: one GPU's summed intra-node bandwidth (its NVLinks, else its PCIe link), slowest member.
     total = _total_bw(view, rings) or 1e-9
     max_bw = min((min(cap[i] for i in p) for p in (inter_hops or intra_hops) if p), default=0.0)
@@ -284,27 +321,22 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
         rings=rings, n_channels=n_ch, bw_intra=speed, bw_inter=speed, runtime_channels=min(runtime, MAX_CHANNELS),
         type_intra=type_intra, type_inter=type_inter, nvls_channels=nvls_ch, nvls_bw_intra=nvls_intra,
         nvls_bw_inter=nvls_inter, coherent=all(f.coherent for f in fabrics), gpu_bw=total,
-        lat_intra_us=_mean_extra_us(view, intra_hops), lat_inter_us=_mean_extra_us(view, inter_hops),
+        lat_intra_us=_mean_extra_us(view, intra_hops) if stated else 0.0,
+        lat_inter_us=_mean_extra_us(view, inter_hops) if stated else 0.0,
         bottleneck=bottleneck,
     )
 
 
-_OUT_BW: dict[int, tuple[TopologyView, dict[str, dict[str, float]]]] = {}
-
-
 def _out_bw(view: TopologyView) -> dict[str, dict[str, float]]:
     """Per vertex, NCCL bandwidth summed over its outgoing links by kind (built once per view)."""
-    hit = _OUT_BW.get(id(view))
-    if hit is not None and hit[0] is view:
-        return hit[1]
-    out: dict[str, dict[str, float]] = {}
-    for link in view.links:
-        per_kind = out.setdefault(link.src, {})
-        per_kind[link.kind] = per_kind.get(link.kind, 0.0) + link.model_bw
-    if len(_OUT_BW) >= 16:
-        _OUT_BW.pop(next(iter(_OUT_BW)))
-    _OUT_BW[id(view)] = (view, out)
-    return out
+    def build(v: TopologyView) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for link in v.links:
+            per_kind = out.setdefault(link.src, {})
+            per_kind[link.kind] = per_kind.get(link.kind, 0.0) + link.model_bw
+        return out
+
+    return _per_view("out_bw", view, build)
 
 
 def _total_bw(view: TopologyView, rings: tuple[Ring, ...]) -> float:

@@ -34,7 +34,7 @@ from heterosim.errors import UnsupportedCollectiveError
 from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
-from ncclshim.graph import GroupGraph, analyze, extra_latency_us
+from ncclshim.graph import GroupGraph, analyze, extra_latency_us, latency_stated
 from ncclshim.topology import TopologyView
 from ncclshim.translate import NodeTranslator
 from ncclshim.tuning import Choice, Settings, parse_env, select
@@ -159,7 +159,7 @@ class Planner:
         self._plans: dict[tuple, Plan] = {}
         self._settings: dict[tuple, Settings] = {}
         self._nvswitch = all(n.fabric.kind == "nvswitch" for n in view.nodes)
-        self._latency_stated = any(extra_latency_us(view, (i,)) != 0.0 for i in range(len(view.links)))
+        self._latency_stated = latency_stated(view)
         """Whether any link's latency differs from its kind's default (else every path's extra is 0)."""
 
     def plan(self, collective: str, nbytes: int, ranks: Sequence[int], *, env: Mapping[str, str] | None = None,
@@ -221,11 +221,11 @@ class Planner:
         key = (coll, algo, ranks, pxn, root if coll in ("broadcast", "reduce") else 0, used)
         t = self._templates.get(key)
         if t is None:
-            if used is not None:  # the full template is not kept: a world group's can be 10^5 flows
+            if used is not None:  # only the used channels' flows are built (a world tree has 10^5)
                 full = self._templates.get(key[:-1] + (None,))
                 g = self.graph(ranks, pxn)
                 specs = _first_channels(full.specs if full is not None else
-                                        template(coll, algo, g, self.view, pxn=pxn, root=root),
+                                        template(coll, algo, g, self.view, pxn=pxn, root=root, channels=used),
                                         _CHANNEL_ORDERED[algo] * len(g.rings), used)
             elif coll in P2P:  # a single path: no communicator analysis needed
                 a, b = ranks

@@ -32,8 +32,11 @@ __all__ = [
 
 FlowSpec = tuple[int, int, float, int, tuple[int, ...], int]
 """(src GPU, dst GPU, fraction of nbytes, channel, path link ids, phase)."""
-FlowBuilder = Callable[[str, GroupGraph, TopologyView, bool, int], list[FlowSpec]]
-"""``(collective, group, view, pxn, root GPU) -> flow specs`` (size-independent fractions)."""
+FlowBuilder = Callable[..., list[FlowSpec]]
+"""``(collective, group, view, pxn, root GPU) -> flow specs`` (size-independent fractions). The
+builders of RING and TREE, whose channel ``k`` is NCCL's run-time channel ``k``, take a sixth
+argument, the channels a call runs on, and then build only those channels' flows, each with the
+fraction it has in the full set (``ncclshim.planner``'s small-call templates)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -140,15 +140,19 @@ def _reduce_chain(g: GroupGraph, view: TopologyView, root: int, pxn: bool) -> li
     return out
 
 
-def _ring_template(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int) -> list[FlowSpec]:
+def _ring_template(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int,
+                   channels: int | None = None) -> list[FlowSpec]:
+    """The collective's ring flows; with ``channels``, only rings ``0..channels-1`` (same fractions)."""
     n = len(g.ranks)
     if coll == "all_reduce":
-        return ring_flows(g, 2 * (n - 1) / n)
-    if coll in ("all_gather", "reduce_scatter"):
-        return ring_flows(g, (n - 1) / n)
-    if coll == "broadcast":
-        return _chain_from_root(g, root)
-    return _reduce_chain(g, view, root, pxn)
+        out = ring_flows(g, 2 * (n - 1) / n)
+    elif coll in ("all_gather", "reduce_scatter"):
+        out = ring_flows(g, (n - 1) / n)
+    elif coll == "broadcast":
+        out = _chain_from_root(g, root)
+    else:
+        out = _reduce_chain(g, view, root, pxn)
+    return out if channels is None else [sp for sp in out if sp[3] < channels]
 
 
 RING = Algorithm(

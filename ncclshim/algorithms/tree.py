@@ -99,12 +99,16 @@ def _nic_index(view: TopologyView, dst: int, nic: int) -> int:
     return nics.index(nic) if nic in nics else 0
 
 
-def _tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int) -> list[FlowSpec]:
+def _tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: int,
+                channels: int | None = None) -> list[FlowSpec]:
+    """Both trees of every pattern; with ``channels``, only channels ``0..channels-1`` (pattern
+    ``p`` of tree ``t`` is channel ``p + t R``), each flow keeping its fraction of the full set."""
     out: list[FlowSpec] = []
     patterns = len(g.rings)
     t_parents = dtree_parents(g.n_nodes)
     share = 0.5 / patterns  # each of the 2 trees x R patterns carries S / (2R) per direction
-    for p in range(patterns):
+    last = 2 * patterns if channels is None else min(channels, 2 * patterns)
+    for p in range(min(patterns, last)):
         # each node's chain in the pattern's ring and the NIC the ring enters the node by
         if g.n_nodes == 1:
             chains, entry_nic = [list(g.node_members[0])], []
@@ -113,6 +117,8 @@ def _tree_flows(coll: str, g: GroupGraph, view: TopologyView, pxn: bool, root: i
             chains, entry_nic = [c for c, _ in segs], [nic for _, nic in segs]
         for t, parents in enumerate(t_parents):
             ch = p + t * patterns
+            if ch >= last:
+                continue
             for chain in chains:
                 for a, b in zip(chain, chain[1:]):
                     out.append((b, a, share, ch, view.route(b, a, 0, pxn=pxn), 0))
