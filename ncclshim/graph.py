@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
 
 from heterosim.cluster.bandwidth import arch_index
 from heterosim.cluster.spec import DEFAULT_LATENCY_US
 from heterosim.errors import TopologyError
 from ncclshim.constants import INTER_SPEEDS, INTRA_SPEEDS, MAX_CHANNELS
-from ncclshim.topology import TopologyView
+from ncclshim.topology import TopologyView, per_view
 
 __all__ = ["Hop", "Ring", "GroupGraph", "analyze", "path_type", "node_segment", "extra_latency_us",
            "latency_stated"]
@@ -117,32 +116,17 @@ def _path_type(traits: tuple[tuple[str, bool, bool, str | None], ...], path: tup
     return "PIX" if len(switches) <= 1 else "PXB"
 
 
-_PER_VIEW: dict[tuple[str, int], tuple[TopologyView, object]] = {}
-
-
-def _per_view(name: str, view: TopologyView, build: Callable[[TopologyView], Any]) -> Any:
-    """``build(view)``, computed once per view (a few views are kept; a view is immutable)."""
-    hit = _PER_VIEW.get((name, id(view)))
-    if hit is not None and hit[0] is view:
-        return hit[1]
-    value = build(view)
-    if len(_PER_VIEW) >= 32:
-        _PER_VIEW.pop(next(iter(_PER_VIEW)))
-    _PER_VIEW[(name, id(view))] = (view, value)
-    return value
-
-
 def _link_traits(view: TopologyView) -> tuple[tuple[str, bool, bool, str | None], ...]:
     """Per link what :func:`path_type` reads: (kind, ends at a GPU, ends at a CPU, the PCIe switch
     it ends at or None)."""
-    return _per_view("traits", view, lambda v: tuple(
+    return per_view("traits", view, lambda v: tuple(
         (k.kind, ".gpu" in k.dst, ".cpu" in k.dst, k.dst if ".sw" in k.dst else None) for k in v.links))
 
 
 def latency_stated(view: TopologyView) -> bool:
     """Whether any link's latency differs from its kind's default; when none does, every path's
     :func:`extra_latency_us` is exactly 0 and callers may skip the sums."""
-    return _per_view("latency", view, lambda v: any(extra_latency_us(v, (i,)) != 0.0 for i in range(len(v.links))))
+    return per_view("latency", view, lambda v: any(extra_latency_us(v, (i,)) != 0.0 for i in range(len(v.links))))
 
 
 def extra_latency_us(view: TopologyView, path: tuple[int, ...]) -> float:
@@ -336,7 +320,7 @@ def _out_bw(view: TopologyView) -> dict[str, dict[str, float]]:
             per_kind[link.kind] = per_kind.get(link.kind, 0.0) + link.model_bw
         return out
 
-    return _per_view("out_bw", view, build)
+    return per_view("out_bw", view, build)
 
 
 def _total_bw(view: TopologyView, rings: tuple[Ring, ...]) -> float:

@@ -35,7 +35,7 @@ from heterosim.trace.vocab import DTYPE_BYTES, P2P
 from ncclshim.constants import BASE_LAT_US, COST_COLLECTIVES, HW_LAT_US, PROTO_EFFICIENCY, PROTOS
 from ncclshim.flows import FlowSpec, template
 from ncclshim.graph import GroupGraph, analyze, extra_latency_us, latency_stated
-from ncclshim.topology import TopologyView
+from ncclshim.topology import TopologyView, per_view
 from ncclshim.translate import NodeTranslator
 from ncclshim.tuning import Choice, Settings, parse_env, select
 
@@ -131,8 +131,9 @@ ring ``k`` of the search (run-time channels repeat the search's rings,
 half of the channels takes the dual tree, ``connectTrees``)."""
 
 
-def _first_channels(specs: Sequence[FlowSpec], channels: int, used: int) -> tuple[FlowSpec, ...]:
-    """The specs of channels ``0..used-1`` of a ``channels``-channel template, each carrying
+def _rescaled(specs: Sequence[FlowSpec], channels: int, used: int) -> tuple[FlowSpec, ...]:
+    """Flows of the first ``used`` channels of a ``channels``-channel template (as the RING and
+    TREE builders give them, each with its fraction of the full set), each channel now carrying
     ``1/used`` of the buffer instead of ``1/channels``.
 
     A call smaller than ``channels x threads x threshold`` bytes runs on fewer channels
@@ -141,7 +142,7 @@ def _first_channels(specs: Sequence[FlowSpec], channels: int, used: int) -> tupl
     stands for every run-time channel (§7), whether or not ``used`` is a multiple of ``channels``.
     """
     scale = channels / used
-    return tuple((a, b, frac * scale, ch, path, ph) for a, b, frac, ch, path, ph in specs if ch < used)
+    return tuple((a, b, frac * scale, ch, path, ph) for a, b, frac, ch, path, ph in specs)
 
 
 class Planner:
@@ -222,11 +223,9 @@ class Planner:
         t = self._templates.get(key)
         if t is None:
             if used is not None:  # only the used channels' flows are built (a world tree has 10^5)
-                full = self._templates.get(key[:-1] + (None,))
                 g = self.graph(ranks, pxn)
-                specs = _first_channels(full.specs if full is not None else
-                                        template(coll, algo, g, self.view, pxn=pxn, root=root, channels=used),
-                                        _CHANNEL_ORDERED[algo] * len(g.rings), used)
+                specs = _rescaled(template(coll, algo, g, self.view, pxn=pxn, root=root, channels=used),
+                                  _CHANNEL_ORDERED[algo] * len(g.rings), used)
             elif coll in P2P:  # a single path: no communicator analysis needed
                 a, b = ranks
                 specs = ((a, b, 1.0, 0, self.view.route(a, b, 0, pxn=pxn), 0),)
@@ -338,9 +337,6 @@ def _signature(g: GroupGraph) -> tuple:
             g.coherent, len(g.rings), g.lat_intra_us, g.lat_inter_us, g.gpu_bw)
 
 
-_PLANNERS: dict[int, Planner] = {}
-
-
 def plan(collective: str, nbytes: int, ranks: Sequence[int], topology: TopologyView, *,
          env: Mapping[str, str] | None = None, dtype: str = "bf16", root: int = 0) -> Plan:
     """NCCL's plan for ``collective`` of ``nbytes`` over GPUs ``ranks`` of ``topology``.
@@ -368,9 +364,5 @@ def plan(collective: str, nbytes: int, ranks: Sequence[int], topology: TopologyV
         >>> p.algo, p.proto, round(p.busbw / 1e9)
         ('RING', 'SIMPLE', 238)
     """
-    planner = _PLANNERS.get(id(topology))
-    if planner is None or planner.view is not topology:
-        if len(_PLANNERS) >= 16:
-            _PLANNERS.pop(next(iter(_PLANNERS)))
-        planner = _PLANNERS[id(topology)] = Planner(topology)
+    planner = per_view("planner", topology, Planner)
     return planner.plan(collective, nbytes, ranks, env=env, dtype=dtype, root=root)

@@ -24,7 +24,7 @@ live with the cluster model, in :mod:`heterosim.cluster.bandwidth`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from heterosim.errors import TopologyError
 
@@ -37,6 +37,7 @@ __all__ = [
     "Router",
     "TopologyView",
     "PATH_TYPES",
+    "per_view",
 ]
 
 FabricKind = Literal["nvswitch", "nvlink_mesh", "pcie"]
@@ -213,3 +214,20 @@ class TopologyView:
     def path_latency(self, path: tuple[int, ...]) -> float:
         """Sum of the links' latencies along a path, s."""
         return sum(self.links[i].latency for i in path)
+
+
+_PER_VIEW: dict[tuple[str, int], tuple[TopologyView, Any]] = {}
+
+
+def per_view(name: str, view: TopologyView, build: Callable[[TopologyView], Any]) -> Any:
+    """``build(view)`` under ``name``, computed once per view object (a view does not change after
+    it is built); the 32 most recent entries are kept, each holding its view so that a reused
+    ``id`` cannot return another view's value."""
+    hit = _PER_VIEW.get((name, id(view)))
+    if hit is not None and hit[0] is view:
+        return hit[1]
+    value = build(view)
+    if len(_PER_VIEW) >= 32:
+        _PER_VIEW.pop(next(iter(_PER_VIEW)))
+    _PER_VIEW[(name, id(view))] = (view, value)
+    return value

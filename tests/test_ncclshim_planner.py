@@ -102,11 +102,11 @@ def test_flows_alone_reproduce_time(view, coll, size, ranks, env):
     assert fluid_replay(p, view) == pytest.approx(p.time_s, rel=0.03)
 
 
-
 def test_small_calls_use_only_their_channels():
     """A 4-byte all-reduce over 2 nodes runs on one channel (NCCL's small-message reduction): its
     flows are one tree (channel 0), 15 edges of 16 ranks, each carrying the whole 4 bytes up and
-    down; 1 GiB spreads over all the template's channels. Both move the same payload in total."""
+    down; forced onto 32 channels (NCCL_MIN_NCHANNELS) it spreads over every channel of the
+    template. Both move the same payload in total."""
     small = plan("all_reduce", 4, tuple(range(16)), A100x2, dtype="fp32")
     assert (small.algo, small.proto, small.nchannels) == ("TREE", "LL", 1)
     assert {f.channel for f in small.flows} == {0}
@@ -115,6 +115,7 @@ def test_small_calls_use_only_their_channels():
     assert full.nchannels > max(f.channel for f in full.flows)  # every channel of the template used
     assert sum(f.bytes for f in full.flows) == pytest.approx(sum(f.bytes for f in small.flows))
     assert small.flow_time_s == pytest.approx(small.time_s)
+
 
 def test_plans_are_cached_and_groups_share_decisions():
     """The same call returns the same Plan object; every TP group of a cluster shares one NCCL
