@@ -16,7 +16,10 @@ Pairing rules (the same for both engines):
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
@@ -374,91 +377,159 @@ class RoleSkeleton:
 
 
 def build_skeleton(w: Workload, role_id: int, gpus: Sequence[str], xp: Any = np) -> RoleSkeleton:
-    """Collect a role's points and, for each GPU type, its compute spans (prefix sums)."""
+    """Collect a role's points and, for each GPU type, its compute spans (prefix sums).
+
+    Each distinct block is read once; the program's points are then concatenations of the blocks'
+    columns (a role repeats a few blocks thousands of times), with op ids and point indices offset
+    per segment in numpy.
+    """
     role = w.trace.roles[role_id]
-    sk = RoleSkeleton(role=role_id, op_id=[], kind=[], name=[], phase=[], mb=[], stream=[], group=[],
-                      collective=[], nbytes=[], dtype=[], peer=[], target=[], coalesced=[],
-                      num_ops=role.num_ops)
-    pos_cache: dict[str, np.ndarray] = {}
-    local: dict[str, tuple] = {}
+    program = list(map(attrgetter("block"), role.program))
+    local: dict[str, _BlockPoints] = {}
     sig_ids: dict[tuple, int] = {}
     for b, blk in role.blocks.items():
-        cols = blk.columns
-        pos = [i for i, k in enumerate(cols["kind"]) if k != "compute"]
-        pos_cache[b] = np.asarray(pos, dtype=np.int64)
-        at = {i: j for j, i in enumerate(pos)}  # block op index -> block point index
-        kinds = [cols["kind"][i] for i in pos]
-        # wait target / coalesced partner (an earlier op): its block point index when it is in the
-        # block, else -1 - distance (resolved against earlier segments); None: none
-        tgt = [at.get(i - cols["target"][i], -1 - cols["target"][i]) if k == "wait" else None
-               for i, k in zip(pos, kinds)]
-        coal = [at.get(i - cols["coalesced"][i], -1 - cols["coalesced"][i])
-                if cols["coalesced"][i] > 0 and k != "wait" else None for i, k in zip(pos, kinds)]
-        sigs = [sig_ids.setdefault((cols["group"][i], cols["collective"][i], int(cols["comm_bytes"][i]),
-                                    cols["dtype"][i], int(cols["peer"][i])), len(sig_ids)) for i in pos]
-        local[b] = (pos, kinds, [cols["name"][i] for i in pos], [cols["phase"][i] for i in pos],
-                    [cols["stream"][i] for i in pos], [cols["group"][i] for i in pos],
-                    [cols["collective"][i] for i in pos], [int(cols["comm_bytes"][i]) for i in pos],
-                    [cols["dtype"][i] for i in pos], [int(cols["peer"][i]) for i in pos], tgt, coal, len(kinds),
-                    sigs)
-    point_of_op: dict[int, int] = {}
-    base = 0
-    for seg in role.program:
-        pos, kinds, names, phases, streams, groups, colls, nbytes, dtypes, peers, tgt, coal, n, sigs = local[seg.block]
-        p0 = len(sk.kind)
-        oids = [base + i for i in pos]
-        point_of_op.update(zip(oids, range(p0, p0 + n)))
-        sk.op_id += oids
-        sk.kind += kinds
-        sk.name += names
-        sk.phase += phases
-        sk.mb += [seg.mb] * n
-        sk.stream += streams
-        sk.group += groups
-        sk.collective += colls
-        sk.nbytes += nbytes
-        sk.dtype += dtypes
-        sk.peer += peers
-        sk.sig += sigs
-        sk.target += [-1 if t is None else p0 + t if t >= 0 else point_of_op[oid + 1 + t]
-                      for oid, t in zip(oids, tgt)]
-        sk.coalesced += [p0 + j if c is None else p0 + c if c >= 0 else point_of_op.get(oid + 1 + c, p0 + j)
-                         for j, (oid, c) in enumerate(zip(oids, coal))]
-        base += len(role.blocks[seg.block].columns["kind"])
+        local[b] = _block_points(blk.columns, sig_ids)
+    parts = [local[b] for b in program]
+    npts = np.fromiter(map(attrgetter("n"), parts), dtype=np.int64, count=len(parts))
+    nops = np.fromiter(map(attrgetter("num_ops"), parts), dtype=np.int64, count=len(parts))
+    p0 = np.zeros(len(parts), dtype=np.int64)
+    base = np.zeros(len(parts), dtype=np.int64)
+    if parts:
+        np.cumsum(npts[:-1], out=p0[1:])
+        np.cumsum(nops[:-1], out=base[1:])
+    chain = itertools.chain.from_iterable
+    seg_p0 = np.repeat(p0, npts)
+    op_id = np.concatenate([p.pos for p in parts] or [np.zeros(0, dtype=np.int64)]) + np.repeat(base, npts)
+    own = np.arange(int(npts.sum()), dtype=np.int64)
+
+    def resolve(rel: np.ndarray, missing: np.ndarray | None) -> np.ndarray:
+        """Point index of each point's earlier partner: ``rel`` holds the block point index (>= 0),
+        -1 - distance for an op of an earlier segment, or _NONE; ``missing`` (None: must exist)
+        is taken where an earlier op is not a point."""
+        out = np.where(rel >= 0, seg_p0 + rel, -1)
+        cross = np.flatnonzero((rel < 0) & (rel != _NONE))
+        if cross.size:
+            oid = op_id[cross] + 1 + rel[cross]
+            at = np.searchsorted(op_id, oid)
+            found = (at < op_id.size) & (op_id[np.minimum(at, op_id.size - 1)] == oid)
+            if missing is None and not found.all():
+                raise KeyError(int(oid[np.argmin(found)]))
+            out[cross] = at if missing is None else np.where(found, at, missing[cross])
+        return out
+
+    tgt = np.concatenate([p.tgt for p in parts] or [np.zeros(0, dtype=np.int64)])
+    coal = np.concatenate([p.coal for p in parts] or [np.zeros(0, dtype=np.int64)])
+    coalesced = resolve(coal, own)
+    coalesced = np.where(coal == _NONE, own, coalesced)
+
+    def cat(name: str) -> list:
+        return list(chain(map(attrgetter(name), parts)))
+
+    sk = RoleSkeleton(
+        role=role_id, op_id=op_id.tolist(), kind=cat("kinds"), name=cat("names"), phase=cat("phases"),
+        mb=np.repeat(np.fromiter(map(attrgetter("mb"), role.program), dtype=np.int64, count=len(parts)),
+                     npts).tolist(),
+        stream=cat("streams"), group=cat("groups"), collective=cat("colls"), nbytes=cat("nbytes"),
+        dtype=cat("dtypes"), peer=cat("peers"), target=resolve(tgt, None).tolist(),
+        coalesced=coalesced.tolist(), num_ops=int(nops.sum()), sig=cat("sigs"))
+    counts = Counter(program)
     for gpu in dict.fromkeys(gpus):
         block_spans: dict[str, np.ndarray] = {}
         phase_tot: dict[str, float] = {}
         for b, blk in role.blocks.items():
             dur = xp.asarray(w.block_durations(role_id, b, gpu))
             prefix = xp.concatenate([xp.zeros(1), xp.cumsum(dur)])
-            pos = xp.asarray(pos_cache[b])
+            pos = xp.asarray(local[b].pos)
             starts = xp.concatenate([xp.zeros(1, dtype=pos.dtype), pos + 1])
             ends = xp.concatenate([pos, xp.asarray([len(blk)], dtype=pos.dtype)])
             block_spans[b] = _host(prefix[ends] - prefix[starts])
-        counts: dict[str, int] = {}
-        for seg in role.program:
-            counts[seg.block] = counts.get(seg.block, 0) + 1
         for b, n in counts.items():
             dur = w.block_durations(role_id, b, gpu)
             for ph, d in zip(role.blocks[b].columns["phase"], dur.tolist()):
                 phase_tot[ph] = phase_tot.get(ph, 0.0) + d * n
-        spans = np.zeros(len(sk.kind) + 1)
-        k = 0
-        carry = 0.0
-        for seg in role.program:
-            bs = block_spans[seg.block]
-            n = bs.size - 1
-            if n == 0:
-                carry += float(bs[0])
-                continue
-            spans[k:k + n] = bs[:n]
-            spans[k] += carry
-            carry = float(bs[n])
-            k += n
-        spans[k] += carry
-        sk.spans[gpu] = spans
+        sk.spans[gpu] = _program_spans(program, block_spans, len(sk.kind))
         sk.phase_compute[gpu] = phase_tot
     return sk
+
+
+_NONE = np.iinfo(np.int64).min
+"""A point without a wait target / coalesced partner (:func:`_block_points`)."""
+
+
+@dataclass(slots=True)
+class _BlockPoints:
+    """One block's points (its non-compute ops) as :func:`build_skeleton` concatenates them."""
+
+    pos: np.ndarray
+    kinds: list
+    names: list
+    phases: list
+    streams: list
+    groups: list
+    colls: list
+    nbytes: list
+    dtypes: list
+    peers: list
+    tgt: np.ndarray
+    """Wait target: its block point index, -1 - distance for an op before the block, else _NONE."""
+    coal: np.ndarray
+    """Coalesced partner (an earlier op), encoded as ``tgt``."""
+    sigs: list
+    n: int
+    """Number of points."""
+    num_ops: int
+    """Number of ops of the block."""
+
+
+def _block_points(cols: Any, sig_ids: dict[tuple, int]) -> _BlockPoints:
+    pos = [i for i, k in enumerate(cols["kind"]) if k != "compute"]
+    at = {i: j for j, i in enumerate(pos)}  # block op index -> block point index
+    kinds = [cols["kind"][i] for i in pos]
+    tgt = [at.get(i - cols["target"][i], -1 - cols["target"][i]) if k == "wait" else _NONE
+           for i, k in zip(pos, kinds)]
+    coal = [at.get(i - cols["coalesced"][i], -1 - cols["coalesced"][i])
+            if cols["coalesced"][i] > 0 and k != "wait" else _NONE for i, k in zip(pos, kinds)]
+    sigs = [sig_ids.setdefault((cols["group"][i], cols["collective"][i], int(cols["comm_bytes"][i]),
+                                cols["dtype"][i], int(cols["peer"][i])), len(sig_ids)) for i in pos]
+    return _BlockPoints(
+        pos=np.asarray(pos, dtype=np.int64), kinds=kinds, names=[cols["name"][i] for i in pos],
+        phases=[cols["phase"][i] for i in pos], streams=[cols["stream"][i] for i in pos],
+        groups=[cols["group"][i] for i in pos], colls=[cols["collective"][i] for i in pos],
+        nbytes=[int(cols["comm_bytes"][i]) for i in pos], dtypes=[cols["dtype"][i] for i in pos],
+        peers=[int(cols["peer"][i]) for i in pos], tgt=np.asarray(tgt, dtype=np.int64),
+        coal=np.asarray(coal, dtype=np.int64), sigs=sigs, n=len(pos),
+        num_ops=len(cols["kind"]))
+
+
+def _program_spans(program: Sequence[str], block_spans: dict[str, np.ndarray], npoints: int) -> np.ndarray:
+    """Compute seconds before each point of the program (and the tail after the last): a block's
+    spans between its points, the compute after a block's last point carried onto the next point
+    (summed in program order over blocks without points)."""
+    spans = np.zeros(npoints + 1)
+    if not program:
+        return spans
+    if all(bs.size > 1 for bs in block_spans.values()):  # every block has a point: no sums to carry
+        spans[:npoints] = np.concatenate([block_spans[b][:-1] for b in program])
+        last = np.fromiter((block_spans[b][-1] for b in program), dtype=np.float64, count=len(program))
+        firsts = np.zeros(len(program), dtype=np.int64)
+        np.cumsum([block_spans[b].size - 1 for b in program[:-1]], out=firsts[1:])
+        spans[firsts[1:]] += last[:-1]
+        spans[npoints] += last[-1]
+        return spans
+    k = 0
+    carry = 0.0
+    for b in program:
+        bs = block_spans[b]
+        n = bs.size - 1
+        if n == 0:
+            carry += float(bs[0])
+            continue
+        spans[k:k + n] = bs[:n]
+        spans[k] += carry
+        carry = float(bs[n])
+        k += n
+    spans[k] += carry
+    return spans
 
 
 def _host(a: Any) -> np.ndarray:

@@ -33,6 +33,7 @@ periodic=False)`` turns it off.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from typing import Any
@@ -42,7 +43,7 @@ import numpy as np
 from .events import Ev
 from .expand import RoleSkeleton, WaitRecord
 
-__all__ = ["point_period", "Skipper", "TIME_TOL"]
+__all__ = ["point_period", "Skipper", "SkippedBlockers", "TIME_TOL"]
 
 TIME_TOL = 1e-12
 """Two checkpoints' time offsets (seconds from the checkpoint) count as equal within this."""
@@ -82,8 +83,8 @@ def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] |
     return None
 
 
-def _wait_record(fields: tuple) -> WaitRecord:
-    return tuple.__new__(WaitRecord, fields)
+_wait_record = functools.partial(tuple.__new__, WaitRecord)
+"""A :class:`WaitRecord` from a tuple of its fields, built at C speed."""
 
 
 def _rel(x: float, t: float) -> float:
@@ -98,6 +99,70 @@ def _same(a: list[float], b: list[float]) -> bool:
         elif abs(x - y) > TIME_TOL:
             return False
     return len(a) == len(b)
+
+
+class SkippedBlockers(dict):
+    """A class's blockers (comm point -> (class, point) of the member that issued it last) once
+    ``S`` points from ``f`` were skipped in periods of ``D``: a skipped point's entry is that of its
+    point in the last period before ``f``, ``j + 1`` periods on (``j``: its period), the blocking
+    class's period being ``strides[class]`` points. Resolved when read rather than written out:
+    only the critical path reads a few of them. Reading every entry (``items``, ``len``, ``==``)
+    lists them all."""
+
+    def __init__(self, base: dict, f: int, S: int, D: int, strides: list[int]):
+        super().__init__(base)
+        self.f, self.S, self.D, self.strides = f, S, D, strides
+
+    def _skipped(self, q: Any) -> tuple[int, int] | None:
+        if not isinstance(q, int) or not self.f <= q < self.f + self.S:
+            return None
+        j, r = divmod(q - self.f, self.D)
+        got = dict.get(self, self.f - self.D + r)
+        if got is None:
+            return None
+        cj, pj = got
+        return cj, pj + (j + 1) * self.strides[cj]
+
+    def __missing__(self, q: Any) -> tuple[int, int]:
+        got = self._skipped(q)
+        if got is None:
+            raise KeyError(q)
+        return got
+
+    def __contains__(self, q: Any) -> bool:
+        return dict.__contains__(self, q) or self._skipped(q) is not None
+
+    def get(self, q: Any, default: Any = None) -> Any:
+        return self[q] if q in self else default
+
+    def full(self) -> dict[int, tuple[int, int]]:
+        """Every entry, the skipped ones written out."""
+        out = dict(dict.items(self))
+        for r in range(self.D):
+            if dict.__contains__(self, self.f - self.D + r):
+                for q in range(self.f + r, self.f + self.S, self.D):
+                    out[q] = self[q]
+        return out
+
+    def items(self):  # type: ignore[override]
+        return self.full().items()
+
+    def keys(self):  # type: ignore[override]
+        return self.full().keys()
+
+    def values(self):  # type: ignore[override]
+        return self.full().values()
+
+    def __iter__(self):
+        return iter(self.full())
+
+    def __len__(self) -> int:
+        return len(self.full())
+
+    def __eq__(self, other: object) -> bool:
+        return self.full() == (other.full() if isinstance(other, SkippedBlockers) else other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class Skipper:
@@ -284,13 +349,7 @@ class Skipper:
         keyed = [r for r in range(D) if src + r in cl.keys]
         cl.keys.update(zip((f + rows * D + np.array(keyed, dtype=np.int64)).ravel().tolist(),
                            [cl.keys[src + r] for r in keyed] * K))
-        blk = sim.blocker[ci]
-        by = [(r, cj, pj, stride[cj]) for r in range(D) if src + r in blk
-              for cj, pj in (blk[src + r],)]
-        if by:
-            r_, cj_, pj_, lj_ = (np.array(c, dtype=np.int64) for c in zip(*by))
-            blk.update(zip((f + rows * D + r_).ravel().tolist(),
-                           zip(cj_.tolist() * K, (pj_ + (rows + 1) * lj_).ravel().tolist())))
+        sim.blocker[ci] = SkippedBlockers(sim.blocker[ci], f, S, D, list(stride))
         base_w = cl.waits[w0:]
         if base_w:  # the last period's waits, j * T and j periods of points on (j = 1..K)
             t_block, t_end, t_start, dims, inter, points = (list(c) for c in zip(*base_w))

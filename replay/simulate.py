@@ -18,6 +18,7 @@ import numpy as np
 
 from heterosim.cluster import Cluster, load_cluster
 from heterosim.errors import ConfigError, ReplayError
+from heterosim.gcpause import paused_gc
 from heterosim.trace.ir import Trace, flop_totals
 from heterosim.trace.store import load_trace
 from heterosim.trace.vocab import DTYPE_BYTES, as_planned
@@ -304,6 +305,16 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         host: the GPU waits for its CPU to issue every op (:mod:`replay.host`, the node types'
             ``cpu.dispatch_us``; docs/host.md); False: the host is never the bottleneck.
     """
+    with paused_gc():  # millions of long-lived small objects: see heterosim/gcpause.py
+        return _simulate(trace, cluster, kernel_db, backend=backend, link_sharing=link_sharing,
+                         nccl_env=nccl_env, placement=placement, engine=engine, symmetry=symmetry,
+                         overlap_slowdown=overlap_slowdown, progress=progress, host=host)
+
+
+def _simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any, *, backend: str,
+              link_sharing: bool, nccl_env: Mapping[str, str] | None, placement: Any, engine: str,
+              symmetry: str, overlap_slowdown: float, progress: Callable[[int], None] | None,
+              host: bool) -> Result:
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     xp = get_backend(backend)

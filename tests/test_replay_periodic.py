@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from replay.engine import run_fast
-from replay.periodic import point_period
+from replay.periodic import SkippedBlockers, point_period
 from replay.reference import run_reference
 from tests.test_replay_engine import assert_same, coll, comp, make_trace, p2p, toy_workload, wait
 
@@ -199,3 +199,19 @@ def test_a_period_of_waits_alone_skips_nothing(monkeypatch):
     s = periodic.Skipper(sim)
     assert s.periods == [] and s.anchor_point == -1
     assert not s.is_checkpoint(0, 5)
+
+
+def test_skipped_blockers_read_as_if_written_out():
+    """Points 6..11 skipped in periods of 2 after points 4, 5 (the last period): point 6 + 2j + r is
+    blocked by what blocked 4 + r, j + 1 periods on (class 0 advances 2 points a period, class 1 three)."""
+    base = {0: (0, 0), 3: (1, 7), 4: (0, 2), 5: (1, 9)}
+    b = SkippedBlockers(base, f=6, S=6, D=2, strides=[2, 3])
+    assert (b[6], b[7], b[8], b[9], b[10], b[11]) == ((0, 4), (1, 12), (0, 6), (1, 15), (0, 8), (1, 18))
+    assert b[3] == (1, 7) and 11 in b and 12 not in b and 2 not in b and b.get(12) is None
+    with pytest.raises(KeyError):
+        b[12]
+    b[13] = (0, 20)  # the cool-down after the skip writes on as usual
+    assert len(b) == 11 and dict(b.items()) == {**base, 6: (0, 4), 7: (1, 12), 8: (0, 6), 9: (1, 15), 10: (0, 8),
+                                                11: (1, 18), 13: (0, 20)}
+    gap = SkippedBlockers({4: (0, 1)}, f=6, S=4, D=2, strides=[1])  # point 5 had no blocker: nor do 7, 9
+    assert 7 not in gap and sorted(gap.keys()) == [4, 6, 8]

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from heterosim.atomic import atomic_dir, check_dir_output
 from heterosim.errors import TraceSchemaError
+from heterosim.gcpause import paused_gc
 from heterosim.trace.ir import (
     COLUMNS,
     LAUNCHES,
@@ -314,7 +315,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Everything read is checked for type and range before use (a damaged or hostile trace gives
     one TraceSchemaError, never another exception), and role files must lie inside ``path``.
     """
-    path = Path(path)
+    with paused_gc():  # a large trace is millions of small objects (heterosim/gcpause.py)
+        return _load_trace(Path(path))
+
+
+def _load_trace(path: Path) -> Trace:
     hfile = path / "trace.json"
     if not hfile.is_file():
         raise TraceSchemaError(

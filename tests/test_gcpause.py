@@ -1,0 +1,41 @@
+"""heterosim.gcpause.paused_gc: the cyclic collector is off inside and as it was after."""
+
+import gc
+
+import pytest
+
+from heterosim.gcpause import paused_gc
+
+
+def test_paused_inside_and_restored_after_even_on_error():
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), paused_gc():
+        raise ValueError("boom")
+    assert gc.isenabled()
+
+
+def test_nested_and_already_disabled_stay_as_the_caller_set_them():
+    with paused_gc():
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_simulate_leaves_the_collector_on():
+    from replay.simulate import simulate
+    from tests.test_replay_engine import comp, make_trace
+
+    trace = make_trace(8, {}, [(list(range(8)), {"A": [comp(1e12)]}, [("A", 0)])])
+    assert simulate(trace, "dgx-a100").iteration_time_s > 0
+    assert gc.isenabled()
