@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
+from models.layers.fp8 import RECIPES as FP8_RECIPES
 from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
 from models.parallel_state import split_stage_layers
 from models.presets import get_preset
@@ -118,7 +119,7 @@ _DEFAULTS: dict[str, Any] = {
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
     "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None,
     "overlap_p2p_communication": False,
-    "fp8_format": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
+    "fp8_format": None, "fp8_recipe": "delayed", "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
     "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "auto",
@@ -186,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--recompute-granularity", str, ("full", "selective"))
     add("--recompute-method", str, ("uniform", "block"))
     add("--fp8-format", str, ("e4m3", "hybrid"))
+    add("--fp8-recipe", str, FP8_RECIPES,
+        help="how fp8 scales are chosen (Megatron-core's --fp8-recipe): delayed (from an amax history, "
+             "Transformer Engine's DelayedScaling) or tensorwise (current scaling: each tensor's own amax, "
+             "Float8CurrentScaling, 'fp8-cs')")
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
@@ -306,6 +311,8 @@ def _check_exclusive(a: dict[str, Any]) -> None:
     if a["fp8_param_gather"] and not (a["fp8_format"] and a["use_distributed_optimizer"]):
         raise ConfigError("--fp8-param-gather needs --fp8-format and --use-distributed-optimizer (it is "
                           "the distributed optimizer's all-gather of fp8 weights)")
+    if a["fp8_recipe"] != "delayed" and not a["fp8_format"]:
+        raise ConfigError(f"--fp8-recipe {a['fp8_recipe']} needs --fp8-format (fp8 GEMMs to scale)")
     if a["swiglu"] and a["squared_relu"]:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
 
@@ -380,7 +387,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     tcfg = TrainConfig(
         micro_batch_size=mbs, global_batch_size=gbs, train_iters=a["train_iters"],
         params_dtype="bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32",
-        fp8=a["fp8_format"], recompute_granularity=a["recompute_granularity"],
+        fp8=a["fp8_format"], fp8_recipe=a["fp8_recipe"], recompute_granularity=a["recompute_granularity"],
         recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"])
     m = tcfg.num_microbatches(pcfg.dp)
     if vpp is not None and m % pp:

@@ -189,6 +189,9 @@ class TrainConfig:
     params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: str | None = None
     """``e4m3`` / ``hybrid``: GEMMs are marked fp8 in the trace."""
+    fp8_recipe: str = "delayed"
+    """How fp8 scales are chosen: ``delayed`` or ``tensorwise`` (current scaling;
+    :mod:`models.layers.fp8`)."""
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: int | None = None

@@ -34,6 +34,7 @@ from heterosim.annotate import get_annotator
 from models.args import RunConfig, parse_args
 from models.distributed import DataParallel, ModelGradSync
 from models.gpt import GPTModel
+from models.layers import fp8 as te_fp8
 from models.optimizer import MixedPrecisionAdam, model_parallel_group
 from models.p2p import PipelineComm
 from models.schedules import forward_backward
@@ -139,8 +140,9 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
 
         with ann.scope(phase="grad_sync"):
             gs.zero_grad()
-        losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
-                                  comm=comm, grad_sync=gs)
+        with te_fp8.recipe(tcfg.fp8_recipe):  # TE's fp8_autocast(fp8_recipe=...) around the step
+            losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
+                                      comm=comm, grad_sync=gs)
         opt.step()
         if losses and not ann.active:
             total = torch.stack([l.detach().float() for l in losses]).sum() / (o.loss_scale or 1.0)

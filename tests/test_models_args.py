@@ -149,6 +149,8 @@ def test_layout_and_model_keys_for_declare():
      "llama-405b, llama-65b, llama-70b, llama-7b, tiny"),
     (["--preset", "tiny", "--group-query-attention", "--num-query-groups", "3"], 1,
      "--num-query-groups 3 must divide --num-attention-heads 4"),
+    (["--preset", "tiny", "--fp8-recipe", "tensorwise"], 1, "--fp8-recipe tensorwise needs --fp8-format"),
+    (["--preset", "tiny", "--fp8-recipe", "mxfp8"], 1, "argument --fp8-recipe: invalid choice: 'mxfp8'"),
 ])
 def test_config_errors_name_the_values(argv, world, message):
     """Each mistake raises one ConfigError whose message names the offending values."""

@@ -4,6 +4,7 @@ wgrad GEMM the way Megatron overlaps them."""
 
 from __future__ import annotations
 
+import pytest
 from test_models_mappings import run_fake, run_gloo
 
 BODY = """
@@ -196,6 +197,39 @@ def test_fp8_casts_transposes_and_fp8_all_gathers():
                              ["_to_copy", [128, 2, 32], None], ["clone", [32, 256], None],
                              ["_allgather_base_", [128, 2, 64], "fp8"], ["clone", [64, 256], None],
                              ["_reduce_scatter_base_", [32, 2, 64], None]])
+
+
+FP8_CS = (FP8_ORDER.replace("with log:", "with log, te_fp8.recipe('tensorwise'):")
+          .replace('keep = ("_to_copy",', 'keep = ("linalg_vector_norm", "reciprocal", "allreduce_", "_to_copy",')
+          .replace("from models.layers.linear import", "from models.layers import fp8 as te_fp8\nfrom models.layers.linear import"))
+
+
+def test_fp8_current_scaling_takes_each_amax_before_its_cast():
+    """The same layers under --fp8-recipe tensorwise (Float8CurrentScaling). Forward: the norm wrote
+    the column layer's input in bf16 with its amax, so its shard is cast here after the amax is
+    all-reduced over TP (4 bytes) and turned into a scale; the row layer's input gets an amax pass
+    first. Backward: the row layer's gradient shard too gets an amax pass and a TP all-reduce
+    before its fp8 ring; the column layer's full gradient an amax pass, no all-reduce."""
+    res = run_fake(FP8_CS, rank=1, world=4)
+    ring = [["broadcast_", [32, 2, 64], "fp8"]] * 4
+    amax_ar = [["allreduce_", [1], None], ["reciprocal", [1], None]]
+    assert res["fwd"] == (amax_ar + [["_to_copy", [32, 2, 64], None]] + ring
+                          + [["linalg_vector_norm", [128, 2, 32], None], ["reciprocal", [1], None],
+                             ["_to_copy", [128, 2, 32], None]] + [["reduce_", [32, 2, 64], None]] * 4)
+    assert res["bwd"] == ([["linalg_vector_norm", [32, 2, 64], None]] + amax_ar + [["_to_copy", [32, 2, 64], None]]
+                          + ring + [["clone", [64, 256], None], ["clone", [32, 256], None],
+                                    ["linalg_vector_norm", [128, 2, 32], None], ["reciprocal", [1], None],
+                                    ["_to_copy", [128, 2, 32], None], ["clone", [32, 256], None],
+                                    ["_allgather_base_", [128, 2, 64], "fp8"], ["clone", [64, 256], None],
+                                    ["_reduce_scatter_base_", [32, 2, 64], None]])
+
+
+def test_fp8_recipe_names_are_checked():
+    from models.layers import fp8 as te_fp8
+    with pytest.raises(ValueError, match="unknown fp8 recipe 'mxfp8'; valid recipes: delayed, tensorwise"):
+        with te_fp8.recipe("mxfp8"):
+            pass
+    assert not te_fp8.current_scaling()
 
 
 PIPE8 = """

@@ -200,16 +200,25 @@ BF16_MIXED_YEAR = 2022
 NeMo's and Megatron-LM's published GPT/Llama recipes from 2022 on set bf16."""
 
 
+CURRENT_SCALING = re.compile(r"\bcs\b|current[\s_-]*scal|tensor[\s_-]*wise")
+"""An fp8 precision run with current (per-tensor, just-in-time) scaling: NVIDIA's "FP8-CS",
+Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8CurrentScaling``."""
+
+
 def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], str]:
     """(flags, note) for a precision field: fp16 / bf16 / fp8 named, else "mixed precision" by era.
 
-    fp8 runs as Transformer Engine's hybrid recipe (e4m3 forward, e5m2 gradients) over bf16. A text
+    fp8 runs as Transformer Engine's hybrid recipe (e4m3 forward, e5m2 gradients) over bf16, with
+    delayed scaling unless the text names current scaling (:data:`CURRENT_SCALING`). A text
     naming no 16-bit type reads as fp16 on GPUs without bf16 tensor cores (sm < 80) and for sources
     before :data:`BF16_MIXED_YEAR`, bf16 otherwise.
     """
     low = text.lower()
     found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
     if any(w == "fp8" for _, w in found):
+        if CURRENT_SCALING.search(low):
+            return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
+                    "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")
         return ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"
     if found:
         first = min(found)[1]

@@ -24,21 +24,42 @@ backward, ``fp8_cast_transpose_bgrad_dgelu_fused``, other activations run theirs
 row-parallel layer's, sequence-split, is cast on the rank's shard, all-gathered in fp8 and
 transposed after (``grad_output_preprocess``).
 
+Scaling recipes (``--fp8-recipe``, Megatron-core's flag; :func:`recipe` sets it around a training
+step as TE's ``fp8_autocast(fp8_recipe=...)`` does):
+
+- ``delayed`` (TE's ``DelayedScaling``, the default): a tensor's scale comes from the amax history
+  of earlier iterations, so a cast is one kernel that also records the new amax (above);
+- ``tensorwise`` (``Float8CurrentScaling``, "fp8-cs"): the scale comes from the tensor's own amax,
+  so it must be known before the cast (TE 2.x ``csrc/quantizer.cpp``,
+  ``Float8CurrentScalingQuantizer::quantize``): an amax kernel reads the tensor, a tiny kernel
+  turns the amax into the scale, then the cast reads the tensor again. A norm or activation whose
+  output feeds an fp8 GEMM writes it in bf16 and takes its amax in the same kernel
+  (``FUSED_NORM_AMAX_FP8`` / ``FUSED_ACTIVATION_AMAX_FP8`` in ``csrc/extensions/normalization.cpp``
+  and ``activation.cpp``), then the scale and the cast follow: the fusion that saved the cast under
+  delayed scaling is gone. Where the quantized tensor is a sequence-parallel shard about to be
+  all-gathered (the input of a column-parallel layer; the output gradient of a row-parallel one),
+  the ranks must agree on one scale: the amax is all-reduced (MAX) over the TP group first
+  (``Linear._customize_quantizers_float8_current_scaling``, ``module/linear.py``).
+
 Approximations: a fused cast-transpose is run here as a cast then a transpose of the fp8 result
 (5 instead of 4 bytes per element, one launch more); the per-iteration transpose of fp8 weights
-(``fp8_params``: once per weight per iteration, ~1% of the casts' bytes), the amax-history /
-scale update kernels and the amax all-reduce (a few kB per micro-batch) are left out.
+(``fp8_params``: once per weight per iteration, ~1% of the casts' bytes), the delayed recipe's
+amax-history / scale update kernels and amax all-reduce (a few kB per micro-batch) are left out, as
+are the weights' casts (once per weight per iteration in either recipe).
 """
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import nullcontext
+from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 
 from heterosim.annotate import get_annotator
 
-__all__ = ["FP8", "cast", "transpose", "fp8_like", "wire"]
+__all__ = ["FP8", "RECIPES", "recipe", "current_scaling", "cast", "transpose", "fp8_like", "wire"]
 
 FP8 = torch.float8_e4m3fn
 """The storage type of the casts (e4m3 and e5m2 both take one byte; pricing needs no more)."""
@@ -50,8 +71,40 @@ def wire(fp8: bool):
     return get_annotator().scope(comm_dtype="fp8") if fp8 else nullcontext()
 
 
-def cast(x: torch.Tensor) -> torch.Tensor:
-    """``cast_to_fp8``: ``x`` read in its dtype, written in fp8 (same shape)."""
+RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
+"""The scaling recipes modelled (Megatron-core's ``--fp8-recipe`` names)."""
+
+_RECIPE = ["delayed"]
+
+
+@contextlib.contextmanager
+def recipe(name: str) -> Iterator[None]:
+    """Casts inside follow scaling recipe ``name`` (one of :data:`RECIPES`)."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown fp8 recipe {name!r}; valid recipes: {', '.join(RECIPES)}")
+    old, _RECIPE[0] = _RECIPE[0], name
+    try:
+        yield
+    finally:
+        _RECIPE[0] = old
+
+
+def current_scaling() -> bool:
+    """Whether casts take each tensor's own amax first (``tensorwise``)."""
+    return _RECIPE[0] == "tensorwise"
+
+
+def cast(x: torch.Tensor, *, amax_taken: bool = False, amax_group: Any = None) -> torch.Tensor:
+    """``cast_to_fp8``: ``x`` read in its dtype, written in fp8 (same shape). Under current scaling
+    the scale is computed first: the amax of ``x`` (one reduction over it, unless ``amax_taken``:
+    the kernel that wrote ``x`` took it), all-reduced (MAX) over ``amax_group`` if one is given,
+    then turned into the scale (module docstring)."""
+    if current_scaling():
+        amax = (x.new_empty((1,), dtype=torch.float32) if amax_taken
+                else torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1))
+        if amax_group is not None:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=amax_group)
+        torch.reciprocal(amax)  # nvte_compute_scale_from_amax: scale and its inverse, one tiny kernel
     return x.to(FP8)
 
 

@@ -117,8 +117,8 @@ class RowGemmReduceScatter(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
         ctx.aggregate = aggregate_dgrad
-        if fp8 and fp8_input_cast:
-            te_fp8.cast(x)
+        if fp8 and (fp8_input_cast or te_fp8.current_scaling()):  # current scaling: see LinearWithAsyncComm
+            te_fp8.cast(x, amax_taken=not fp8_input_cast)
         tp = group_size(group)
         s, b, f = x.shape
         h, rows = weight.shape[0], s // tp
@@ -139,8 +139,8 @@ class RowGemmReduceScatter(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         tp = group_size(ctx.group)
-        if ctx.fp8:  # grad_output_preprocess: cast_to_fp8 of the shard into the userbuffer
-            te_fp8.cast(grad_out)
+        if ctx.fp8:  # grad_output_preprocess: cast_to_fp8 of the shard into the userbuffer (its
+            te_fp8.cast(grad_out, amax_group=ctx.group)  # amax agreed over TP under current scaling)
         gathered = grad_out.new_empty((tp * grad_out.shape[0], *grad_out.shape[1:]))
         grad_in = ag_gemm(grad_out.contiguous(), weight, ctx.group, ctx.scope_fn, ctx.fp8, gathered=gathered,
                           aggregate=ctx.aggregate)
