@@ -39,3 +39,29 @@ def test_simulate_leaves_the_collector_on():
     trace = make_trace(8, {}, [(list(range(8)), {"A": [comp(1e12)]}, [("A", 0)])])
     assert simulate(trace, "dgx-a100").iteration_time_s > 0
     assert gc.isenabled()
+
+
+def test_resuming_moves_the_survivors_to_the_oldest_generation_without_a_collection():
+    """After the pause the youngest generation is empty and no collection ran; a cycle made during
+    it is still freed by a full collection."""
+    import weakref
+
+    runs = []
+    cb = lambda phase, info: runs.append(phase)  # noqa: E731
+    gc.callbacks.append(cb)
+    try:
+        with paused_gc():
+            keep = [[i] for i in range(50_000)]
+
+            class Node:
+                pass
+
+            a = Node()
+            a.me = a
+            ref = weakref.ref(a)
+            del a
+        assert gc.get_count()[0] < 700 and runs == []
+        gc.collect()
+        assert ref() is None and len(keep) == 50_000
+    finally:
+        gc.callbacks.remove(cb)
