@@ -4,7 +4,7 @@ A replay builds millions of small, long-lived objects (a wait record per blocked
 comm point, the expanded points of every role). CPython's cyclic collector runs every 700 net
 allocations and now and then walks every tracked object of the process (a full collection once
 the objects that survived since the last one exceed a quarter of the old generation), so it
-takes a share of the run that grows with the heap: 30% of replaying the SC'21 GPT-1T job
+takes a share of the run that grows with the heap: a quarter of replaying the SC'21 GPT-1T job
 (2026-11-27, `docs/replay.md`). Reference counting still frees everything not in a cycle while
 the collector is paused; what is in a cycle waits for the next full collection after it resumes.
 

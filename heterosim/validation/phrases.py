@@ -200,7 +200,7 @@ BF16_MIXED_YEAR = 2022
 NeMo's and Megatron-LM's published GPT/Llama recipes from 2022 on set bf16."""
 
 
-CURRENT_SCALING = re.compile(r"\bcs\b|current[\s_-]*scal|tensor[\s_-]*wise")
+CURRENT_SCALING = re.compile(r"(?<![a-z])cs(?![a-z])|current[\s_-]*scal|tensor[\s_-]*wise")
 """An fp8 precision run with current (per-tensor, just-in-time) scaling: NVIDIA's "FP8-CS",
 Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8CurrentScaling``."""
 
