@@ -240,8 +240,21 @@ def _queue_caps(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> list
     tails = [as_list[b] for b in program]
     if sum(size for _, size in tails) == 0:
         return [0.0] * n
-    caps = []
+    caps: list[float] = []
+    # A segment whose last k segments are the same blocks as those of an earlier segment of the
+    # same block (whose window spanned k segments, without wrapping) adds the same tails in the
+    # same order: its cap is that one's, bit for bit. A training loop repeats a few block sequences
+    # thousands of times, so most caps are copies.
+    last: dict[str, tuple[int, int]] = {}
     for i in range(n):
+        b = program[i]
+        seen = last.get(b)
+        if seen is not None:
+            j, k = seen
+            if i >= k - 1 and j >= k - 1 and program[i - k + 1:i + 1] == program[j - k + 1:j + 1]:
+                caps.append(caps[j])
+                last[b] = (i, k)
+                continue
         left, total, k = LAUNCH_QUEUE_DEPTH, 0.0, 0
         while left > 0:
             tail, size = tails[(i - k) % n]
@@ -250,6 +263,7 @@ def _queue_caps(program: Sequence[str], blocks: Mapping[str, BlockHost]) -> list
             left -= take
             k += 1
         caps.append(total)
+        last[b] = (i, k)
     return caps
 
 

@@ -116,6 +116,30 @@ def test_the_lead_is_carried_across_blocks_and_capped_by_the_queue():
     assert eff == pytest.approx(d_b)  # b's kernels run back to back
 
 
+def test_queue_caps_of_repeated_windows_equal_the_walk_bit_for_bit():
+    """_queue_caps copies the cap of an earlier segment whose window holds the same blocks; on a
+    loop with a warm-up, a steady phase and wrap-around every cap equals walking the window back."""
+    from replay.host import _queue_caps
+
+    rng = np.random.default_rng(3)
+    blocks = {name: block_host(rng.uniform(1, 50, n) * US, np.full(n, 5 * US), np.zeros(n, bool))
+              for name, n in (("w", 700), ("f", 130), ("s", 2), ("r", 1), ("b", 260), ("o", 90))}
+    program = ["w", "f", "s"] * 3 + ["f", "s", "r", "b", "s"] * 40 + ["r", "b", "s"] * 3 + ["o"]
+
+    def walk(i):
+        left, total, k = LAUNCH_QUEUE_DEPTH, 0.0, 0
+        while left > 0:
+            h = blocks[program[(i - k) % len(program)]]
+            take = min(left, h.tail_s.size - 1)
+            total += float(h.tail_s[take])
+            left -= take
+            k += 1
+        return total
+
+    caps = _queue_caps(program, blocks)
+    assert [c.hex() for c in caps] == [walk(i).hex() for i in range(len(program))]
+
+
 def test_a_sync_drops_the_lead():
     """A block whose first op syncs is entered with no lead, however far ahead the CPU was."""
     d, c = np.full(10, 100 * US), np.full(10, 10 * US)
