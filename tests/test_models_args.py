@@ -197,3 +197,10 @@ def test_tp_comm_overlap_sm_margin_pairs():
     cfg = parse_args(["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap",
                       "--tp-comm-overlap-sm-margin", "proj_fprop=24,fc2_fprop=20"], 2)
     assert cfg.parallel.tp_comm_sm_margin == (("proj_fprop", 24), ("fc2_fprop", 20))
+
+
+def test_fp8_recipe_reaches_the_train_config():
+    """--fp8-recipe (Megatron-core's flag): delayed unless named; tensorwise is current scaling."""
+    assert parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid"], 1).train.fp8_recipe == "delayed"
+    cfg = parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], 1)
+    assert (cfg.train.fp8, cfg.train.fp8_recipe) == ("hybrid", "tensorwise")
