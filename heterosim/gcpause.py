@@ -30,9 +30,10 @@ __all__ = ["paused_gc"]
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """Disable automatic cyclic collection inside the block; restore the previous state after
-    (nested uses are fine: an inner block leaves the collector as the outer one set it), the
-    objects that survived it moved to the oldest generation."""
+    """Disable automatic cyclic collection inside the block, or the decorated function
+    (``@paused_gc()``); restore the previous state after (nested uses are fine: an inner block
+    leaves the collector as the outer one set it), the objects that survived it moved to the
+    oldest generation."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -133,7 +133,10 @@ class SkippedBlockers(dict):
         return dict.__contains__(self, q) or self._skipped(q) is not None
 
     def get(self, q: Any, default: Any = None) -> Any:
-        return self[q] if q in self else default
+        try:
+            return self[q]
+        except KeyError:
+            return default
 
     def full(self) -> dict[int, tuple[int, int]]:
         """Every entry, the skipped ones written out."""

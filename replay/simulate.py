@@ -278,6 +278,7 @@ Overlap in GPU-Accelerated Distributed Deep Learning* (arXiv:2507.03114, 2025) m
 MI250 / MI210; 1 - 1/1.189 = 0.16. Ignores: which collective, which kernel, how many overlap."""
 
 
+@paused_gc()  # millions of long-lived small objects: see heterosim/gcpause.py
 def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = None, *,
              backend: str = "numpy", link_sharing: bool = True, nccl_env: Mapping[str, str] | None = None,
              placement: Any = None, engine: str = "fast", symmetry: str = "auto",
@@ -305,16 +306,6 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
         host: the GPU waits for its CPU to issue every op (:mod:`replay.host`, the node types'
             ``cpu.dispatch_us``; docs/host.md); False: the host is never the bottleneck.
     """
-    with paused_gc():  # millions of long-lived small objects: see heterosim/gcpause.py
-        return _simulate(trace, cluster, kernel_db, backend=backend, link_sharing=link_sharing,
-                         nccl_env=nccl_env, placement=placement, engine=engine, symmetry=symmetry,
-                         overlap_slowdown=overlap_slowdown, progress=progress, host=host)
-
-
-def _simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any, *, backend: str,
-              link_sharing: bool, nccl_env: Mapping[str, str] | None, placement: Any, engine: str,
-              symmetry: str, overlap_slowdown: float, progress: Callable[[int], None] | None,
-              host: bool) -> Result:
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     xp = get_backend(backend)

@@ -65,3 +65,11 @@ def test_resuming_moves_the_survivors_to_the_oldest_generation_without_a_collect
         assert ref() is None and len(keep) == 50_000
     finally:
         gc.callbacks.remove(cb)
+
+
+def test_as_a_decorator_each_call_pauses_and_resumes():
+    @paused_gc()
+    def inside():
+        return gc.isenabled()
+
+    assert inside() is False and inside() is False and gc.isenabled()

@@ -309,17 +309,14 @@ def _load_groups(header: Mapping[str, Any], hfile: str, world: int) -> dict[str,
     return groups
 
 
+@paused_gc()  # a large trace is millions of small objects (heterosim/gcpause.py)
 def load_trace(path: str | os.PathLike) -> Trace:
     """Load and validate a trace directory; raises :class:`TraceSchemaError` with what is wrong.
 
     Everything read is checked for type and range before use (a damaged or hostile trace gives
     one TraceSchemaError, never another exception), and role files must lie inside ``path``.
     """
-    with paused_gc():  # a large trace is millions of small objects (heterosim/gcpause.py)
-        return _load_trace(Path(path))
-
-
-def _load_trace(path: Path) -> Trace:
+    path = Path(path)
     hfile = path / "trace.json"
     if not hfile.is_file():
         raise TraceSchemaError(
