@@ -38,7 +38,12 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernel_db.profile import Clock  # noqa: E402
 
 # name: hidden, ffn, heads, query groups, tokens per rank per micro-batch, TP, gated MLP (SwiGLU)
 # (the DGX H100 recipes of validation/hopper_cases.yaml: Llama 3.1 with CP 2 and seq 8192, so 4096
@@ -64,25 +69,6 @@ def linears(h: int, ffn: int, heads: int, groups: int, tokens: int, tp: int, gat
 
 def gemm_mnk(m: int, k: int, n: int, pas: str) -> tuple[int, int, int]:
     return {"fprop": (m, n, k), "dgrad": (m, k, n), "wgrad": (n, k, m)}[pas]
-
-
-class Timer:
-    def __init__(self, torch: Any, cuda: bool) -> None:
-        self.torch, self.cuda = torch, cuda
-
-    def sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-
-    def mark(self) -> Any:
-        if self.cuda:
-            e = self.torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def seconds(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) * 1e-3 if self.cuda else b - a
 
 
 def make_gemm(torch: Any, dev: str, dtype: str, pas: str, m: int, k: int, n: int, fast: bool, sets: int) -> tuple[Callable, list]:
@@ -113,17 +99,17 @@ def n_sets(m: int, k: int, n: int, dtype: str, l2_bytes: int) -> int:
     return max(2, min(6, math.ceil(2 * l2_bytes / per)))
 
 
-def boost_time(tm: Timer, fn: Callable, sets: list, repeats: int, pause_s: float) -> float:
+def boost_time(tm: Clock, fn: Callable, sets: list, repeats: int, pause_s: float) -> float:
     fn(*sets[0])
-    tm.sync()
+    tm.synchronize()
     time.sleep(pause_s)
     marks = []
     for i in range(repeats):
-        a = tm.mark()
+        a = tm.record()
         fn(*sets[i % len(sets)])
-        marks.append((a, tm.mark()))
-    tm.sync()
-    return statistics.median(tm.seconds(a, b) for a, b in marks)
+        marks.append((a, tm.record()))
+    tm.synchronize()
+    return statistics.median(tm.elapsed_s(a, b) for a, b in marks)
 
 
 def _sampler(stop: threading.Event, out: list) -> None:
@@ -134,7 +120,7 @@ def _sampler(stop: threading.Event, out: list) -> None:
         time.sleep(0.02)
 
 
-def sustained(tm: Timer, steps: list[Callable], run_s: float, soak_s: float, nvml: bool) -> dict:
+def sustained(tm: Clock, steps: list[Callable], run_s: float, soak_s: float, nvml: bool) -> dict:
     """Run ``steps`` (one layer) back to back: soak, then time; seconds per layer, power, clock."""
     def loop(seconds: float) -> tuple[int, float]:
         n, t0 = 0, time.perf_counter()
@@ -142,7 +128,7 @@ def sustained(tm: Timer, steps: list[Callable], run_s: float, soak_s: float, nvm
             for _ in range(4):
                 for f in steps:
                     f()
-            tm.sync()
+            tm.synchronize()
             n += 4
         return n, time.perf_counter() - t0
     loop(soak_s)
@@ -160,24 +146,23 @@ def sustained(tm: Timer, steps: list[Callable], run_s: float, soak_s: float, nvm
             "sm_MHz": statistics.median(c for c, _ in late) if late else None}
 
 
-def attention_steps(torch: Any, dev: str, heads: int, groups: int, h: int, tokens: int, tp: int) -> tuple[list[Callable], float]:
-    """Causal flash attention forward + backward at one rank's heads (bf16); its FLOPs."""
-    hd = h // heads
-    hq, hkv = max(1, heads // tp), max(1, groups // tp)
+def attention_steps(torch: Any, dev: str, heads: int, h: int, tokens: int, tp: int) -> list[Callable]:
+    """Causal flash attention forward + backward at one rank's heads (bf16). Keys and values are
+    given per query head (grouped-query attention expanded: the same FLOPs, a little more memory
+    traffic)."""
+    hd, hq = h // heads, max(1, heads // tp)
     q = torch.randn(1, hq, tokens, hd, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    kv = torch.randn(1, hq, tokens, hd, device=dev, dtype=torch.bfloat16, requires_grad=True)  # GQA expanded
+    kv = torch.randn(1, hq, tokens, hd, device=dev, dtype=torch.bfloat16, requires_grad=True)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    del hkv
 
     def fwd_bwd() -> None:
         o = sdpa(q, kv, kv, is_causal=True)
         o.backward(torch.ones_like(o))
-    flops = 3.5 * 4 * hq * tokens * tokens * hd / 2  # fwd 2 GEMMs + bwd 5, causal half
-    return [fwd_bwd], flops
+    return [fwd_bwd]
 
 
-def run_model(torch: Any, dev: str, name: str, spec: tuple, args: argparse.Namespace, tm: Timer, nvml: bool, l2: int) -> dict:
-    h, ffn, heads, groups, tokens, tp, gated = spec
+def run_model(torch: Any, dev: str, name: str, spec: tuple, args: argparse.Namespace, tm: Clock, nvml: bool, l2: int) -> dict:
+    h, _, heads, _, tokens, tp, _ = spec
     res: dict[str, Any] = {"model": name, "gemms": [], "sustained": {}}
     fns: dict[str, list[Callable]] = {"bf16": [], "fp8": []}
     boost_sum = {"bf16": 0.0, "fp8": 0.0}
@@ -200,7 +185,7 @@ def run_model(torch: Any, dev: str, name: str, spec: tuple, args: argparse.Names
             boost_sum["fp8"] += row["fp8_te_s"]
             res["gemms"].append(row)
             del sets
-    att, att_flops = attention_steps(torch, dev, heads, groups, h, tokens, tp)
+    att = attention_steps(torch, dev, heads, h, tokens, tp)
     a_boost = boost_time(tm, lambda: att[0](), [()], max(3, args.repeats // 4), args.pause_s)
     res["attention_boost_s"] = a_boost
     for dt in ("bf16", "fp8"):
@@ -244,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             nvml = True
         except Exception:  # noqa: BLE001
             pass
-    tm = Timer(torch, cuda)
+    tm = Clock(torch, args.device)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if cuda else 1 << 20
     env = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
            "cuda": torch.version.cuda}
