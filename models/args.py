@@ -355,6 +355,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         use_distributed_optimizer=a["use_distributed_optimizer"],
         overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
         fp8_param_gather=a["fp8_param_gather"],
+        amax_reduction_group=bool(a["fp8_format"]) and a["fp8_recipe"] == "delayed",
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
         tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a), tp_comm_sm_margin=_sm_margin(a),

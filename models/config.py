@@ -152,6 +152,11 @@ class ParallelConfig:
     """Ring-exchange overlaps (TE ``ub_tp_comm_overlap_cfg`` names: ``qkv_fprop``, ``fc1_fprop``,
     ``proj_dgrad``, ``fc2_dgrad``) whose ``aggregate`` is set: two ring steps per GEMM
     (``--tp-comm-overlap-aggregate``)."""
+    amax_reduction_group: bool = False
+    """Create Megatron-core's amax reduction group (the TP x DP x CP ranks of a pipeline stage,
+    ``parallel_state.get_amax_reduction_group(with_context_parallel=True)``), over which fp8 delayed
+    scaling all-reduces its amaxes (:class:`models.layers.fp8.DelayedScaling`). Set for fp8 runs with
+    the delayed recipe; created after every other group, so the others keep their numbers."""
     async_tp_allreduce: bool = True
     """Column-parallel backward all-reduces the input gradient while the weight-gradient GEMM runs
     (Megatron-LM from late 2021; ``--no-async-tensor-model-parallel-allreduce`` turns it off, as

@@ -62,6 +62,9 @@ class ParallelState:
     """Ranks holding the same experts: expert params (``param.allreduce`` False) sync here."""
     embedding_group: Any
     """First and last stage of this pipeline (None when pp == 1 or this rank is in neither)."""
+    amax_group: Any
+    """The TP x DP x CP ranks of this stage (fp8 delayed scaling's amax all-reduce); None unless
+    ``ParallelConfig.amax_reduction_group``."""
     tp_ranks: tuple[int, ...]
     cp_ranks: tuple[int, ...]
     dp_ranks: tuple[int, ...]
@@ -258,6 +261,11 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
                       for p in range(pp) for d in range(edp) for t in range(tp)])
     make("expert_dp", "dp", [[eg(t, e, d, p) for d in range(edp)]
                              for p in range(pp) for e in range(ep) for t in range(tp)])
+    if pcfg.amax_reduction_group:
+        # Megatron-core's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP (the amax reduction group), made
+        # last here so that every other group keeps the number it has in runs without it.
+        make("amax", "dp", [[g(t, c, d, p) for d in range(dp) for c in range(cp) for t in range(tp)]
+                            for p in range(pp)])
     assert all(k in mine for k in ("dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp")), W
 
     co = rank_coords(pcfg, rank)
@@ -269,6 +277,7 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         dp_cp_group=mine["dp_cp"][0], pp_group=mine["pp"][0], ep_group=mine["ep"][0],
         expert_dp_group=mine["expert_dp"][0],
         embedding_group=mine["embedding"][0] if "embedding" in mine else None,
+        amax_group=mine["amax"][0] if "amax" in mine else None,
         tp_ranks=mine["tp"][1], cp_ranks=mine["cp"][1], dp_ranks=mine["dp"][1],
         ep_ranks=mine["ep"][1], pp_ranks=mine["pp"][1],
         sequence_parallel=pcfg.sequence_parallel and tp > 1, cp_comm_type=pcfg.cp_comm_type,

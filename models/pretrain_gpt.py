@@ -94,6 +94,10 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     # seed + 100 * pp_rank), so dropout outside the TP-split regions masks the replicated
     # activations identically and TP ranks stay in step.
     torch.manual_seed(cfg.seed + 100 * ps.pp_rank)
+    if tcfg.fp8 and tcfg.fp8_recipe == "delayed":  # each chunk is one fp8_autocast region
+        scaling = te_fp8.DelayedScaling.for_stage(chunks, ps.amax_group)
+        for m in chunks:
+            m.decoder.fp8_scaling = scaling
     shared = [p for m in chunks for p in m.shared_embedding_params()]
     dps = [DataParallel(m, dp_group=ps.dp_cp_group, expert_dp_group=ps.expert_dp_group,
                         overlap_grad_reduce=pcfg.overlap_grad_reduce,

@@ -118,6 +118,9 @@ class TransformerBlock(nn.Module):
             if n is None or n < 1:
                 raise ConfigError("--recompute-granularity full needs --recompute-num-layers >= 1")
             self.recompute_method, self.recompute_num_layers = tcfg.recompute_method, n
+        self.fp8_scaling: Any = None
+        """The stage's :class:`models.layers.fp8.DelayedScaling` (set by the training script once
+        every chunk is built): this block is one ``fp8_autocast`` region, as in Megatron-core."""
         self.final_layernorm = None
         if post_process:
             self.final_layernorm = build_norm(
@@ -133,6 +136,8 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         n = len(self.layers)
+        if self.fp8_scaling is not None:
+            x = self.fp8_scaling.on_backward_end(x)
         if self.recompute_method == "uniform":
             k = self.recompute_num_layers
             for start in range(0, n, k):
@@ -146,6 +151,8 @@ class TransformerBlock(nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, rotary)
+        if self.fp8_scaling is not None:  # fp8_autocast exits before the final norm (Megatron-core)
+            self.fp8_scaling.forward_exit()
         if self.final_layernorm is not None:
             x = self.final_layernorm(x)
         return x

@@ -204,3 +204,12 @@ def test_fp8_recipe_reaches_the_train_config():
     assert parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid"], 1).train.fp8_recipe == "delayed"
     cfg = parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], 1)
     assert (cfg.train.fp8, cfg.train.fp8_recipe) == ("hybrid", "tensorwise")
+
+
+def test_amax_reduction_group_for_delayed_fp8_only():
+    """Delayed scaling all-reduces amaxes over Megatron-core's amax group; current scaling and bf16 don't."""
+    def flag(*extra):
+        return parse_args(["--preset", "tiny", "--bf16", *extra], 1).parallel.amax_reduction_group
+    assert flag("--fp8-format", "hybrid") is True
+    assert flag("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise") is False
+    assert flag() is False

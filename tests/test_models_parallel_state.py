@@ -98,3 +98,21 @@ def test_initialize_needs_a_matching_process_group():
                               "before models.parallel_state.initialize")
     with pytest.raises(ConfigError, match=r"world size 8 is not divisible by tp\*pp\*cp = 3\*1\*1 = 3"):
         initialize(ParallelConfig(world_size=8, tp=3), 0)
+
+
+def test_amax_group_is_the_stage_and_comes_last():
+    """Rank 13 of 32 (tp2 cp2 pp2 dp4): the amax group is pipeline stage 0's 16 ranks (tp x dp x cp);
+    it is made after every other group, so those keep their numbers (the same ranks per group id)."""
+    code = """
+        from models import parallel_state
+        from models.config import ParallelConfig
+        ann = PhaseAnnotator(); set_annotator(ann)
+        ps = parallel_state.initialize(ParallelConfig(world_size=32, tp=2, cp=2, pp=2, amax_reduction_group={on}), 13)
+        rk = lambda g: dist.get_process_group_ranks(g)
+        result = dict(amax=rk(ps.amax_group) if ps.amax_group is not None else None,
+                      others=[rk(g) for g in (ps.tp_group, ps.cp_group, ps.dp_group, ps.dp_cp_group, ps.pp_group)],
+                      names=[str(g.group_name) for g in (ps.tp_group, ps.cp_group, ps.dp_group, ps.pp_group)])
+    """
+    on, off = (run_fake(code.format(on=v), rank=13, world=32) for v in (True, False))
+    assert on["amax"] == list(range(16)) and off["amax"] is None
+    assert on["others"] == off["others"] and on["names"] == off["names"]

@@ -127,3 +127,47 @@ def test_hidden_dropout_is_one_fused_kernel_each_way(res):
     """Bias-dropout-add runs aten.native_dropout (fwd) and native_dropout_backward, twice per layer."""
     assert res["fp8"]["dropout"] == ["aten.native_dropout.default"] * 2 + ["aten.native_dropout_backward.default"] * 2
     assert res["plain"]["dropout"] == []
+
+
+DELAYED = """
+from models import parallel_state
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.layers import fp8 as te_fp8
+from models.transformer import TransformerBlock
+ann = PhaseAnnotator(); set_annotator(ann)
+ps = parallel_state.initialize(ParallelConfig(world_size=4, tp=2, amax_reduction_group=True), 1)
+mcfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16)
+block = TransformerBlock(mcfg, TrainConfig(fp8="hybrid"), ps, layers=range(2), post_process=False)
+block.fp8_scaling = te_fp8.DelayedScaling.for_stage([block], ps.amax_group)
+out = {"gemms": block.fp8_scaling.num_gemms, "amax_ranks": sorted(dist.get_process_group_ranks(ps.amax_group))}
+for name in ("delayed", "tensorwise"):
+    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    log = OpLog(ann)
+    with te_fp8.recipe(name), log:
+        y = block(x)
+        n_fwd = len(log.ops)
+        y.backward(torch.ones_like(y))
+    ops = [[o["name"], o["shapes"]] for o in log.ops]
+    bwd = ops[n_fwd:]
+    i = next((k for k, o in enumerate(bwd) if o == ["aten.clone.default", [[16]]]), len(bwd))
+    out[name] = {"fwd_tail": ops[n_fwd - 3:n_fwd], "bwd_update": bwd[i:i + 3],
+                 "gemms_after_update": sum(1 for o in bwd[i:] if o[0].startswith("aten.mm")),
+                 "max_reductions": sum(1 for o in log.ops if o["name"] == "c10d.allreduce_.default"
+                                       and o["shapes"][0] in ([24], [16]))}
+result = out
+"""
+
+
+def test_delayed_scaling_reduces_amaxes_at_each_region_exit():
+    """Two layers x 4 fp8 GEMMs: the forward ends with the 24 forward amaxes (3 a GEMM) copied out,
+    all-reduced over the amax group (tp x dp = all 4 ranks) and the history [1024, 24] reduced; after
+    the backward's last GEMM the same runs on the 16 gradient amaxes (2 a GEMM). Current scaling
+    does none."""
+    r = run_fake(DELAYED, rank=1, world=4)
+    assert r["gemms"] == 8 and r["amax_ranks"] == [0, 1, 2, 3]
+    assert r["delayed"]["fwd_tail"] == [["aten.clone.default", [[24]]], ["c10d.allreduce_.default", [[24]]],
+                                        ["aten.amax.default", [[1024, 24]]]]
+    assert r["delayed"]["bwd_update"] == [["aten.clone.default", [[16]]], ["c10d.allreduce_.default", [[16]]],
+                                          ["aten.amax.default", [[1024, 16]]]]
+    assert r["delayed"]["gemms_after_update"] == 0  # after the region's last GEMM
+    assert r["tensorwise"]["max_reductions"] == 0

@@ -41,11 +41,24 @@ step as TE's ``fp8_autocast(fp8_recipe=...)`` does):
   the ranks must agree on one scale: the amax is all-reduced (MAX) over the TP group first
   (``Linear._customize_quantizers_float8_current_scaling``, ``module/linear.py``).
 
+Delayed scaling's bookkeeping (:class:`DelayedScaling`): TE registers every fp8 module's amaxes in
+one global buffer per ``fp8_autocast`` (recipe and group), and at each exit of the outermost
+``fp8_autocast`` (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``, TE 1.x ``pytorch/fp8.py``)
+concatenates the current amaxes of *all* registered modules (``torch.cat``), all-reduces them (MAX,
+synchronously) over the autocast's ``fp8_group`` and runs the fused amax-history and scale update
+(``tex.fused_amax_and_scale_update_after_reduction``); the same runs for the gradients' amaxes when
+the region's backward ends (``hook_for_bwd_amax_reduction``, a multi-grad hook). Megatron-core
+wraps each ``TransformerBlock.forward`` (each model chunk, each micro-batch) in ``fp8_autocast``
+with ``fp8_group`` its amax reduction group, the TP x DP x CP ranks of the stage
+(``ParallelConfig.amax_reduction_group``). A GEMM has three forward amaxes (input, weight, output:
+TE's ``scaling_fwd``) and two backward ones (``scaling_bwd``).
+
 Approximations: a fused cast-transpose is run here as a cast then a transpose of the fp8 result
 (5 instead of 4 bytes per element, one launch more); the per-iteration transpose of fp8 weights
-(``fp8_params``: once per weight per iteration, ~1% of the casts' bytes), the delayed recipe's
-amax-history / scale update kernels and amax all-reduce (a few kB per micro-batch) are left out, as
-are the weights' casts (once per weight per iteration in either recipe).
+(``fp8_params``: once per weight per iteration, ~1% of the casts' bytes) and the weights' casts
+(once per weight per iteration in either recipe) are left out. The fused amax update is run as one
+reduction over the amax history (it also rolls the history: ~1 MB more written per update at
+these sizes).
 """
 
 from __future__ import annotations
@@ -59,7 +72,8 @@ import torch.distributed as dist
 
 from heterosim.annotate import get_annotator
 
-__all__ = ["FP8", "RECIPES", "recipe", "current_scaling", "cast", "transpose", "fp8_like", "wire"]
+__all__ = ["FP8", "RECIPES", "AMAX_HISTORY_LEN", "recipe", "current_scaling", "cast", "transpose", "fp8_like",
+           "wire", "DelayedScaling"]
 
 FP8 = torch.float8_e4m3fn
 """The storage type of the casts (e4m3 and e5m2 both take one byte; pricing needs no more)."""
@@ -75,6 +89,10 @@ RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
 """The scaling recipes modelled (Megatron-core's ``--fp8-recipe`` names)."""
 
 _RECIPE = ["delayed"]
+
+AMAX_HISTORY_LEN = 1024
+"""Amaxes kept per fp8 tensor under delayed scaling: NeMo's ``fp8_amax_history_len`` default (1024,
+``megatron_gpt_model.py``), which the DGX H100 recipes keep."""
 
 
 @contextlib.contextmanager
@@ -117,3 +135,62 @@ def fp8_like(x: torch.Tensor) -> torch.Tensor:
     """An fp8 tensor shaped like ``x``, standing for an operand TE holds in fp8 (the norm's or the
     activation's fused output, an fp8 all-gather buffer); allocating it runs no kernel."""
     return torch.empty(x.shape, dtype=FP8, device=x.device)
+
+
+class DelayedScaling:
+    """One pipeline stage's delayed-scaling state: the amax histories of its ``num_gemms`` fp8 GEMMs
+    (all model chunks) and the group their amaxes are all-reduced over (module docstring).
+
+    :meth:`forward_exit` runs what TE runs when ``fp8_autocast`` exits; :meth:`on_backward_end`
+    returns its input unchanged and runs the backward reduction when the gradient reaches it (apply
+    it to the region's input). Both do nothing under current scaling."""
+
+    @classmethod
+    def for_stage(cls, chunks: Any, group: Any) -> "DelayedScaling":
+        """The state of a stage whose model chunks are ``chunks``: one GEMM per fp8 linear layer
+        (a module with ``fp8`` set and a 2-D ``weight``), one per local expert for each of an fp8
+        MoE layer's two expert weights (TE's ``GroupedLinear``: ``num_gemms`` = experts)."""
+        n = 0
+        for m in (mod for c in chunks for mod in c.modules()):
+            if not getattr(m, "fp8", False):
+                continue
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and w.dim() == 2:
+                n += 1
+            elif isinstance(getattr(m, "fc1", None), torch.Tensor):  # MoE experts [local, in, out]
+                n += m.fc1.shape[0] + m.fc2.shape[0]
+        return cls(n, group)
+
+    def __init__(self, num_gemms: int, group: Any, device: Any = None) -> None:
+        self.num_gemms, self.group = num_gemms, group
+        self.history = {fwd: torch.zeros(AMAX_HISTORY_LEN, (3 if fwd else 2) * num_gemms, dtype=torch.float32,
+                                         device=device) for fwd in (True, False)}
+
+    def reduce_and_update(self, forward: bool) -> None:
+        """``reduce_and_update_fp8_tensors``: concatenate the current amaxes, all-reduce them (MAX)
+        over the group when it has more than one rank, update histories and scales."""
+        if current_scaling() or not self.num_gemms:
+            return
+        hist = self.history[forward]
+        amax = hist[0].clone()  # torch.cat of the registered modules' current amaxes
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        torch.amax(hist, dim=0)  # the fused amax-history and scale update reads the whole history
+
+    def forward_exit(self) -> None:
+        self.reduce_and_update(forward=True)
+
+    def on_backward_end(self, x: torch.Tensor) -> torch.Tensor:
+        return _BackwardReduction.apply(x, self) if x.requires_grad else x
+
+
+class _BackwardReduction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, state):
+        ctx.state = state
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.state.reduce_and_update(forward=False)
+        return g, None
