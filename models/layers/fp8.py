@@ -161,10 +161,11 @@ class DelayedScaling:
                 n += m.fc1.shape[0] + m.fc2.shape[0]
         return cls(n, group)
 
-    def __init__(self, num_gemms: int, group: Any, device: Any = None) -> None:
+    def __init__(self, num_gemms: int, group: Any) -> None:
         self.num_gemms, self.group = num_gemms, group
-        self.history = {fwd: torch.zeros(AMAX_HISTORY_LEN, (3 if fwd else 2) * num_gemms, dtype=torch.float32,
-                                         device=device) for fwd in (True, False)}
+        # On the default device, where the model's parameters are made (models/).
+        self.history = {fwd: torch.zeros(AMAX_HISTORY_LEN, (3 if fwd else 2) * num_gemms, dtype=torch.float32)
+                        for fwd in (True, False)}
 
     def reduce_and_update(self, forward: bool) -> None:
         """``reduce_and_update_fp8_tensors``: concatenate the current amaxes, all-reduce them (MAX)
