@@ -81,6 +81,9 @@ class _CachedBlock:
     out_meta: Any  # pytree of ("__tensor__", shape, dtype, requires_grad, producer, counted, pending writes),
     # ("__work__", its ops) for an open work handed back, and non-tensors
     reusable: bool
+    derived: tuple[list[dict], list] | None = None
+    """Rows and memory events of a block derived from another (:func:`_without_outside_waits`),
+    not yet in the trace: it becomes a block at its first use."""
 
 
 @dataclass(slots=True)
@@ -91,6 +94,58 @@ class _Tags:
     gemm_dtype: str | None = None
     comm_dtype: str | None = None
     sm_margin: int | None = None
+
+
+def _without_outside_waits(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tuple[list[dict], list, Any] | None:
+    """A recorded block without its rows ``drop`` (waits on communication issued before the block):
+    (rows, memory events, output meta) with every backward distance and event position re-counted,
+    or None when something else refers to a dropped row or a dropped wait carries a host sync.
+
+    This is the block the same code records when nothing it reads is still being communicated
+    (:meth:`Recorder.block`, ``bare_key``): the waits are where the script's reads met pending
+    communication, and no other op depends on them.
+    """
+    gone = set(drop)
+    new: list[int | None] = []
+    for i in range(len(rows)):
+        new.append(None if i in gone else i - sum(1 for d in drop if d < i))
+
+    def moved(j: int, i: int, dist: int) -> int | None:
+        t = new[i - dist] if 0 <= i - dist < len(rows) else None
+        return None if t is None else j - t
+
+    out: list[dict] = []
+    for i, r in enumerate(rows):
+        j = new[i]
+        if j is None:
+            if r.get("host_sync"):
+                return None
+            continue
+        r2 = dict(r)
+        deps = [moved(j, i, d) for d in r.get("deps") or ()]
+        if None in deps:
+            return None
+        r2["deps"] = deps
+        for col in ("target", "coalesced"):
+            if r.get(col):
+                d = moved(j, i, r[col])
+                if d is None:
+                    return None
+                r2[col] = d
+        out.append(r2)
+    events = [[pos - sum(1 for d in drop if d < pos), cat, b] for pos, cat, b in mem]
+
+    def leaf(m: Any) -> Any:
+        if not (_is_meta_leaf(m) and m[0] == "__tensor__") or m[4] is None:
+            return m
+        if m[6] or new[m[4]] is None:
+            raise LookupError
+        return (*m[:4], new[m[4]], *m[5:])
+
+    try:
+        return out, events, tree_map(leaf, meta, is_leaf=_is_meta_leaf)
+    except LookupError:
+        return None
 
 
 class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
@@ -264,13 +319,18 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         finally:
             self.tags = old
 
-    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None) -> Any:
         if self.in_block is not None:
             return fn(*args)  # nested: part of the outer block
         full_key = (key, self.tags.chunk)
         hit = self.cache.get(full_key)
         self._close_segment()
         self._file_events(self.gaps, len(self.program))
+        if hit is not None and hit.derived is not None:  # first use of a derived block: it joins the trace
+            bid = f"b{len(self.blocks)}"
+            self.blocks[bid] = Block.from_rows(hit.derived[0])
+            self.block_mem[bid] = hit.derived[1]
+            hit = self.cache[full_key] = _CachedBlock(bid, hit.n, hit.out_meta, True)
         if hit is not None and hit.reusable:
             base = self.next_id
             self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
@@ -291,8 +351,8 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         start = self.seg_start
         new_works = itertools.islice(reversed(self.works.values()), len(self.works) - works_before)
         open_works = [w for w in new_works if not w.waited]
-        outside_wait = any(r["kind"] == "wait" and r["target"] > i for i, r in enumerate(rows))
-        reusable = not outside_wait and not self.pending_funcol
+        outside = [i for i, r in enumerate(rows) if r["kind"] == "wait" and r["target"] > i]
+        reusable = not outside and not self.pending_funcol
         handed: dict[int, tuple[int, ...]] = {}
         if open_works and reusable:  # an overlapped exchange hands its requests back
             handed = self._handed_back(open_works, out, start) or {}
@@ -307,6 +367,11 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
 
         meta = tree_map(meta_of, out)
         self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
+        bare = (bare_key, self.tags.chunk)
+        if bare_key is not None and outside and not open_works and not self.pending_funcol and bare not in self.cache:
+            derived = _without_outside_waits(rows, outside, self.block_mem[bid], meta)
+            if derived is not None:
+                self.cache[bare] = _CachedBlock("", len(derived[0]), derived[2], True, derived[:2])
         self.mem.block_allocs = None
         return out
 

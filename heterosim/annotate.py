@@ -62,8 +62,14 @@ class Annotator:
         a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``)."""
         yield
 
-    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards."""
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None) -> Any:
+        """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards.
+
+        ``bare_key``: the key under which the same code, run when nothing it reads is still being
+        communicated, records this block's ops less its waits on communication issued before it
+        (Megatron's first micro-batch waits for the overlapped parameter all-gathers; the others
+        run the same ops without waiting). A capture then references that block without running it.
+        """
         return fn(*args)
 
 

@@ -214,8 +214,10 @@ class _Runner:
         # Equal keys <=> equal ops: the chunk, whether the forward waits for overlapped param
         # all-gathers (first micro-batch), whether its backward is distinct (grad sync), the input.
         gather = bool(self.gs is not None and mb == 0 and self.gs.param_sync_pending(chunk))
-        key = ("fwd", chunk, gather, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
-               *self.key_suffix(mb))
+        rest = (self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape), *self.key_suffix(mb))
+        key = ("fwd", chunk, gather, *rest)
+        # Without its waits for the all-gathers, the first micro-batch's forward is the others'.
+        bare = ("fwd", chunk, False, *rest) if gather else None
 
         def run(x: Tensor | None) -> Tensor:
             out = self.forward_step(chunk, mb, x)
@@ -223,7 +225,7 @@ class _Runner:
             return out / self.m if last else out
 
         with self.ann.scope(phase="fwd", mb=mb, chunk=chunk):
-            out = self.ann.block(key, run, inp)
+            out = self.ann.block(key, run, inp, bare_key=bare)
         if gather:
             self.gs.param_sync_done(chunk)
         if last:

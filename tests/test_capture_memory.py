@@ -196,3 +196,28 @@ def test_pipeline_iteration_is_steady(tmp_path):
     for p in peaks:
         assert abs(p.end - p.baseline) < 0.01 * p.baseline
     assert all(p.at_peak["activations"] > 0 for p in peaks)
+
+
+def test_interleaved_iteration_with_overlapped_param_gather_is_steady(tmp_path):
+    # PP2 x VPP2 x DP2, distributed optimizer, overlapped param all-gathers: each chunk's first
+    # forward waits for them; the next forward's block is that one without those waits, referenced
+    # (not run), so no stray autograd graph frees its activations a second time.
+    t = capture(tmp_path / "t", 4, "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                "--seq-length", "32", "--vocab-size", "128", "--max-position-embeddings", "32",
+                "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16", "--use-distributed-optimizer",
+                "--overlap-grad-reduce", "--overlap-param-gather", "--pipeline-model-parallel-size", "2",
+                "--num-layers-per-virtual-pipeline-stage", "1")
+    for r in t.roles:
+        p = memory_peak(r.memory, r.program)
+        assert abs(p.end - p.baseline) < 0.01 * p.allocated
+        fwd = {}  # (chunk, micro-batch) -> its forward: the largest block of phase fwd there
+        for s in r.program:
+            cols = r.blocks[s.block].columns
+            if set(cols["phase"]) == {"fwd"} and len(cols["kind"]) > len(r.blocks[fwd.get((s.chunk, s.mb), s.block)]):
+                fwd[(s.chunk, s.mb)] = s.block
+            fwd.setdefault((s.chunk, s.mb), s.block)
+        for chunk in (0, 1):
+            a, b = r.blocks[fwd[(chunk, 0)]].columns, r.blocks[fwd[(chunk, 1)]].columns
+            outside = [i for i, (k, d) in enumerate(zip(a["kind"], a["target"])) if k == "wait" and d > i]
+            assert outside
+            assert [n for i, n in enumerate(a["name"]) if i not in outside] == b["name"]
