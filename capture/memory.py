@@ -158,6 +158,13 @@ class MemoryTracker:
             elif entry[0] == ACTIVATIONS:
                 entry[0] = OTHER  # alive across iterations: not an activation of this one
 
+    def forget(self, key: int) -> None:
+        """Stop counting storage ``key`` without a free event (a block's events freed it)."""
+        entry = self.live.get(key)
+        if entry is not None and entry[3]:
+            self.allocated -= entry[1]
+            entry[3] = False
+
     def adopt(self, t: torch.Tensor, category: int) -> None:
         """Count ``t``'s storage from now on without an allocation event (a block's events made it)."""
         entry = self.live.get(_key(t))

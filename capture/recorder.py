@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from capture import comm as comm_info
 from capture.commrec import CommRecorder, _byte_range, _skey
@@ -165,6 +165,9 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         self.blocks: dict[str, Block] = {}
         self.program: list[Segment] = []
         self.cache: dict[Hashable, _CachedBlock] = {}
+        self.graph_allocs: dict[int, tuple[list, list[tuple[int, list]]]] = {}
+        """Output storage of a recorded block -> (its live entry, the storages and live entries its
+        autograd graph may hold) (:meth:`discard`)."""
         self.tags = _Tags()
         self.suppress = 0
         self.iterations_seen = 0
@@ -319,10 +322,11 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         finally:
             self.tags = old
 
-    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None) -> Any:
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
+              any_chunk: bool = False) -> Any:
         if self.in_block is not None:
             return fn(*args)  # nested: part of the outer block
-        full_key = (key, self.tags.chunk)
+        full_key = key if any_chunk else (key, self.tags.chunk)
         hit = self.cache.get(full_key)
         self._close_segment()
         self._file_events(self.gaps, len(self.program))
@@ -366,14 +370,37 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             return ("__work__", handed[id(x)]) if id(x) in handed else x
 
         meta = tree_map(meta_of, out)
+        self._note_graphs(out)
         self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
-        bare = (bare_key, self.tags.chunk)
+        bare = bare_key if any_chunk else (bare_key, self.tags.chunk)
         if bare_key is not None and outside and not open_works and not self.pending_funcol and bare not in self.cache:
             derived = _without_outside_waits(rows, outside, self.block_mem[bid], meta)
             if derived is not None:
                 self.cache[bare] = _CachedBlock("", len(derived[0]), derived[2], True, derived[:2])
         self.mem.block_allocs = None
         return out
+
+    def _note_graphs(self, out: Any) -> None:
+        """Remember what the block allocated that its outputs' autograd graphs may hold (for
+        :meth:`discard`): every storage it allocated and left alive, its outputs' own excepted."""
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not any(t.grad_fn is not None for t in outs):
+            return
+        live = self.mem.live
+        mine = {_skey(t) for t in outs}
+        # Storage keys are addresses, reused once a storage dies: keep the live entry to compare.
+        held = [(k, live[k]) for k in self.mem.block_allocs or () if k in live and k not in mine]
+        for t in outs:
+            if t.grad_fn is not None and _skey(t) in live:
+                self.graph_allocs[_skey(t)] = (live[_skey(t)], held)
+
+    def discard(self, out: Any) -> None:
+        entry, held = self.graph_allocs.pop(_skey(out), (None, ()))
+        if entry is None or self.mem.live.get(_skey(out)) is not entry:
+            return
+        for key, e in held:
+            if self.mem.live.get(key) is e:
+                self.mem.forget(key)
 
     def _meta(self, t: torch.Tensor, start: int, writes: tuple[int, ...] = ()) -> tuple:
         w = self.writers.get(_skey(t), [])

@@ -62,15 +62,22 @@ class Annotator:
         a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``)."""
         yield
 
-    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None) -> Any:
+    def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
+              any_chunk: bool = False) -> Any:
         """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards.
 
         ``bare_key``: the key under which the same code, run when nothing it reads is still being
         communicated, records this block's ops less its waits on communication issued before it
         (Megatron's first micro-batch waits for the overlapped parameter all-gathers; the others
         run the same ops without waiting). A capture then references that block without running it.
+        ``any_chunk``: ``key`` alone decides the ops, whichever model chunk (``scope(chunk=)``) runs
+        them; by default a capture keys blocks by the chunk too.
         """
         return fn(*args)
+
+    def discard(self, out: Any) -> None:
+        """The autograd graph behind tensor ``out`` will not be run: a block referenced in its
+        place stands for its backward, and that block's memory events free what the graph saved."""
 
 
 _current: Annotator = Annotator()

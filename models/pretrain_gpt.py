@@ -32,6 +32,7 @@ from heterosim.errors import ConfigError
 from models import parallel_state
 from heterosim.annotate import get_annotator
 from models.args import RunConfig, parse_args
+from models.chunks import chunk_classes
 from models.distributed import DataParallel, ModelGradSync
 from models.gpt import GPTModel
 from models.layers import fp8 as te_fp8
@@ -130,6 +131,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                             dtype=torch_dtype(tcfg.params_dtype),
                             scatter_gather_group=ps.tp_group if pcfg.scatter_gather_p2p else None,
                             overlap=pcfg.overlap_p2p_comm)
+    classes = chunk_classes(chunks)
     history: list[float] = []
     for it in range(tcfg.train_iters):
         ann.iteration(it)
@@ -146,7 +148,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
             gs.zero_grad()
         with te_fp8.recipe(tcfg.fp8_recipe):  # TE's fp8_autocast(fp8_recipe=...) around the step
             losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
-                                      comm=comm, grad_sync=gs)
+                                      comm=comm, grad_sync=gs, chunk_classes=classes)
         opt.step()
         if losses and not ann.active:
             total = torch.stack([l.detach().float() for l in losses]).sum() / (o.loss_scale or 1.0)

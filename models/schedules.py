@@ -39,7 +39,7 @@ sequence lengths.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
 
@@ -154,8 +154,13 @@ class _Runner:
     """Per-iteration state shared by the three schedules: forward/backward steps with annotations."""
 
     def __init__(self, forward_step: ForwardStep, num_microbatches: int, num_chunks: int,
-                 comm: PipelineComm | None, grad_sync: GradSync | None) -> None:
+                 comm: PipelineComm | None, grad_sync: GradSync | None,
+                 chunk_classes: Sequence[int] | None = None) -> None:
         self.forward_step = forward_step
+        self.classes = list(chunk_classes) if chunk_classes is not None else None
+        self.graphs: dict[Hashable, tuple[Tensor | None, Tensor]] = {}
+        """Backward key -> (input, output) of a forward that ran with autograd: a referenced
+        forward of the same class leaves no graph, and the first backward of its key runs on this."""
         self.m = num_microbatches
         self.vpp = num_chunks
         self.comm = comm
@@ -209,15 +214,24 @@ class _Runner:
         """
         return (("call", self.call),) if self.syncs_in_backward(mb) else ()
 
+    def _class(self, chunk: int, mb: int) -> Hashable:
+        """The chunk as block keys name it: its class when chunks of a class share blocks (not a
+        backward that issues grad reduction: it is recorded every time, with its own forward)."""
+        if self.classes is None or self.syncs_in_backward(mb):
+            return ("chunk", chunk)
+        return ("class", self.classes[chunk])
+
     def forward(self, chunk: int, mb: int, inp: Tensor | None) -> Tensor:
         last = self.last_virtual(chunk)
-        # Equal keys <=> equal ops: the chunk, whether the forward waits for overlapped param
-        # all-gathers (first micro-batch), whether its backward is distinct (grad sync), the input.
+        # Equal keys <=> equal ops: the chunk (or its class), whether the forward waits for
+        # overlapped param all-gathers (first micro-batch), whether its backward is distinct (grad
+        # sync), the input.
         gather = bool(self.gs is not None and mb == 0 and self.gs.param_sync_pending(chunk))
         rest = (self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape), *self.key_suffix(mb))
-        key = ("fwd", chunk, gather, *rest)
+        cls = self._class(chunk, mb)
+        key = ("fwd", cls, gather, *rest)
         # Without its waits for the all-gathers, the first micro-batch's forward is the others'.
-        bare = ("fwd", chunk, False, *rest) if gather else None
+        bare = ("fwd", cls, False, *rest) if gather else None
 
         def run(x: Tensor | None) -> Tensor:
             out = self.forward_step(chunk, mb, x)
@@ -225,24 +239,50 @@ class _Runner:
             return out / self.m if last else out
 
         with self.ann.scope(phase="fwd", mb=mb, chunk=chunk):
-            out = self.ann.block(key, run, inp, bare_key=bare)
+            out = self.ann.block(key, run, inp, bare_key=bare, any_chunk=True)
+        if out.grad_fn is not None:  # it ran: the first backward of its key may need its graph
+            self.graphs.setdefault(self._backward_key(chunk, mb, inp), (inp, out))
         if gather:
             self.gs.param_sync_done(chunk)
         if last:
             self.losses.append(out)
         return out
 
+    def _backward_key(self, chunk: int, mb: int, inp: Tensor | None) -> tuple:
+        return ("bwd", self._class(chunk, mb), self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
+                *self.key_suffix(mb))
+
     def backward(self, chunk: int, mb: int, inp: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
+        key = self._backward_key(chunk, mb, inp)
+        ran = []
+
         def run(x: Tensor | None, y: Tensor, dy: Tensor | None) -> Tensor | None:
+            ran.append(True)
+            graph = self.graphs.pop(key, None)
+            stand_in = y.grad_fn is None
+            if stand_in:  # a referenced forward: run on the graph of one of its class that ran
+                if graph is None:
+                    raise RuntimeError(f"backward {key}: no forward of its class ran with autograd")
+                x, y = graph
             if x is not None:
                 x.retain_grad()
             torch.autograd.backward(y, grad_tensors=dy)
-            return None if x is None else x.grad
+            if x is None:
+                return None
+            dx = x.grad
+            if stand_in:
+                x.grad = None  # the stand-in's input lives on; its gradient is this backward's output
+            return dx
 
-        key = ("bwd", chunk, self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
-               *self.key_suffix(mb))
         with self.ann.scope(phase="bwd", mb=mb, chunk=chunk):
-            return self.ann.block(key, run, inp, out, grad)
+            dx = self.ann.block(key, run, inp, out, grad, any_chunk=True)
+        if not ran and out.grad_fn is not None:
+            # A forward that ran, whose backward is a block recorded on another graph: that
+            # block's events free what this graph saved; it will never run.
+            if self.graphs.get(key, (None, None))[1] is out:
+                del self.graphs[key]
+            self.ann.discard(out)
+        return dx
 
     def set_grad_sync(self, enabled: bool) -> None:
         if self.gs is not None:
@@ -567,13 +607,16 @@ def forward_backward(
     num_chunks: int = 1,
     comm: PipelineComm | None = None,
     grad_sync: GradSync | None = None,
+    chunk_classes: Sequence[int] | None = None,
 ) -> list[Tensor]:
     """Run one iteration's forwards and backwards, then ``grad_sync.finalize()``.
 
     Picks Megatron's schedule: no pipelining when ``comm`` is None or has one stage, 1F1B for one
     chunk, the interleaved schedule for ``num_chunks`` > 1 (``num_microbatches`` must then be a
     multiple of the pipeline size). Returns the scaled losses of this rank's micro-batches
-    (empty unless this rank holds the last virtual stage).
+    (empty unless this rank holds the last virtual stage). ``chunk_classes``: for each chunk, the
+    first chunk built like it (:func:`models.chunks.chunk_classes`); a capture then records one
+    forward and backward per class instead of per chunk.
 
     Raises:
         ConfigError: bad micro-batch or chunk counts.
@@ -591,7 +634,8 @@ def forward_backward(
             f"the interleaved schedule needs num_microbatches ({num_microbatches}) to be a multiple "
             f"of the pipeline-parallel size ({pp}); change --global-batch-size or --micro-batch-size"
         )
-    runner = _Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync)
+    runner = _Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync,
+                     chunk_classes if chunk_classes is not None and len(chunk_classes) == num_chunks else None)
     if pp == 1:
         _no_pipelining(runner)
     elif num_chunks == 1:

@@ -198,26 +198,32 @@ def test_pipeline_iteration_is_steady(tmp_path):
     assert all(p.at_peak["activations"] > 0 for p in peaks)
 
 
-def test_interleaved_iteration_with_overlapped_param_gather_is_steady(tmp_path):
-    # PP2 x VPP2 x DP2, distributed optimizer, overlapped param all-gathers: each chunk's first
-    # forward waits for them; the next forward's block is that one without those waits, referenced
-    # (not run), so no stray autograd graph frees its activations a second time.
-    t = capture(tmp_path / "t", 4, "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped-param-gather", "plain"])
+def test_interleaved_iteration_is_steady_and_chunks_share_blocks(tmp_path, overlap):
+    # PP2 x VPP3 x DP2. With the distributed optimizer's overlapped param all-gathers each chunk's
+    # first forward waits for them; the next forward's block is that one without those waits,
+    # referenced (not run). Chunks built alike share their backward (and plain forward) blocks:
+    # stage 0 holds embedding + 2 alike, stage 1 2 alike + the loss chunk, so 2 backward blocks a
+    # stage, not 3. Either way no autograd graph frees its activations a second time.
+    flags = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"] if overlap else []
+    t = capture(tmp_path / "t", 4, "--num-layers", "6", "--hidden-size", "64", "--num-attention-heads", "4",
                 "--seq-length", "32", "--vocab-size", "128", "--max-position-embeddings", "32",
-                "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16", "--use-distributed-optimizer",
-                "--overlap-grad-reduce", "--overlap-param-gather", "--pipeline-model-parallel-size", "2",
-                "--num-layers-per-virtual-pipeline-stage", "1")
+                "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16", *flags,
+                "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
     for r in t.roles:
         p = memory_peak(r.memory, r.program)
         assert abs(p.end - p.baseline) < 0.01 * p.allocated
-        fwd = {}  # (chunk, micro-batch) -> its forward: the largest block of phase fwd there
+        fwd, bwd = {}, {}  # (chunk, micro-batch) -> its forward / backward: the largest such block there
         for s in r.program:
             cols = r.blocks[s.block].columns
-            if set(cols["phase"]) == {"fwd"} and len(cols["kind"]) > len(r.blocks[fwd.get((s.chunk, s.mb), s.block)]):
-                fwd[(s.chunk, s.mb)] = s.block
-            fwd.setdefault((s.chunk, s.mb), s.block)
-        for chunk in (0, 1):
+            for phase, into in (("fwd", fwd), ("bwd", bwd)):
+                if set(cols["phase"]) == {phase} and len(cols["kind"]) > len(r.blocks[into.get((s.chunk, s.mb), s.block)]):
+                    into[(s.chunk, s.mb)] = s.block
+                if set(cols["phase"]) == {phase}:
+                    into.setdefault((s.chunk, s.mb), s.block)
+        assert len({bwd[(c, 0)] for c in range(3)}) == 2
+        for chunk in range(3):
             a, b = r.blocks[fwd[(chunk, 0)]].columns, r.blocks[fwd[(chunk, 1)]].columns
             outside = [i for i, (k, d) in enumerate(zip(a["kind"], a["target"])) if k == "wait" and d > i]
-            assert outside
+            assert bool(outside) == overlap
             assert [n for i, n in enumerate(a["name"]) if i not in outside] == b["name"]

@@ -37,7 +37,7 @@ class Ann(TagAnnotator):
         self.seen: dict = {}
         self.kinds: list[str] = []
 
-    def block(self, key, fn, *args, bare_key=None):
+    def block(self, key, fn, *args, bare_key=None, any_chunk=False):
         self.kinds.append(key[0])
         where = self.p2p_blocks if key[0].startswith("p2p") else self.blocks
         where.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))
@@ -279,7 +279,8 @@ def test_block_keys_with_eight_microbatches():
     for rank, shape in ((0, None), (2, SHAPE)):
         ann, _, _ = run_rank(rank, 4, 8)
         counts = Counter(k for k, *_ in ann.blocks)
-        assert counts == Counter({("fwd", 0, False, False, shape): 8, ("bwd", 0, False, shape): 8})
+        assert counts == Counter({("fwd", ("chunk", 0), False, False, shape): 8,
+                                  ("bwd", ("chunk", 0), False, shape): 8})
 
 
 class _OverlapSync:
@@ -330,8 +331,9 @@ def test_first_stage_overlaps_grad_sync_in_last_backward():
     tails = {k[-1] for k, *_ in ann.blocks if (k[0] == "fwd" and k[3]) or (k[0] == "bwd" and k[2])}
     assert len(tails) == 1 and next(iter(tails))[0] == "call"
     counts = Counter(k[:5] if k[0] == "fwd" else k[:4] for k, *_ in ann.blocks)
-    assert counts == Counter({("fwd", 0, False, False, None): 7, ("fwd", 0, False, True, None): 1,
-                              ("bwd", 0, False, None): 7, ("bwd", 0, True, None): 1})
+    c0 = ("chunk", 0)
+    assert counts == Counter({("fwd", c0, False, False, None): 7, ("fwd", c0, False, True, None): 1,
+                              ("bwd", c0, False, None): 7, ("bwd", c0, True, None): 1})
     assert gs.finalized == 1
     assert gs.events[:2] == [("sync", False, 0), ("sync", True, 7)]
     assert ("start", 0, 8) in gs.events  # no-op there: the hooks issued every bucket
@@ -342,7 +344,7 @@ def test_later_stages_reduce_after_backward_not_in_hooks():
     reduction once the whole backward is done; every micro-batch then shares one key pair."""
     ann, gs = _overlap_run(1, 4, 8)
     assert Counter(ann.blocks[i][0][:5] for i in range(len(ann.blocks))) == Counter(
-        {("fwd", 0, False, False, SHAPE): 8, ("bwd", 0, False, SHAPE): 8})
+        {("fwd", ("chunk", 0), False, False, SHAPE): 8, ("bwd", ("chunk", 0), False, SHAPE): 8})
     assert [e for e in gs.events if e[0] == "start" or e[1]] == [
         ("sync", True, 8), ("start", 0, 8), ("sync", True, 8)]  # the last one: finalize
 

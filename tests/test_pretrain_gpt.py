@@ -42,7 +42,7 @@ class Ann(TagAnnotator):
         self.iterations.append(index)
         self.blocks.clear()
 
-    def block(self, key, fn, *args, bare_key=None):
+    def block(self, key, fn, *args, bare_key=None, any_chunk=False):
         if key[0] != "p2p":  # compute blocks only
             self.blocks.append(key)
         return fn(*args)
@@ -158,8 +158,8 @@ def test_block_keys_interleaved_eight_microbatches():
     assert cfg.parallel.vpp == 2 and ann.layout["vpp"] == 2
     shape = (64, 2, 64)
     assert Counter(ann.blocks) == Counter({
-        ("fwd", 0, False, False, None): 8, ("fwd", 1, False, False, shape): 8,
-        ("bwd", 0, False, None): 8, ("bwd", 1, False, shape): 8})
+        ("fwd", ("class", 0), False, False, None): 8, ("fwd", ("class", 1), False, False, shape): 8,
+        ("bwd", ("class", 0), False, None): 8, ("bwd", ("class", 1), False, shape): 8})
     sends = Counter(peer for name, _, _, _, peer in log.ops if name == "send")
     assert sends == Counter({1: 8 + 8 + 8})  # chunk 0 acts, chunk 1 acts, chunk 1 grads
 
@@ -172,8 +172,8 @@ def test_overlap_grad_reduce_keys_last_microbatch_apart():
     ann, log, _ = run_fake(argv, rank=1, world=4)
     # (those two keys also name the iteration's schedule call, so a capture re-runs them)
     assert Counter(k[:5] if k[0] == "fwd" else k[:4] for k in ann.blocks) == Counter({
-        ("fwd", 0, False, False, None): 3, ("fwd", 0, False, True, None): 1,
-        ("bwd", 0, False, None): 3, ("bwd", 0, True, None): 1})
+        ("fwd", ("class", 0), False, False, None): 3, ("fwd", ("chunk", 0), False, True, None): 1,
+        ("bwd", ("class", 0), False, None): 3, ("bwd", ("chunk", 0), True, None): 1})
     assert {o[3] for o in log.ops if o[0] == "allreduce_" and o[1] == (0, 1)} == {"grad_sync"}
     ann, log, _ = run_fake(argv, rank=3, world=4)
     assert len(set(ann.blocks)) == 2
