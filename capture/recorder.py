@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Iterator
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
 from capture import comm as comm_info
@@ -165,6 +165,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         self.blocks: dict[str, Block] = {}
         self.program: list[Segment] = []
         self.cache: dict[Hashable, _CachedBlock] = {}
+        self._protos: dict[torch.dtype, torch.Tensor] = {}
         self.graph_allocs: dict[int, tuple[list, list[tuple[int, list]]]] = {}
         """Output storage of a recorded block -> (its live entry, the storages and live entries its
         autograd graph may hold) (:meth:`discard`)."""
@@ -407,6 +408,24 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
         local = w[-1] - start if w and w[-1] >= start else None
         return ("__tensor__", tuple(t.shape), t.dtype, t.requires_grad, local, self.mem.counted_in_block(t), writes)
 
+    def _fresh(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """``torch.empty(shape, dtype=dtype)`` as the script would get it (a fake tensor on the
+        fake device, known to the memory tracker, not counted), built directly: a replayed block's
+        outputs are most of a long capture's tensors, and the dispatch through every mode costs
+        ~10x more. The first tensor of a dtype is made the usual way and gives mode and device."""
+        proto = self._protos.get(dtype)
+        if proto is None:
+            self.suppress += 1
+            try:
+                proto = self._protos[dtype] = torch.empty(0, dtype=dtype)
+            finally:
+                self.suppress -= 1
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            elem = torch.empty(shape, dtype=dtype, device="meta")
+        t = FakeTensor(proto.fake_mode, elem, proto.fake_device)
+        self.mem.note(t, OTHER, counted=False)
+        return t
+
     def _mimic(self, meta: Any, base: int) -> Any:
         """The outputs of a replayed block whose first op is ``base``: fresh tensors as the block
         left them (producer, memory count, comm writes still pending) and its open works revived."""
@@ -416,11 +435,7 @@ class Recorder(CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annota
             if m[0] == "__work__":
                 return self._revive(m[1], base)
             _, shape, dtype, rg, local, counted, writes = m
-            self.suppress += 1
-            try:
-                t = torch.empty(shape, dtype=dtype)
-            finally:
-                self.suppress -= 1
+            t = self._fresh(shape, dtype)
             if counted:  # the block's events allocated it: count its free wherever it happens
                 self.mem.adopt(t, ACTIVATIONS)
             if rg:
