@@ -17,8 +17,8 @@ A schedule knows nothing about the model: it calls ``forward_step(chunk, mb, inp
 returns the chunk's output (hidden states, or the mean loss on the last virtual stage) and runs
 autograd itself. Every micro-batch's forward and backward is wrapped in the annotator's
 ``scope`` and ``block``; block keys are equal exactly when the ops would be equal (see
-``_Runner.forward``), except that the micro-batch whose backward leaves grad collectives open
-is keyed per iteration (``_Runner.key_suffix``).
+``models.steps.Runner.forward``), except that the micro-batch whose backward leaves grad collectives open
+is keyed per iteration (``models.steps.Runner.key_suffix``).
 
 Example::
 
@@ -38,14 +38,13 @@ sequence lengths.
 
 from __future__ import annotations
 
-import itertools
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from heterosim.errors import ConfigError
-from heterosim.annotate import get_annotator
 from models.p2p import PipelineComm
+from models.steps import ForwardStep, GradSync, Runner
 
 __all__ = [
     "ForwardStep",
@@ -56,49 +55,6 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-_CALLS = itertools.count()  # numbers forward_backward calls (see _Runner.key_suffix)
-ForwardStep = Callable[[int, int, "Tensor | None"], Tensor]
-"""``forward_step(chunk, mb, input)``: input is None on the first virtual stage (the step makes
-its own token ids); returns the chunk output, or the mean loss on the last virtual stage."""
-
-
-class GradSync(Protocol):
-    """What the schedules need from data parallelism (see :class:`models.distributed.ModelGradSync`)."""
-
-    overlap_grad_reduce: bool
-    """True when a backward with grad sync enabled issues collectives from grad hooks."""
-
-    align_grad_reduce: bool
-    """Megatron's ``align_grad_reduce`` (default True; ``--no-align-grad-reduce`` turns it off)."""
-
-    align_param_gather: bool
-    """Megatron's ``align_param_gather``: the interleaved schedule dispatches chunks' gathers ahead."""
-
-    def param_sync_pending(self, chunk: int) -> bool:
-        """True when the next forward of ``chunk`` waits for overlapped parameter all-gathers."""
-        ...
-
-    def param_sync_done(self, chunk: int) -> None:
-        """Called after that forward: its hooks waited the all-gathers (or a capture replayed it)."""
-        ...
-
-    def dispatch_param_sync(self, chunk: int) -> None:
-        """Megatron's ``param_sync_func[chunk]`` (``align_param_gather``): issue (async) every
-        pending parameter all-gather of ``chunk`` that no forward pre-hook has issued yet."""
-        ...
-
-    def set_grad_sync(self, enabled: bool) -> None:
-        """Megatron's ``no_sync`` switch: grad hooks reduce buckets only while enabled."""
-        ...
-
-    def start_grad_sync(self, chunk: int) -> None:
-        """Megatron's ``grad_sync_func``: issue (async) the reduction of every bucket of ``chunk``
-        that its grad hooks have not issued yet."""
-        ...
-
-    def finalize(self) -> None:
-        """Megatron's ``finalize_model_grads``: finish DP sync, tied-embedding and SP-norm grads."""
-        ...
 
 
 def one_f_one_b_order(pp: int, rank: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -150,172 +106,7 @@ def interleaved_order(pp: int, rank: int, num_microbatches: int, vpp: int) -> li
     return order
 
 
-class _Runner:
-    """Per-iteration state shared by the three schedules: forward/backward steps with annotations."""
-
-    def __init__(self, forward_step: ForwardStep, num_microbatches: int, num_chunks: int,
-                 comm: PipelineComm | None, grad_sync: GradSync | None,
-                 chunk_classes: Sequence[int] | None = None) -> None:
-        self.forward_step = forward_step
-        self.classes = list(chunk_classes) if chunk_classes is not None else None
-        self.graphs: dict[Hashable, tuple[Tensor | None, Tensor]] = {}
-        """Backward key -> (input, output) of a forward that ran with autograd: a referenced
-        forward of the same class leaves no graph, and the first backward of its key runs on this."""
-        self.m = num_microbatches
-        self.vpp = num_chunks
-        self.comm = comm
-        self.gs = grad_sync
-        self.ann = get_annotator()
-        self.losses: list[Tensor] = []
-        self.call = next(_CALLS)
-        self.pp_rank = comm.rank if comm else 0
-        self.pp = comm.size if comm else 1
-
-    def first_virtual(self, chunk: int) -> bool:
-        return self.pp_rank == 0 and chunk == 0
-
-    def last_virtual(self, chunk: int) -> bool:
-        return self.pp_rank == self.pp - 1 and chunk == self.vpp - 1
-
-    @property
-    def overlap(self) -> bool:
-        return bool(self.gs is not None and self.gs.overlap_grad_reduce)
-
-    def syncs_in_backward(self, mb: int) -> bool:
-        """The last micro-batch's backward issues the overlapped grad reduction (a distinct block).
-
-        With pipelining, Megatron (``align_grad_reduce``, its default) lets grad hooks do that
-        only on the first stage of 1F1B and never in the interleaved schedule; the other
-        stages issue the chunk's reduction from the schedule (``start_grad_sync``).
-        """
-        if not self.overlap or mb != self.m - 1:
-            return False
-        if not self.aligned:
-            return True  # every stage and chunk reduces from hooks in its last backward
-        return self.vpp == 1 and self.pp_rank == 0
-
-    @property
-    def aligned(self) -> bool:
-        return bool(getattr(self.gs, "align_grad_reduce", True)) and self.pp > 1
-
-    def start_grad_sync(self, chunk: int) -> None:
-        if self.overlap:
-            assert self.gs is not None
-            self.set_grad_sync(True)
-            with self.ann.scope(phase="grad_sync", chunk=chunk):
-                self.gs.start_grad_sync(chunk)
-
-    def key_suffix(self, mb: int) -> tuple:
-        """Per-iteration key part for the micro-batch whose backward issues async grad reduction.
-
-        That backward leaves collectives open when it returns, so a capture re-runs it every
-        iteration, and it needs the autograd graph of its own forward: the forward must then be
-        re-run as well, so its key (and the backward's) names the iteration's schedule call.
-        """
-        return (("call", self.call),) if self.syncs_in_backward(mb) else ()
-
-    def _class(self, chunk: int, mb: int) -> Hashable:
-        """The chunk as block keys name it: its class when chunks of a class share blocks (not a
-        backward that issues grad reduction: it is recorded every time, with its own forward)."""
-        if self.classes is None or self.syncs_in_backward(mb):
-            return ("chunk", chunk)
-        return ("class", self.classes[chunk])
-
-    def forward(self, chunk: int, mb: int, inp: Tensor | None) -> Tensor:
-        last = self.last_virtual(chunk)
-        # Equal keys <=> equal ops: the chunk (or its class), whether the forward waits for
-        # overlapped param all-gathers (first micro-batch), whether its backward is distinct (grad
-        # sync), the input.
-        gather = bool(self.gs is not None and mb == 0 and self.gs.param_sync_pending(chunk))
-        rest = (self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape), *self.key_suffix(mb))
-        cls = self._class(chunk, mb)
-        key = ("fwd", cls, gather, *rest)
-        # Without its waits for the all-gathers, the first micro-batch's forward is the others'.
-        bare = ("fwd", cls, False, *rest) if gather else None
-
-        def run(x: Tensor | None) -> Tensor:
-            out = self.forward_step(chunk, mb, x)
-            # Megatron divides each micro-batch loss by the number of micro-batches (schedules.forward_step).
-            return out / self.m if last else out
-
-        with self.ann.scope(phase="fwd", mb=mb, chunk=chunk):
-            out = self.ann.block(key, run, inp, bare_key=bare, any_chunk=True)
-        if out.grad_fn is not None:  # it ran: the first backward of its key may need its graph
-            self.graphs.setdefault(self._backward_key(chunk, mb, inp), (inp, out))
-        if gather:
-            self.gs.param_sync_done(chunk)
-        if last:
-            self.losses.append(out)
-        return out
-
-    def _backward_key(self, chunk: int, mb: int, inp: Tensor | None) -> tuple:
-        return ("bwd", self._class(chunk, mb), self.syncs_in_backward(mb), None if inp is None else tuple(inp.shape),
-                *self.key_suffix(mb))
-
-    def backward(self, chunk: int, mb: int, inp: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
-        key = self._backward_key(chunk, mb, inp)
-        ran = []
-
-        def run(x: Tensor | None, y: Tensor, dy: Tensor | None) -> Tensor | None:
-            ran.append(True)
-            graph = self.graphs.pop(key, None)
-            stand_in = y.grad_fn is None
-            if stand_in:  # a referenced forward: run on the graph of one of its class that ran
-                if graph is None:
-                    raise RuntimeError(f"backward {key}: no forward of its class ran with autograd")
-                x, y = graph
-            if x is not None:
-                x.retain_grad()
-            torch.autograd.backward(y, grad_tensors=dy)
-            if x is None:
-                return None
-            dx = x.grad
-            if stand_in:
-                x.grad = None  # the stand-in's input lives on; its gradient is this backward's output
-            return dx
-
-        with self.ann.scope(phase="bwd", mb=mb, chunk=chunk):
-            dx = self.ann.block(key, run, inp, out, grad, any_chunk=True)
-        if not ran and out.grad_fn is not None:
-            # A forward that ran, whose backward is a block recorded on another graph: that
-            # block's events free what this graph saved; it will never run.
-            if self.graphs.get(key, (None, None))[1] is out:
-                del self.graphs[key]
-            self.ann.discard(out)
-        return dx
-
-    def set_grad_sync(self, enabled: bool) -> None:
-        if self.gs is not None:
-            self.gs.set_grad_sync(enabled)
-
-    def finalize(self) -> None:
-        self.set_grad_sync(True)
-        if self.gs is not None:
-            with self.ann.scope(phase="grad_sync"):
-                self.gs.finalize()
-
-    def wait(self, reqs: list | None, phase: str, mb: int, chunk: int) -> None:
-        """Wait for overlapped p2p requests (a block of its own: it waits for what another issued)."""
-        if reqs:
-            def run() -> None:
-                for req in reqs:
-                    req.wait()
-            with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
-                self.ann.block(("p2p-wait", phase, len(reqs)), run)
-
-    def p2p(self, phase: str, mb: int, chunk: int, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        # A block: every exchange of one kind (helper, which tensors are present, their shapes)
-        # issues the same ops with the same peers, so a capture records it once per kind.
-        def sig(v: Any) -> Hashable:
-            return ("t", tuple(v.shape)) if isinstance(v, Tensor) else v
-
-        key = ("p2p", phase, getattr(call, "__name__", repr(call)), tuple(map(sig, args)),
-               tuple(sorted((k, sig(v)) for k, v in kw.items())))
-        with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
-            return self.ann.block(key, lambda *a: call(*a, **kw), *args)
-
-
-def _no_pipelining(r: _Runner) -> None:
+def _no_pipelining(r: Runner) -> None:
     """Megatron ``forward_backward_no_pipelining``: F,B per micro-batch; sync only on the last."""
     r.set_grad_sync(False)
     for mb in range(r.m):
@@ -325,7 +116,7 @@ def _no_pipelining(r: _Runner) -> None:
         r.backward(0, mb, None, out, None)
 
 
-def _one_f_one_b(r: _Runner) -> None:
+def _one_f_one_b(r: Runner) -> None:
     """Megatron ``forward_backward_pipelining_without_interleaving``."""
     c = r.comm
     assert c is not None
@@ -376,7 +167,7 @@ class _Interleaved:
     ``_mb_in_chunk(k)`` of chunk ``_chunk_id(k)``; each chunk queues its in-flight inputs, outputs
     and output gradients."""
 
-    def __init__(self, r: _Runner) -> None:
+    def __init__(self, r: Runner) -> None:
         c = r.comm
         assert c is not None
         pp, rank, vpp, m = c.size, c.rank, r.vpp, r.m
@@ -634,7 +425,7 @@ def forward_backward(
             f"the interleaved schedule needs num_microbatches ({num_microbatches}) to be a multiple "
             f"of the pipeline-parallel size ({pp}); change --global-batch-size or --micro-batch-size"
         )
-    runner = _Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync,
+    runner = Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync,
                      chunk_classes if chunk_classes is not None and len(chunk_classes) == num_chunks else None)
     if pp == 1:
         _no_pipelining(runner)
