@@ -98,7 +98,7 @@ def test_block_without_outside_waits_recounts_distances_and_events():
     the output written by B is now row 1."""
     import torch
 
-    from capture.recorder import _without_outside_waits
+    from capture.blocks import _without_outside_waits
 
     rows = [{"kind": "compute", "name": "A", "deps": []},
             {"kind": "wait", "name": "wait", "target": 7, "deps": []},
@@ -116,7 +116,7 @@ def test_block_without_outside_waits_recounts_distances_and_events():
 
 def test_block_without_outside_waits_refuses_what_it_cannot_move():
     """A dropped wait another op depends on, or one carrying a host sync: no bare block."""
-    from capture.recorder import _without_outside_waits
+    from capture.blocks import _without_outside_waits
 
     on_wait = [{"kind": "wait", "target": 3, "deps": []}, {"kind": "compute", "deps": [1]}]
     assert _without_outside_waits(on_wait, [0], [], None) is None
