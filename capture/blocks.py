@@ -172,14 +172,11 @@ class BlockRecorder:
         # Storage keys are addresses, reused once a storage dies: keep the live entry to compare.
         held = [(k, live[k]) for k in self.mem.block_allocs or () if k in live and k not in mine]
         for t in outs:
-            if t.grad_fn is not None and _skey(t) in live:
-                self.graph_allocs[_skey(t)] = (live[_skey(t)], held)
+            if t.grad_fn is not None and _skey(t) in live:  # dropped when it dies (Recorder._storage_died)
+                self.graph_allocs[_skey(t)] = held
 
     def discard(self, out: Any) -> None:
-        entry, held = self.graph_allocs.pop(_skey(out), (None, ()))
-        if entry is None or self.mem.live.get(_skey(out)) is not entry:
-            return
-        for key, e in held:
+        for key, e in self.graph_allocs.pop(_skey(out), ()):
             if self.mem.live.get(key) is e:
                 self.mem.forget(key)
 

@@ -96,9 +96,9 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         self.program: list[Segment] = []
         self.cache: dict[Hashable, _CachedBlock] = {}
         self._protos: dict[torch.dtype, torch.Tensor] = {}
-        self.graph_allocs: dict[int, tuple[list, list[tuple[int, list]]]] = {}
-        """Output storage of a recorded block -> (its live entry, the storages and live entries its
-        autograd graph may hold) (:meth:`discard`)."""
+        self.graph_allocs: dict[int, list[tuple[int, list]]] = {}
+        """Live output storage of a recorded block -> the storages (with their live entries) its
+        autograd graph may hold (:meth:`discard`)."""
         self.tags = _Tags()
         self.suppress = 0
         self.iterations_seen = 0
@@ -163,6 +163,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         self.fuser.storage_died(key)
         self.pending_funcol.pop(key, None)
         self.unwaited.pop(key, None)
+        self.graph_allocs.pop(key, None)
 
     def _append(self, row: dict) -> int:
         if self._divert(row):  # inside a CUDA graph capture: kept for its replays (capture/graphs.py)

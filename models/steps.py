@@ -182,12 +182,13 @@ class Runner:
 
         def run(x: Tensor | None, y: Tensor, dy: Tensor | None) -> Tensor | None:
             ran.append(True)
-            graph = self.graphs.pop(key, None)
             stand_in = y.grad_fn is None
             if stand_in:  # a referenced forward: run on the graph of one of its class that ran
-                if graph is None:
+                if key not in self.graphs:
                     raise RuntimeError(f"backward {key}: no forward of its class ran with autograd")
-                x, y = graph
+                x, y = self.graphs.pop(key)
+            else:
+                self._forget_graph(key, y)
             if x is not None:
                 x.retain_grad()
             torch.autograd.backward(y, grad_tensors=dy)
@@ -203,10 +204,14 @@ class Runner:
         if not ran and out.grad_fn is not None:
             # A forward that ran, whose backward is a block recorded on another graph: that
             # block's events free what this graph saved; it will never run.
-            if self.graphs.get(key, (None, None))[1] is out:
-                del self.graphs[key]
+            self._forget_graph(key, out)
             self.ann.discard(out)
         return dx
+
+    def _forget_graph(self, key: Hashable, out: Tensor) -> None:
+        """``out``'s backward is done (run or referenced): it no longer stands in for its class."""
+        if key in self.graphs and self.graphs[key][1] is out:
+            del self.graphs[key]
 
     def set_grad_sync(self, enabled: bool) -> None:
         if self.gs is not None:
