@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_cases.yaml"
+DEFAULT_CASES = Path(__file__).resolve().parents[1] / "validation" / "public_cases.yaml"
 
 
 def _cpu() -> float:

@@ -46,6 +46,11 @@ class _CachedBlock:
     derived: tuple[list[dict], list] | None = None
     """Rows and memory events of a block derived from another (:func:`_without_outside_waits`),
     not yet in the trace: it becomes a block at its first use."""
+    outstanding: tuple | None = None
+    """A block that waits on communication issued before it (``shared_waits``): the communication
+    still outstanding when it was recorded, as (distance back from its first op, signature)."""
+    waited: tuple[int, ...] = ()
+    """Distances back from its first op of the outstanding ops it waits for."""
 
 
 def _without_outside_waits(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tuple[list[dict], list, Any] | None:
@@ -104,13 +109,23 @@ class BlockRecorder:
     """Block recording and referencing (mixed into :class:`capture.recorder.Recorder`)."""
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
-              any_chunk: bool = False) -> Any:
+              any_chunk: bool = False, shared_waits: bool = False) -> Any:
         if self.in_block is not None:
             return fn(*args)  # nested: part of the outer block
         full_key = key if any_chunk else (key, self.tags.chunk)
         hit = self.cache.get(full_key)
         self._close_segment()
         self._file_events(self.gaps, len(self.program))
+        if shared_waits and hit is not None and hit.outstanding is not None and not self.pending_funcol \
+                and self._outstanding(self.next_id) == hit.outstanding:
+            # The communication still outstanding is where and what it was when the block was
+            # recorded: the same ops wait for it at the same distances.
+            base = self.next_id
+            self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
+            self.next_id += hit.n
+            for d in hit.waited:
+                self._waited_in_block(base - d)
+            return self._mimic(hit.out_meta, base)
         if hit is not None and hit.derived is not None:  # first use of a derived block: it joins the trace
             bid = f"b{len(self.blocks)}"
             self.blocks[bid] = Block.from_rows(hit.derived[0])
@@ -122,6 +137,7 @@ class BlockRecorder:
             self.next_id += hit.n
             return self._mimic(hit.out_meta, base)
         bid = f"b{len(self.blocks)}"
+        before = self._outstanding(self.next_id) if shared_waits else None
         self.in_block, self.seg_start, self.rows = bid, self.next_id, []
         self.seg_mem, self.mem.block_allocs = [], set()
         works_before = len(self.works)  # works are only added: the block's are the dict's last ones
@@ -153,6 +169,10 @@ class BlockRecorder:
         meta = tree_map(meta_of, out)
         self._note_graphs(out)
         self.cache[full_key] = _CachedBlock(bid, len(rows), meta, reusable)
+        if before is not None and outside and not open_works and not self.pending_funcol:
+            waited = tuple(rows[i]["target"] - i for i in outside)
+            if {d for d, _ in before} >= set(waited):
+                self.cache[full_key] = _CachedBlock(bid, len(rows), meta, False, outstanding=before, waited=waited)
         bare = bare_key if any_chunk else (bare_key, self.tags.chunk)
         if bare_key is not None and outside and not open_works and not self.pending_funcol and bare not in self.cache:
             derived = _without_outside_waits(rows, outside, self.block_mem[bid], meta)
@@ -224,4 +244,9 @@ class BlockRecorder:
                 self.unwaited.setdefault(_skey(t), []).extend((base + r, *span) for r in writes)
             return t
 
+        # Most blocks return one tensor or a flat tuple of them: built without pytree's flatten
+        # and unflatten (a third of a referenced block's cost).
+        if type(meta) is tuple and not any(type(m) in (list, dict) or (type(m) is tuple and not _is_meta_leaf(m))
+                                           for m in meta):
+            return make(meta) if _is_meta_leaf(meta) else tuple(make(m) for m in meta)
         return tree_map(make, meta, is_leaf=_is_meta_leaf)

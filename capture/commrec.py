@@ -80,13 +80,33 @@ class CommRecorder:
     def _work_waited(self, target: int, epoch: int) -> None:
         if epoch != self.streams.epoch:
             return  # issued in an earlier (discarded) iteration
+        self._forget_unwaited(target)
+        self.streams.wait(target)
+
+    def _forget_unwaited(self, target: int) -> None:
         for k in list(self.unwaited):
             left = [e for e in self.unwaited[k] if e[0] != target]
             if left:
                 self.unwaited[k] = left
             else:
                 del self.unwaited[k]
-        self.streams.wait(target)
+
+    def _waited_in_block(self, target: int) -> None:
+        """A referenced block's wait op waited for communication op ``target`` (as :meth:`_work_waited`,
+        its ``wait`` op already in the block)."""
+        self._forget_unwaited(target)
+        self.streams.waited.add(target)
+
+    def _outstanding(self, pos: int) -> tuple | None:
+        """The communication issued before op ``pos`` and not yet waited for, as (distance back
+        from ``pos``, signature); None when one came from a referenced block (no signature kept)."""
+        out = []
+        for t in self.streams.outstanding():
+            sig = self.comm_sigs.get(t)
+            if sig is None:
+                return None
+            out.append((pos - t, sig))
+        return tuple(out)
 
     def _record_comm(self, func: Any, args: Any, kwargs: dict, out: Any) -> Any:
         phase, in_bwd = self._phase()
@@ -188,6 +208,7 @@ class CommRecorder:
             }
         )
         self.streams.issue(oid)
+        self.comm_sigs[oid] = (info.kind, info.collective, info.nbytes, info.dtype, gid, stream, info.peer)
         for t in info.written:
             self._set_writer(t, oid)
         return oid

@@ -134,15 +134,22 @@ class MemoryTracker:
         params: set[int] = set()
         grads: set[int] = set()
         optim: set[int] = set()
+        sort: dict[type, int] = {}  # type -> 1 module, 2 optimizer, 0 neither (most of the heap)
         for obj in gc.get_objects():
             kind = type(obj)  # not isinstance: deprecated module proxies warn on __class__
-            if issubclass(kind, torch.nn.Module):
+            what = sort.get(kind)
+            if what is None:
+                module, optimizer = issubclass(kind, torch.nn.Module), issubclass(kind, torch.optim.Optimizer)
+                what = sort[kind] = 1 if module else 2 if optimizer else 0
+            if not what:
+                continue
+            if what == 1:
                 for p in obj.parameters(recurse=False):
                     params.add(_key(p))
                     for g in (p.grad, getattr(p, "main_grad", None)):
                         if isinstance(g, torch.Tensor):
                             grads.add(_key(g))
-            elif issubclass(kind, torch.optim.Optimizer):
+            else:
                 for group in obj.param_groups:
                     optim.update(_key(p) for p in group["params"])  # fp32 master weights
                     grads.update(_key(p.grad) for p in group["params"] if isinstance(p.grad, torch.Tensor))

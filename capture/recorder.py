@@ -127,6 +127,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         self.streams.reset()
         self.fuser.reset()
         self.works: dict[int, Any] = {}  # first op id -> capture.streams.RecWork
+        self.comm_sigs: dict[int, tuple] = {}  # op id -> what it moves (commrec: CommRecorder._outstanding)
         self.unwaited: dict[int, list[tuple[int, int, int]]] = {}
         """storage -> (comm op, first byte, end byte) an async c10d op writes and nobody waited for."""
         self.pending_funcol: dict[int, tuple[int, ...]] = {}

@@ -63,7 +63,7 @@ class Annotator:
         yield
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
-              any_chunk: bool = False) -> Any:
+              any_chunk: bool = False, shared_waits: bool = False) -> Any:
         """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards.
 
         ``bare_key``: the key under which the same code, run when nothing it reads is still being
@@ -72,6 +72,11 @@ class Annotator:
         run the same ops without waiting). A capture then references that block without running it.
         ``any_chunk``: ``key`` alone decides the ops, whichever model chunk (``scope(chunk=)``) runs
         them; by default a capture keys blocks by the chunk too.
+        ``shared_waits``: a block that waits on communication issued before it may be referenced
+        at a later call where the communication then outstanding is as it was at the recording
+        (the same kinds and sizes, issued the same number of ops before); the caller then
+        finishes its own bookkeeping of those works, which waits for nothing more
+        (``ModelGradSync.param_sync_done`` after the first micro-batch's forward).
         """
         return fn(*args)
 
