@@ -125,7 +125,8 @@ class BlockRecorder:
             self.next_id += hit.n
             for d in hit.waited:
                 self._waited_in_block(base - d)
-            return self._mimic(hit.out_meta, base)
+            with torch._C.DisableTorchFunction():
+                return self._mimic(hit.out_meta, base, self.blocks[hit.bid].columns)
         if hit is not None and hit.derived is not None:  # first use of a derived block: it joins the trace
             bid = f"b{len(self.blocks)}"
             self.blocks[bid] = Block.from_rows(hit.derived[0])
@@ -135,7 +136,8 @@ class BlockRecorder:
             base = self.next_id
             self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
             self.next_id += hit.n
-            return self._mimic(hit.out_meta, base)
+            with torch._C.DisableTorchFunction():  # the recorder's bookkeeping, not the script's calls
+                return self._mimic(hit.out_meta, base, self.blocks[hit.bid].columns)
         bid = f"b{len(self.blocks)}"
         before = self._outstanding(self.next_id) if shared_waits else None
         self.in_block, self.seg_start, self.rows = bid, self.next_id, []
@@ -223,14 +225,15 @@ class BlockRecorder:
         self.mem.note(t, OTHER, counted=False)
         return t
 
-    def _mimic(self, meta: Any, base: int) -> Any:
-        """The outputs of a replayed block whose first op is ``base``: fresh tensors as the block
-        left them (producer, memory count, comm writes still pending) and its open works revived."""
+    def _mimic(self, meta: Any, base: int, columns: Any) -> Any:
+        """The outputs of a replayed block (``columns``) whose first op is ``base``: fresh tensors as
+        the block left them (producer, memory count, comm writes still pending) and its open works
+        revived."""
         def make(m: Any) -> Any:
             if not _is_meta_leaf(m):
                 return m
             if m[0] == "__work__":
-                return self._revive(m[1], base)
+                return self._revive(m[1], base, columns)
             _, shape, dtype, rg, local, counted, writes = m
             t = self._fresh(shape, dtype)
             if counted:  # the block's events allocated it: count its free wherever it happens

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 from capture import comm as comm_info
 from capture.opinfo import tensors_in
 from capture.streams import RecWork
+from heterosim.trace.ir import COLUMNS
 from heterosim.trace.vocab import DTYPE_BYTES
 
 __all__ = ["CommRecorder", "wire_width"]
@@ -37,6 +38,8 @@ def wire_width(info: comm_info.CommInfo, comm_dtype: str | None) -> comm_info.Co
     return dataclasses.replace(info, nbytes=nbytes, dtype=comm_dtype)
 
 _c10d_functional = torch.ops._c10d_functional
+_SIG_COLUMNS = ("kind", "collective", "comm_bytes", "dtype", "group", "stream", "peer")
+"""What a communication op moves, where: its signature for :meth:`CommRecorder._outstanding`."""
 
 
 def _skey(t: torch.Tensor) -> int:
@@ -177,20 +180,21 @@ class CommRecorder:
         still unwaited."""
         return tuple(oid - start for oid, _, _ in self.unwaited.get(_skey(t), ()) if oid >= start)
 
-    def _revive(self, rel: tuple[int, ...], base: int) -> Any:
-        """A replayed block's open work (its ops at ``base + rel``), as :meth:`_record_comm` made it."""
+    def _revive(self, rel: tuple[int, ...], base: int, columns: Any) -> Any:
+        """A replayed block's open work (its ops at ``base + rel``; ``columns``: the block's), as
+        :meth:`_record_comm` made it."""
         oids = tuple(base + r for r in rel)
         epoch = self.streams.epoch
         work = RecWork(lambda cid: self._work_waited(cid, epoch), oids, None)
         self.works[oids[0]] = work
-        for oid in oids:
+        for r, oid in zip(rel, oids):
             self.streams.issue(oid)
+            self.comm_sigs[oid] = tuple(columns[c][r] for c in _SIG_COLUMNS)
         return work
 
     def _append_comm(self, func: Any, info: Any, gid: str, module: str, phase: str, ins: list) -> int:
         stream = f"p2p:{gid}:{info.peer}" if info.kind == "p2p" else f"comm:{gid}"
-        oid = self._append(
-            {
+        row = {
                 "kind": info.kind,
                 "name": str(func),
                 "kernel_class": "comm",
@@ -206,9 +210,10 @@ class CommRecorder:
                 "peer": info.peer,
                 "deps": self._deps(ins),
             }
-        )
+        oid = self._append(row)
         self.streams.issue(oid)
-        self.comm_sigs[oid] = (info.kind, info.collective, info.nbytes, info.dtype, gid, stream, info.peer)
+        # As the trace's columns hold it (heterosim.trace.ir.Block.from_rows), for _revive's to compare.
+        self.comm_sigs[oid] = tuple(v if (v := row.get(c, COLUMNS[c][1])) is not None else [] for c in _SIG_COLUMNS)
         for t in info.written:
             self._set_writer(t, oid)
         return oid

@@ -338,11 +338,14 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
-        if func.namespace in ("c10d", "_c10d_functional"):
-            self.fuser.escape(tensors_in((args, kwargs)))
-            return self._record_comm(func, args, kwargs, out)
-        return self._record_compute(func, args, kwargs, out)
+        # The recorder's own reads of tensors (storages, strides, sizes) skip the script's torch
+        # function modes (the fake CUDA device's, the host data's): ~10 calls an op otherwise.
+        with torch._C.DisableTorchFunction():
+            self.mem.note(out, OTHER if self.tags.phase in _NOT_ACTIVATION or self.clock.in_step else ACTIVATIONS)
+            if func.namespace in ("c10d", "_c10d_functional"):
+                self.fuser.escape(tensors_in((args, kwargs)))
+                return self._record_comm(func, args, kwargs, out)
+            return self._record_compute(func, args, kwargs, out)
 
     def _phase(self) -> tuple[str, bool]:
         in_bwd = torch._C._current_graph_task_id() != -1

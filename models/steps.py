@@ -230,7 +230,7 @@ class Runner:
                 for req in reqs:
                     req.wait()
             with self.ann.scope(phase=phase, mb=mb, chunk=chunk):
-                self.ann.block(("p2p-wait", phase, len(reqs)), run)
+                self.ann.block(("p2p-wait", phase, len(reqs)), run, shared_waits=True)
 
     def p2p(self, phase: str, mb: int, chunk: int, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         # A block: every exchange of one kind (helper, which tensors are present, their shapes)

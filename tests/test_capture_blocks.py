@@ -29,3 +29,50 @@ def test_block_without_outside_waits_refuses_what_it_cannot_move():
     assert _without_outside_waits(on_wait, [0], [], None) is None
     synced = [{"kind": "wait", "target": 3, "deps": [], "host_sync": True}, {"kind": "compute", "deps": []}]
     assert _without_outside_waits(synced, [0], [], None) is None
+
+
+def _ops(role):
+    """A role's program expanded: every op as (micro-batch, chunk, its row), in order."""
+    out = []
+    for s in role.program:
+        cols = role.blocks[s.block].columns
+        names = sorted(cols)
+        out += [(s.mb, s.chunk, *(repr(cols[c][i]) for c in names)) for i in range(len(cols["kind"]))]
+    return out
+
+
+def test_first_forwards_share_a_block_where_outstanding_communication_matches(tmp_path, monkeypatch):
+    # PP2 x VPP6 x DP2, overlapped parameter all-gathers: each chunk's first forward waits for its
+    # chunk's gathers, issued before it. Where the communication still outstanding sits at the
+    # same distances with the same sizes as at the last recorded one, the block is referenced:
+    # chunks 3 and 4 use chunk 2's on the first stage. Chunks 0 and 1 differ in what precedes
+    # them (the embedding's forward), the last chunk has no next chunk's gathers in flight, and on
+    # the last stage chunk 4 has chunk 5's (with the output layer's bucket). The expanded program
+    # and memory are the ones recorded without sharing.
+    from capture.api import capture
+    from capture.commrec import CommRecorder
+    from heterosim.trace.memory import memory_peak
+    from heterosim.trace.store import load_trace
+    from tests.test_capture_megatron import SCRIPT
+
+    flags = ["--num-layers", "12", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "128", "--max-position-embeddings", "32", "--micro-batch-size", "1",
+             "--global-batch-size", "8", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+             "--overlap-param-gather", "--pipeline-model-parallel-size", "2",
+             "--num-layers-per-virtual-pipeline-stage", "1"]
+    shared = load_trace(capture(SCRIPT, flags, tmp_path / "shared", world_size=4, jobs=1))
+    monkeypatch.setattr(CommRecorder, "_outstanding", lambda self, pos: None)
+    alone = load_trace(capture(SCRIPT, flags, tmp_path / "alone", world_size=4, jobs=1))
+    for a, b, shares in zip(shared.roles, alone.roles, ([2, 3, 4], [2, 3])):
+        first = {}  # chunk -> its first micro-batch's forward (the largest block there that waits)
+        for s in a.program:
+            cols = a.blocks[s.block].columns
+            if s.mb == 0 and "wait" in cols["kind"] and set(cols["phase"]) == {"fwd"}:
+                if len(cols["kind"]) > len(a.blocks[first.get(s.chunk, s.block)].columns["kind"]):
+                    first[s.chunk] = s.block
+                first.setdefault(s.chunk, s.block)
+        assert sorted(first) == [0, 1, 2, 3, 4, 5]
+        assert {first[c] for c in shares} == {first[shares[0]]} and len(set(first.values())) == 7 - len(shares)
+        assert len(a.blocks) == len(b.blocks) - (len(shares) - 1)
+        assert _ops(a) == _ops(b)
+        assert memory_peak(a.memory, a.program) == memory_peak(b.memory, b.program)
