@@ -6,7 +6,7 @@ fresh tensors shaped like the first outputs (:meth:`BlockRecorder._mimic`). A bl
 on communication issued before it, or leaves some open, is recorded anew each time, except that
 an overlapped p2p exchange hands its requests back (``capture/commrec.py``) and that the script
 may name, as ``bare_key``, the block the same code records without those waits
-(:func:`_without_outside_waits`). ``any_chunk`` keys a block without the model chunk, and
+(:func:`_without_rows`). ``any_chunk`` keys a block without the model chunk, and
 :meth:`BlockRecorder.discard` forgets what an autograd graph that will never run still holds
 (``docs/capture.md``, "Repeatable blocks and iterations").
 
@@ -44,7 +44,7 @@ class _CachedBlock:
     # ("__work__", its ops) for an open work handed back, and non-tensors
     reusable: bool
     derived: tuple[list[dict], list] | None = None
-    """Rows and memory events of a block derived from another (:func:`_without_outside_waits`),
+    """Rows and memory events of a block derived from another (:func:`_without_rows`),
     not yet in the trace: it becomes a block at its first use."""
     outstanding: tuple | None = None
     """A block that waits on communication issued before it (``shared_waits``): the communication
@@ -53,14 +53,17 @@ class _CachedBlock:
     """Distances back from its first op of the outstanding ops it waits for."""
 
 
-def _without_outside_waits(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tuple[list[dict], list, Any] | None:
-    """A recorded block without its rows ``drop`` (waits on communication issued before the block):
-    (rows, memory events, output meta) with every backward distance and event position re-counted,
-    or None when something else refers to a dropped row or a dropped wait carries a host sync.
+def _without_rows(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tuple[list[dict], list, Any] | None:
+    """A recorded block without its rows ``drop`` (waits on communication issued before the block,
+    and the ops of a ``bare_without`` region issued inside it with the waits on them): (rows,
+    memory events, output meta) with every backward distance and event position re-counted, or
+    None when a kept op waits for or is coalesced with a dropped one, depends on a dropped wait,
+    or a dropped row carries a host sync.
 
     This is the block the same code records when nothing it reads is still being communicated
     (:meth:`BlockRecorder.block`, ``bare_key``): the waits are where the script's reads met pending
-    communication, and no other op depends on them.
+    communication, and a dependency on dropped communication is one on the op that wrote what
+    was read, which the bare run finds outside the block (and so does not record).
     """
     gone = set(drop)
     new: list[int | None] = []
@@ -79,9 +82,13 @@ def _without_outside_waits(rows: list[dict], drop: list[int], mem: list, meta: A
                 return None
             continue
         r2 = dict(r)
-        deps = [moved(j, i, d) for d in r.get("deps") or ()]
-        if None in deps:
-            return None
+        deps = []
+        for d in r.get("deps") or ():
+            m = moved(j, i, d)
+            if m is None and rows[i - d]["kind"] == "wait":
+                return None
+            if m is not None:
+                deps.append(m)
         r2["deps"] = deps
         for col in ("target", "coalesced"):
             if r.get(col):
@@ -109,7 +116,7 @@ class BlockRecorder:
     """Block recording and referencing (mixed into :class:`capture.recorder.Recorder`)."""
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
-              any_chunk: bool = False, shared_waits: bool = False) -> Any:
+              bare_without: str | None = None, any_chunk: bool = False, shared_waits: bool = False) -> Any:
         if self.in_block is not None:
             return fn(*args)  # nested: part of the outer block
         full_key = key if any_chunk else (key, self.tags.chunk)
@@ -176,8 +183,12 @@ class BlockRecorder:
             if {d for d, _ in before} >= set(waited):
                 self.cache[full_key] = _CachedBlock(bid, len(rows), meta, False, outstanding=before, waited=waited)
         bare = bare_key if any_chunk else (bare_key, self.tags.chunk)
-        if bare_key is not None and outside and not open_works and not self.pending_funcol and bare not in self.cache:
-            derived = _without_outside_waits(rows, outside, self.block_mem[bid], meta)
+        if bare_key is not None and not open_works and not self.pending_funcol and bare not in self.cache:
+            drop = set(outside)
+            if bare_without is not None:
+                drop.update(i for i, r in enumerate(rows) if r.get("_region") == bare_without)
+                drop.update(i for i, r in enumerate(rows) if r["kind"] == "wait" and i - r["target"] in drop)
+            derived = _without_rows(rows, sorted(drop), self.block_mem[bid], meta) if drop else None
             if derived is not None:
                 self.cache[bare] = _CachedBlock("", len(derived[0]), derived[2], True, derived[:2])
         self.mem.block_allocs = None

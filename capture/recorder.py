@@ -76,6 +76,7 @@ class _Tags:
     gemm_dtype: str | None = None
     comm_dtype: str | None = None
     sm_margin: int | None = None
+    region: str | None = None
 
 
 class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
@@ -186,6 +187,8 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             elif row["kind"] in ("p2p", "collective"):
                 row["coalesced"] = oid - self.batch_first
         self._take_sync(row)
+        if self.tags.region is not None:
+            row["_region"] = self.tags.region  # the capture's alone (Block.from_rows keeps the columns)
         if row["kind"] != "wait" and self.in_block is None:
             after = self.streams.side_after(oid)
             if after is not None:
@@ -240,6 +243,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         gemm_dtype: str | None = None,
         comm_dtype: str | None = None,
         sm_margin: int | None = None,
+        region: str | None = None,
     ) -> Iterator[None]:
         old = self.tags
         self.tags = _Tags(
@@ -249,6 +253,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             gemm_dtype if gemm_dtype is not None else old.gemm_dtype,
             comm_dtype if comm_dtype is not None else old.comm_dtype,
             sm_margin if sm_margin is not None else old.sm_margin,
+            region if region is not None else old.region,
         )
         try:
             yield

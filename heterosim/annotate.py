@@ -55,21 +55,26 @@ class Annotator:
         gemm_dtype: str | None = None,
         comm_dtype: str | None = None,
         sm_margin: int | None = None,
+        region: str | None = None,
     ) -> Iterator[None]:
         """Tag ops issued inside with a phase, micro-batch, model chunk, a GEMM dtype (``fp8``), the
         element type collectives move on the wire (``fp8``: one byte per element, as Transformer
         Engine's fp8 userbuffers do while the tensors here stay in the activation dtype), or the SMs
-        a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``)."""
+        a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``).
+        ``region`` names the ops for the capture alone, not in the trace (``block(bare_without=)``)."""
         yield
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,
-              any_chunk: bool = False, shared_waits: bool = False) -> Any:
+              bare_without: str | None = None, any_chunk: bool = False, shared_waits: bool = False) -> Any:
         """Run ``fn(*args)``; a capture may run it once per ``key`` and reference it afterwards.
 
         ``bare_key``: the key under which the same code, run when nothing it reads is still being
         communicated, records this block's ops less its waits on communication issued before it
         (Megatron's first micro-batch waits for the overlapped parameter all-gathers; the others
         run the same ops without waiting). A capture then references that block without running it.
+        ``bare_without``: a region (``scope(region=)``) whose ops, issued inside this block, the bare
+        block lacks too, with the waits on them (the gathers DDP's pre-hooks issue on the first
+        micro-batch without pipelining: ``"param_gather"``).
         ``any_chunk``: ``key`` alone decides the ops, whichever model chunk (``scope(chunk=)``) runs
         them; by default a capture keys blocks by the chunk too.
         ``shared_waits``: a block that waits on communication issued before it may be referenced

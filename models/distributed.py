@@ -292,7 +292,7 @@ class DataParallel:
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
-            with te_fp8.wire(b.fp8):
+            with te_fp8.wire(b.fp8), get_annotator().scope(region="param_gather"):
                 b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group,
                                                       async_op=async_op)
 
@@ -303,7 +303,8 @@ class DataParallel:
         if b.index > 0 and not self.buckets[b.index - 1].param_issued:
             self._start_bucket_param_sync(self.buckets[b.index - 1], async_op=True)
         if b.param_work is not None:
-            b.param_work.wait()
+            with get_annotator().scope(region="param_gather"):
+                b.param_work.wait()
             b.param_work = None
 
     def _param_gather_hook(self, module: nn.Module, args: Any) -> None:
@@ -327,7 +328,8 @@ class DataParallel:
                 self.dispatch_param_sync()
             for b in self.buckets:
                 if b.param_work is not None:
-                    b.param_work.wait()
+                    with get_annotator().scope(region="param_gather"):
+                        b.param_work.wait()
                     b.param_work = None
         for b in self.buckets:
             b.param_issued = False

@@ -163,7 +163,8 @@ class Runner:
             return out / self.m if last else out
 
         with self.ann.scope(phase="fwd", mb=mb, chunk=chunk):
-            out = self.ann.block(key, run, inp, bare_key=bare, any_chunk=True, shared_waits=gather)
+            out = self.ann.block(key, run, inp, bare_key=bare, bare_without="param_gather", any_chunk=True,
+                                 shared_waits=gather)
         if out.grad_fn is not None:  # it ran: the first backward of its key may need its graph
             self.graphs.setdefault(self._backward_key(chunk, mb, inp), (inp, out))
         if gather:

@@ -20,7 +20,8 @@ class TagAnnotator(annotate.Annotator):
         self.tags: dict = {}
 
     @contextlib.contextmanager
-    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None, comm_dtype=None, sm_margin=None) -> Iterator[None]:
+    def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None, comm_dtype=None, sm_margin=None,
+              region=None) -> Iterator[None]:
         old = dict(self.tags)
         self.tags.update({k: v for k, v in (("phase", phase), ("mb", mb), ("chunk", chunk),
                                             ("comm_dtype", comm_dtype)) if v is not None})

@@ -1,11 +1,12 @@
-"""capture.blocks: a recorded block without its waits on communication issued before it (by hand)."""
+"""capture.blocks: a recorded block without its waits on communication issued before it, or without
+the communication a phase issued inside it (by hand); first forwards that share a block."""
 
 import torch
 
-from capture.blocks import _without_outside_waits
+from capture.blocks import _without_rows
 
 
-def test_block_without_outside_waits_recounts_distances_and_events():
+def test_block_without_rows_recounts_distances_and_events():
     """Rows 0 A, 1 wait on an op before the block, 2 B reading A, 3 wait on B: the bare block is
     A, B (dep 1 back), wait (1 back); events before row 2 move before B, the end stays the end;
     the output written by B is now row 1."""
@@ -15,7 +16,7 @@ def test_block_without_outside_waits_recounts_distances_and_events():
             {"kind": "wait", "name": "wait", "target": 1, "deps": [1]}]
     mem = [[1, 2, 100], [2, 2, -100], [4, 3, 5]]
     meta = (("__tensor__", (2,), torch.bfloat16, False, 2, True, ()), 3)
-    out, events, meta2 = _without_outside_waits(rows, [1], mem, meta)
+    out, events, meta2 = _without_rows(rows, [1], mem, meta)
     assert [r["name"] for r in out] == ["A", "B", "wait"]
     assert [r["deps"] for r in out] == [[], [1], [1]] and out[2]["target"] == 1
     assert events == [[1, 2, 100], [1, 2, -100], [3, 3, 5]]
@@ -23,12 +24,30 @@ def test_block_without_outside_waits_recounts_distances_and_events():
     assert rows[2]["deps"] == [2]  # the recorded block is left as it was
 
 
-def test_block_without_outside_waits_refuses_what_it_cannot_move():
+def test_block_without_rows_refuses_what_it_cannot_move():
     """A dropped wait another op depends on, or one carrying a host sync: no bare block."""
     on_wait = [{"kind": "wait", "target": 3, "deps": []}, {"kind": "compute", "deps": [1]}]
-    assert _without_outside_waits(on_wait, [0], [], None) is None
+    assert _without_rows(on_wait, [0], [], None) is None
     synced = [{"kind": "wait", "target": 3, "deps": [], "host_sync": True}, {"kind": "compute", "deps": []}]
-    assert _without_outside_waits(synced, [0], [], None) is None
+    assert _without_rows(synced, [0], [], None) is None
+
+
+def test_block_without_its_gathers_drops_their_waits_and_the_dependencies_on_them():
+    """Rows 0 gather (param_gather), 1 A, 2 wait on the gather, 3 B reading A and the gathered
+    weights, 4 gather, 5 wait on it: without rows 0, 2, 4, 5 the block is A, B with B's dependency
+    on the gather gone (the bare run finds that writer outside the block) and on A kept."""
+    rows = [{"kind": "collective", "name": "ag", "deps": []},
+            {"kind": "compute", "name": "A", "deps": []},
+            {"kind": "wait", "name": "wait", "target": 2, "deps": [2]},
+            {"kind": "compute", "name": "B", "deps": [2, 3]},
+            {"kind": "collective", "name": "ag", "deps": []},
+            {"kind": "wait", "name": "wait", "target": 1, "deps": [1]}]
+    mem = [[3, 2, 64], [6, 2, -64]]
+    out, events, _ = _without_rows(rows, [0, 2, 4, 5], mem, None)
+    assert [(r["name"], r["deps"]) for r in out] == [("A", []), ("B", [1])]
+    assert events == [[1, 2, 64], [2, 2, -64]]
+    coalesced = [{"kind": "collective", "deps": []}, {"kind": "collective", "deps": [], "coalesced": 1}]
+    assert _without_rows(coalesced, [0], [], None) is None  # launched with a dropped op
 
 
 def _ops(role):

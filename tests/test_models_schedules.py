@@ -37,7 +37,7 @@ class Ann(TagAnnotator):
         self.seen: dict = {}
         self.kinds: list[str] = []
 
-    def block(self, key, fn, *args, bare_key=None, any_chunk=False, shared_waits=False):
+    def block(self, key, fn, *args, bare_key=None, bare_without=None, any_chunk=False, shared_waits=False):
         self.kinds.append(key[0])
         where = self.p2p_blocks if key[0].startswith("p2p") else self.blocks
         where.append((key, self.tags.get("phase"), self.tags.get("mb"), self.tags.get("chunk")))

@@ -42,7 +42,7 @@ class Ann(TagAnnotator):
         self.iterations.append(index)
         self.blocks.clear()
 
-    def block(self, key, fn, *args, bare_key=None, any_chunk=False, shared_waits=False):
+    def block(self, key, fn, *args, bare_key=None, bare_without=None, any_chunk=False, shared_waits=False):
         if key[0] != "p2p":  # compute blocks only
             self.blocks.append(key)
         return fn(*args)
