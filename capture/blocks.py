@@ -31,6 +31,10 @@ from heterosim.trace.memory import ACTIVATIONS, OTHER
 __all__ = ["BlockRecorder"]
 
 
+_SCALARS = (int, float, bool, str)
+"""Leaves of a block's output that pytree would hand back as they are."""
+
+
 def _is_meta_leaf(m: Any) -> bool:
     """A cached block's stand-in for an output tensor or an open work (:meth:`BlockRecorder._mimic`)."""
     return isinstance(m, tuple) and bool(m) and m[0] in ("__tensor__", "__work__")
@@ -260,7 +264,8 @@ class BlockRecorder:
 
         # Most blocks return one tensor or a flat tuple of them: built without pytree's flatten
         # and unflatten (a third of a referenced block's cost).
-        if type(meta) is tuple and not any(type(m) in (list, dict) or (type(m) is tuple and not _is_meta_leaf(m))
-                                           for m in meta):
-            return make(meta) if _is_meta_leaf(meta) else tuple(make(m) for m in meta)
+        if _is_meta_leaf(meta):
+            return make(meta)
+        if type(meta) is tuple and all(_is_meta_leaf(m) or m is None or type(m) in _SCALARS for m in meta):
+            return tuple(make(m) for m in meta)
         return tree_map(make, meta, is_leaf=_is_meta_leaf)
