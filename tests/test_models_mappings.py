@@ -115,7 +115,8 @@ try:  # the harness classes need torch; the tests below import it anyway
             self.labels[tuple(dist.get_process_group_ranks(group))] = dim
 
         @contextmanager
-        def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None, comm_dtype=None, sm_margin=None, region=None):
+        def scope(self, *, phase=None, mb=None, chunk=None, gemm_dtype=None, comm_dtype=None, sm_margin=None,
+                  region=None):
             old = (self.phase, self.gemm_dtype, self.comm_dtype)
             self.phase = phase or self.phase
             self.gemm_dtype = gemm_dtype or self.gemm_dtype
