@@ -15,6 +15,7 @@ may name, as ``bare_key``, the block the same code records without those waits
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
@@ -58,7 +59,7 @@ class _CachedBlock:
 
 
 def _without_rows(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tuple[list[dict], list, Any] | None:
-    """A recorded block without its rows ``drop`` (waits on communication issued before the block,
+    """A recorded block without its rows ``drop`` (ascending; waits on communication issued before the block,
     and the ops of a ``bare_without`` region issued inside it with the waits on them): (rows,
     memory events, output meta) with every backward distance and event position re-counted, or
     None when a kept op waits for or is coalesced with a dropped one, depends on a dropped wait,
@@ -72,7 +73,7 @@ def _without_rows(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tu
     gone = set(drop)
     new: list[int | None] = []
     for i in range(len(rows)):
-        new.append(None if i in gone else i - sum(1 for d in drop if d < i))
+        new.append(None if i in gone else i - bisect.bisect_left(drop, i))
 
     def moved(j: int, i: int, dist: int) -> int | None:
         t = new[i - dist] if 0 <= i - dist < len(rows) else None
@@ -101,7 +102,7 @@ def _without_rows(rows: list[dict], drop: list[int], mem: list, meta: Any) -> tu
                     return None
                 r2[col] = d
         out.append(r2)
-    events = [[pos - sum(1 for d in drop if d < pos), cat, b] for pos, cat, b in mem]
+    events = [[pos - bisect.bisect_left(drop, pos), cat, b] for pos, cat, b in mem]
 
     def leaf(m: Any) -> Any:
         if not (_is_meta_leaf(m) and m[0] == "__tensor__") or m[4] is None:
@@ -131,24 +132,14 @@ class BlockRecorder:
                 and self._outstanding(self.next_id) == hit.outstanding:
             # The communication still outstanding is where and what it was when the block was
             # recorded: the same ops wait for it at the same distances.
-            base = self.next_id
-            self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
-            self.next_id += hit.n
-            for d in hit.waited:
-                self._waited_in_block(base - d)
-            with torch._C.DisableTorchFunction():
-                return self._mimic(hit.out_meta, base, self.blocks[hit.bid].columns)
+            return self._reference(hit)
         if hit is not None and hit.derived is not None:  # first use of a derived block: it joins the trace
             bid = f"b{len(self.blocks)}"
             self.blocks[bid] = Block.from_rows(hit.derived[0])
             self.block_mem[bid] = hit.derived[1]
             hit = self.cache[full_key] = _CachedBlock(bid, hit.n, hit.out_meta, True)
         if hit is not None and hit.reusable:
-            base = self.next_id
-            self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
-            self.next_id += hit.n
-            with torch._C.DisableTorchFunction():  # the recorder's bookkeeping, not the script's calls
-                return self._mimic(hit.out_meta, base, self.blocks[hit.bid].columns)
+            return self._reference(hit)
         bid = f"b{len(self.blocks)}"
         before = self._outstanding(self.next_id) if shared_waits else None
         self.in_block, self.seg_start, self.rows = bid, self.next_id, []
@@ -197,6 +188,17 @@ class BlockRecorder:
                 self.cache[bare] = _CachedBlock("", len(derived[0]), derived[2], True, derived[:2])
         self.mem.block_allocs = None
         return out
+
+    def _reference(self, hit: _CachedBlock) -> Any:
+        """Append a reference to ``hit``'s block; its waits on earlier communication (``waited``)
+        count as done; the outputs it left."""
+        base = self.next_id
+        self.program.append(Segment(hit.bid, self.tags.mb, self.tags.chunk))
+        self.next_id += hit.n
+        for d in hit.waited:
+            self._waited_in_block(base - d)
+        with torch._C.DisableTorchFunction():  # the recorder's bookkeeping, not the script's calls
+            return self._mimic(hit.out_meta, base, self.blocks[hit.bid].columns)
 
     def _note_graphs(self, out: Any) -> None:
         """Remember what the block allocated that its outputs' autograd graphs may hold (for

@@ -98,7 +98,7 @@ class CommRecorder:
         """A referenced block's wait op waited for communication op ``target`` (as :meth:`_work_waited`,
         its ``wait`` op already in the block)."""
         self._forget_unwaited(target)
-        self.streams.waited.add(target)
+        self.streams.waited_in_block(target)
 
     def _outstanding(self, pos: int) -> tuple | None:
         """The communication issued before op ``pos`` and not yet waited for, as (distance back

@@ -149,7 +149,7 @@ class StreamTracker:
         self.position = position
         self._all: list[FakeStream] = []
         self._streams = 0
-        self.issued: list[int] = []
+        self.open: dict[int, None] = {}
         self.default = FakeStream(_tracker=self)
         self.current = self.default
         self.epoch = 0
@@ -166,7 +166,7 @@ class StreamTracker:
         """Forget pending waits (an iteration restarts op ids, so old targets mean nothing)."""
         self.pending: dict[int, set[int]] = {}
         self.waited: set[int] = set()
-        self.issued = []
+        self.open = {}  # issued, not yet waited for by the compute stream, in issue order
         self.epoch += 1
         for s in self._all:
             s.after, s.last = set(), -1
@@ -177,11 +177,17 @@ class StreamTracker:
 
     def issue(self, op: int) -> None:
         """Communication op ``op`` was issued (a device-wide synchronize waits for it)."""
-        self.issued.append(op)
+        self.open[op] = None
 
     def outstanding(self) -> list[int]:
         """Communication ops issued in this iteration and not yet waited for by the compute stream."""
-        return [t for t in self.issued if t not in self.waited]
+        return list(self.open)
+
+    def waited_in_block(self, target: int) -> None:
+        """The compute stream waited for ``target`` through a wait op of a referenced block (no op
+        to emit: the block holds it)."""
+        self.waited.add(target)
+        self.open.pop(target, None)
 
     def set_current(self, stream: FakeStream | None) -> FakeStream:
         prev, self.current = self.current, stream if stream is not None else self.default
@@ -239,6 +245,7 @@ class StreamTracker:
         for t in sorted(targets):
             if t not in self.waited:
                 self.waited.add(t)
+                self.open.pop(t, None)
                 self.emit(t)
 
 
