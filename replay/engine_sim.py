@@ -391,13 +391,16 @@ class _Sim:
                 fb = sh.folded
                 if fb is None:
                     fb = sh.folded = self.fold.batch(sh.specs, sh.replica_ranks) or False
-                if self.net.idle():
-                    self.folded = bool(fb)
-                if self.folded:
-                    if not fb:
-                        raise _Unfold()
-                    specs, shape = fb.specs, fb
-                    self.folded_transfers += 1
+                if fb or self.net.latency_bound_times(specs, shape) is None:
+                    # (a latency-bound batch is priced alone, on no link: it runs unfolded beside
+                    # folded transfers; replay.flows.LATENCY_BOUND)
+                    if self.net.idle():
+                        self.folded = bool(fb)
+                    if self.folded:
+                        if not fb:
+                            raise _Unfold()
+                        specs, shape = fb.specs, fb
+                        self.folded_transfers += 1
             for k, ends in self.net.start(key, specs, t, shape=shape):
                 self.batch_done(k, ends)
         else:

@@ -11,6 +11,12 @@ the rates equal a full solve bit for bit (tested). Between events every flow pro
 fluid approximation: it ignores packet-level effects, congestion control dynamics and queueing
 delay).
 
+*Latency-bound* batches (:data:`LATENCY_BOUND`) skip the sharing: every flow of every replica
+would move its bytes in a small part of its phase's latency on the narrowest link of its path (a
+few-kB all-reduce, e.g. delayed scaling's amax reductions), so the batch is priced as if each
+replica ran alone on idle links and neither takes bandwidth from nor yields it to the flows in
+flight. Both the fast path and the reference (``solo=False``) apply it.
+
 The network is deterministic: events at one instant are handled together, in insertion order.
 """
 
@@ -39,6 +45,15 @@ proportion to flows x steps): materializing it replays that run, and from then o
 it as fluid flows, which cost only what each event changes (:func:`replay.maxmin.refill`)."""
 
 
+LATENCY_BOUND = 1 / 64
+"""A replica is latency-bound when each of its flows, at the narrowest link of its path (or its
+rate cap), would take at most this fraction of its phase's latency. Ignoring what such a flow
+shares misprices its phase by at most k x this fraction of the latency, k the flows it would share
+a link with (fair share gives it at least 1/(k+1) of the link; max-min fairness, Bertsekas &
+Gallager, *Data Networks*, 6.5.2), and the flows it would have slowed by under this fraction of
+that latency each. Measured on the replay of GPT-3 175B fp8 at 1,024 H100s, the few-kB amax
+all-reduces sit at 2^-7 .. 2^-20 of it and every bandwidth-bound transfer at 2^-3 or above."""
+
 
 class FluidNetwork:
     """Flows sharing links max-min fairly; advance it event by event with :meth:`step`.
@@ -57,13 +72,19 @@ class FluidNetwork:
     engine runs that way, and the tests compare the two).
     """
 
-    def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True, mirror: bool = True):
+    def __init__(self, capacity_Bps: Sequence[float], *, solo: bool = True, mirror: bool = True,
+                 latency_bound: float | None = None):
         cap = np.asarray(capacity_Bps, dtype=np.float64)
         if cap.ndim != 1 or (cap.size and not np.all(cap > 0)):
             raise ReplayError("link capacities must be a 1-D vector of positive bytes/s")
         self.capacity = cap
         self.solo_enabled = solo
         self.mirror_enabled = mirror
+        self.latency_bound = LATENCY_BOUND if latency_bound is None else latency_bound
+        """The :data:`LATENCY_BOUND` fraction this network applies (0: every batch shares links)."""
+        self._bound: dict[Hashable, tuple[object, list[float] | None]] = {}
+        """id(shape) or the specs' ids -> (what the key names, kept alive; each replica's time
+        alone if the batch is latency-bound, else None)."""
         self._link_flows: dict[int, dict[int, None]] = {}
         self._flows: dict[int, _Flow] = {}
         self._transfers: dict[int, _Transfer] = {}
@@ -138,6 +159,17 @@ class FluidNetwork:
             del self._batches[bid]
             return [(key, [])]
         n = len(specs)
+        if self.latency_bound > 0:
+            alone = self.latency_bound_times(specs, shape)
+            if alone is not None:
+                batch.ends = [now + e for e in alone]
+                longest = max(alone)
+                if longest <= 0:
+                    del self._batches[bid]
+                    return [(key, batch.ends)]
+                batch.t0, batch.solo = now, [0]  # ends at ``longest`` holding no link (step, kind 2)
+                self._push(now + longest, 2, bid, batch.version)
+                return []
         if not self.solo_enabled:
             return self._start_fluid(bid, specs, list(range(n)), now)
         info = self._shape_info.get(id(shape)) if shape is not None else None
@@ -193,6 +225,41 @@ class FluidNetwork:
             self._push(max(batch.ends[j] for gi in batch.solo for j in info.groups[gi].members), 2, bid,
                        batch.version)
         return self._start_fluid(bid, specs, fluid, now, info.links)
+
+    def latency_bound_times(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> list[float] | None:
+        """Each replica's time alone on idle links if every replica of the batch is latency-bound
+        (:data:`LATENCY_BOUND`), else None; cached by ``shape`` or the specs' identity."""
+        k = id(shape) if shape is not None else tuple(map(id, specs))
+        v = self._bound.get(k)
+        if v is not None and (v[0] is shape if shape is not None else all(a is b for a, b in zip(v[0], specs))):
+            return v[1]
+        cap, bound = self.capacity, self.latency_bound
+        alone: list[float] | None = []
+        for sp in specs:
+            for ph in sp.phases:
+                lim = bound * ph.latency_s
+                for f in ph.flows:
+                    if f.nbytes > 0 and f.nbytes > lim * min(float(cap[list(f.links)].min()), f.max_rate_Bps):
+                        alone = None
+                        break
+                if alone is None:
+                    break
+            if alone is None:
+                break
+            alone.append(self._solo_end(sp))
+        self._bound[k] = (shape if shape is not None else tuple(specs), alone)
+        return alone
+
+    def _solo_end(self, spec: TransferSpec) -> float:
+        """``spec``'s time alone on idle links (cached by its form, like :meth:`_group`)."""
+        local: dict[int, int] = {}
+        form = tuple((ph.latency_s, tuple((tuple(local.setdefault(l, len(local)) for l in f.links), f.nbytes,
+                                          f.max_rate_Bps) for f in ph.flows)) for ph in spec.phases)
+        ck = ("alone", form, self.capacity[list(local)].tobytes())
+        t = self._spec_info.get(ck)
+        if t is None:
+            t = self._spec_info[ck] = solo_time(spec, self.capacity, latency_bound=0.0)
+        return t
 
     def _demote(self, bid: int) -> None:
         """Batch ``bid`` (bulk solo) holds its links one by one from now on."""
@@ -325,7 +392,7 @@ class FluidNetwork:
     def _idle_run(self, specs: Sequence[TransferSpec]) -> tuple["FluidNetwork", list]:
         """A scratch network (no solo fast path) with ``specs`` started together at 0 on idle links,
         and what its start completed."""
-        scratch = FluidNetwork(self.capacity, solo=False)
+        scratch = FluidNetwork(self.capacity, solo=False, latency_bound=self.latency_bound)
         return scratch, scratch.start(0, list(specs), 0.0)
 
     def _group_state(self, g: _Group, dt: float) -> dict[int, tuple]:
@@ -548,9 +615,9 @@ def _snapshot(net: FluidNetwork) -> dict[int, tuple]:
             for tid, tr in net._transfers.items()}
 
 
-def solo_time(spec: TransferSpec, capacity: Sequence[float]) -> float:
+def solo_time(spec: TransferSpec, capacity: Sequence[float], *, latency_bound: float | None = None) -> float:
     """Time ``spec`` takes alone on an idle network (its uncontended duration)."""
-    net = FluidNetwork(capacity, solo=False)
+    net = FluidNetwork(capacity, solo=False, latency_bound=latency_bound)
     done = net.start(0, [spec], 0.0)
     t = 0.0
     while not done:

@@ -343,3 +343,47 @@ def test_a_pooled_uplink_that_cannot_saturate_changes_no_time():
         a = run_all(FluidNetwork(cap, solo=solo), [(i, one((x, 8, y), n)) for i, (x, y, n) in enumerate(flows)])
         b = run_all(FluidNetwork(cap, solo=solo), [(i, one((x, y), n)) for i, (x, y, n) in enumerate(flows)])
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-12) for k in a)
+
+
+def _big_then_small(small_bytes, solo, **kw):
+    """A 1e9 B transfer on a 1e9 B/s link from 0 s; at 0.5 s one of ``small_bytes`` after 100 us of
+    latency on the same link. Returns {key: end}."""
+    net = FluidNetwork([1e9], solo=solo, **kw)
+    net.start("big", [one((0,), 1e9)], 0.0)
+    while net.next_time() < 0.5:
+        net.step()
+    net.start("small", [one((0,), small_bytes, latency=1e-4)], 0.5)
+    done = {}
+    while not net.idle():
+        done.update({k: ends[0] for k, ends in net.step()[1]})
+    return done
+
+
+@pytest.mark.parametrize("solo", [True, False])
+def test_a_latency_bound_transfer_is_priced_alone_and_takes_no_bandwidth(solo):
+    """1 kB at 1e9 B/s is 1 us, 1/100 of its 100 us latency (<= 1/64): it ends at its time alone,
+    0.5 + 1e-4 + 1e-6 s, and the 1e9 B transfer still ends at 1 s."""
+    assert _big_then_small(1e3, solo) == {"small": pytest.approx(0.500101, rel=1e-12), "big": pytest.approx(1.0, rel=1e-12)}
+
+
+@pytest.mark.parametrize("solo", [True, False])
+def test_a_transfer_above_the_latency_bound_shares_the_link(solo):
+    """10 kB is 10 us, 1/10 of the latency: from 0.5001 s both flows get 0.5e9 B/s, so the small one
+    takes 20 us (ends 0.50012 s) and the big one ends 10 us late (1.00001 s). With the bound off
+    (``latency_bound=0``) the 1 kB transfer shares too: 2 us, the big one 1 us late."""
+    assert _big_then_small(1e4, solo) == {"small": pytest.approx(0.50012, rel=1e-12), "big": pytest.approx(1.00001, rel=1e-12)}
+    assert _big_then_small(1e3, solo, latency_bound=0) == {"small": pytest.approx(0.500102, rel=1e-12),
+                                                        "big": pytest.approx(1.000001, rel=1e-12)}
+
+
+def test_a_batch_is_latency_bound_only_when_every_replica_is():
+    """Each replica's time alone (1 kB on a 1e9 B/s link after 100 us; the same on a 1e8 B/s link
+    is 10 us, 1/10 of the latency: not bound); a flow capped at 1e7 B/s (100 us) is not bound
+    either; a phase without latency moving bytes never is."""
+    net = FluidNetwork([1e9, 1e8])
+    small = one((0,), 1e3, latency=1e-4)
+    assert net.latency_bound_times([small, small]) == [pytest.approx(1.01e-4, rel=1e-12)] * 2
+    assert net.latency_bound_times([small, one((1,), 1e3, latency=1e-4)]) is None
+    assert net.latency_bound_times([one((0,), 1e3, latency=1e-4, cap=1e7)]) is None
+    assert net.latency_bound_times([one((0,), 1.0)]) is None
+    assert FluidNetwork([1e9], latency_bound=0).latency_bound_times([small]) is None

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from heterosim.cluster import load_cluster
+from replay import flows as flows_mod
 from replay import fold as fold_mod
 from replay.engine import run_fast
 from replay.simulate import _pricer, build_workload
@@ -84,6 +85,33 @@ def test_a_transfer_that_does_not_fold_restarts_the_run_unfolded(monkeypatch):
     assert seen and on.fold == "off"
     for a, b in zip(on.times, off.times):
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-12)
+
+
+def test_a_latency_bound_transfer_that_does_not_fold_runs_beside_folded_ones(monkeypatch):
+    """With every transfer latency-bound (the bound raised past any transfer's bytes) and the big
+    DP all-reduces declared unfoldable, those run unfolded beside the folded ones: priced alone on
+    no link, they need no restart (``fold`` stays "on"), and the times equal an unfolded run's."""
+    monkeypatch.setattr(flows_mod, "LATENCY_BOUND", 1e12)
+    w, _ = _workload(slowdown=0.16)
+    off_fold = w._cache.pop("fold")
+    off = run_fast(w)
+    w._cache["fold"] = off_fold
+    real = fold_mod.Fold.batch
+    seen = []
+
+    def batch(self, specs, replica_ranks):
+        nbytes = [sum(f.nbytes for ph in s.phases for f in ph.flows) for s in specs]
+        if len(replica_ranks[0]) == 4 and max(nbytes) > 1e8:
+            seen.append(1)
+            return None
+        return real(self, specs, replica_ranks)
+
+    monkeypatch.setattr(fold_mod.Fold, "batch", batch)
+    on = run_fast(w)
+    assert seen and on.fold == "on" and on.folded_transfers > 100
+    for a, b in zip(on.times, off.times):
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-12)
+        assert list(a.comm_end) == pytest.approx(list(b.comm_end), rel=1e-12)
 
 
 def test_an_asymmetric_batch_does_not_fold():

@@ -541,6 +541,12 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
     if jobs > 1 and len(todo) > 1:
         from heterosim.forkpool import run_forked
 
+        if any(c.category == "end_to_end" for c in todo):
+            # Imported once here, not in every forked case (torch, FakeTensorMode, dynamo: ~2-4 CPU
+            # s each); importing starts no thread, so forking stays safe.
+            import capture.api  # noqa: F401
+            import replay.simulate  # noqa: F401
+
         results = run_forked(todo, functools.partial(_run_one, kw=kw), jobs=jobs,
                              order=sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i])),
                              name=lambda i: f"validate case {todo[i].id}", on_start=start, on_done=end)
