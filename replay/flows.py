@@ -239,7 +239,8 @@ class FluidNetwork:
             for ph in sp.phases:
                 lim = bound * ph.latency_s
                 for f in ph.flows:
-                    if f.nbytes > 0 and f.nbytes > lim * min(float(cap[list(f.links)].min()), f.max_rate_Bps):
+                    if f.nbytes > 0 and f.nbytes > lim * min(min((float(cap[l]) for l in f.links), default=math.inf),
+                                                             f.max_rate_Bps):
                         alone = None
                         break
                 if alone is None:
@@ -252,10 +253,7 @@ class FluidNetwork:
 
     def _solo_end(self, spec: TransferSpec) -> float:
         """``spec``'s time alone on idle links (cached by its form, like :meth:`_group`)."""
-        local: dict[int, int] = {}
-        form = tuple((ph.latency_s, tuple((tuple(local.setdefault(l, len(local)) for l in f.links), f.nbytes,
-                                          f.max_rate_Bps) for f in ph.flows)) for ph in spec.phases)
-        ck = ("alone", form, self.capacity[list(local)].tobytes())
+        ck = ("alone",) + self._form((spec,))
         t = self._spec_info.get(ck)
         if t is None:
             t = self._spec_info[ck] = solo_time(spec, self.capacity, latency_bound=0.0)
@@ -371,14 +369,7 @@ class FluidNetwork:
         k = ("g",) + tuple(map(id, specs))
         v = self._spec_info.get(k)
         if v is None or any(a is not b for a, b in zip(v[0], specs)):
-            # The idle-network run depends on the links only through their capacities and which
-            # flows share them: replicas of one collective on other nodes reuse it (same arithmetic,
-            # link for link, so the same bits).
-            local: dict[int, int] = {}
-            form = tuple(tuple((ph.latency_s, tuple((tuple(local.setdefault(l, len(local)) for l in f.links),
-                                                    f.nbytes, f.max_rate_Bps) for f in ph.flows))
-                               for ph in sp.phases) for sp in specs)
-            ck = ("form", form, self.capacity[list(local)].tobytes())
+            ck = ("form",) + self._form(specs)
             ends = self._spec_info.get(ck)
             if ends is None:
                 scratch, done = self._idle_run(specs)
@@ -388,6 +379,16 @@ class FluidNetwork:
             v = (specs, ends)
             self._spec_info[k] = v
         return _Group(members, links, v[1], specs)
+
+    def _form(self, specs: Sequence[TransferSpec]) -> tuple[tuple, bytes]:
+        """What an idle-network run of ``specs`` depends on: their phases and flows with links
+        numbered in order of appearance, and those links' capacities (replicas of one collective
+        on other nodes share it: the same arithmetic, link for link, so the same bits)."""
+        local: dict[int, int] = {}
+        form = tuple(tuple((ph.latency_s, tuple((tuple(local.setdefault(l, len(local)) for l in f.links),
+                                                f.nbytes, f.max_rate_Bps) for f in ph.flows))
+                           for ph in sp.phases) for sp in specs)
+        return form, self.capacity[list(local)].tobytes()
 
     def _idle_run(self, specs: Sequence[TransferSpec]) -> tuple["FluidNetwork", list]:
         """A scratch network (no solo fast path) with ``specs`` started together at 0 on idle links,
