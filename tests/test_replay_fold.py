@@ -62,10 +62,9 @@ def test_folded_runs_give_the_unfolded_times(slowdown):
         assert list(a.comm_start) == pytest.approx(list(b.comm_start), rel=1e-12)
 
 
-def test_a_transfer_that_does_not_fold_restarts_the_run_unfolded(monkeypatch):
-    """Declaring the gradient all-reduces unfoldable: the first one to start while folded
-    transfers are in flight (or on an idle network) runs unfolded, and the times still equal the
-    unfolded run's."""
+def _runs_without_folding_dp_allreduces(monkeypatch):
+    """(run with the fold, run without it, calls refused): the big DP all-reduces of the TP4 x PP2
+    x DP4 job declared unfoldable."""
     w, _ = _workload(slowdown=0.16)
     off_fold = w._cache.pop("fold")
     off = run_fast(w)
@@ -81,7 +80,14 @@ def test_a_transfer_that_does_not_fold_restarts_the_run_unfolded(monkeypatch):
         return real(self, specs, replica_ranks)
 
     monkeypatch.setattr(fold_mod.Fold, "batch", batch)
-    on = run_fast(w)
+    return run_fast(w), off, seen
+
+
+def test_a_transfer_that_does_not_fold_restarts_the_run_unfolded(monkeypatch):
+    """Declaring the gradient all-reduces unfoldable: the first one to start while folded
+    transfers are in flight (or on an idle network) runs unfolded, and the times still equal the
+    unfolded run's."""
+    on, off, seen = _runs_without_folding_dp_allreduces(monkeypatch)
     assert seen and on.fold == "off"
     for a, b in zip(on.times, off.times):
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-12)
@@ -92,22 +98,7 @@ def test_a_latency_bound_transfer_that_does_not_fold_runs_beside_folded_ones(mon
     DP all-reduces declared unfoldable, those run unfolded beside the folded ones: priced alone on
     no link, they need no restart (``fold`` stays "on"), and the times equal an unfolded run's."""
     monkeypatch.setattr(flows_mod, "LATENCY_BOUND", 1e12)
-    w, _ = _workload(slowdown=0.16)
-    off_fold = w._cache.pop("fold")
-    off = run_fast(w)
-    w._cache["fold"] = off_fold
-    real = fold_mod.Fold.batch
-    seen = []
-
-    def batch(self, specs, replica_ranks):
-        nbytes = [sum(f.nbytes for ph in s.phases for f in ph.flows) for s in specs]
-        if len(replica_ranks[0]) == 4 and max(nbytes) > 1e8:
-            seen.append(1)
-            return None
-        return real(self, specs, replica_ranks)
-
-    monkeypatch.setattr(fold_mod.Fold, "batch", batch)
-    on = run_fast(w)
+    on, off, seen = _runs_without_folding_dp_allreduces(monkeypatch)
     assert seen and on.fold == "on" and on.folded_transfers > 100
     for a, b in zip(on.times, off.times):
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-12)
