@@ -342,7 +342,9 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             # host data, computed for real and read back by the script; no GPU kernel.
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        out = _gemm_into_out(func, args, kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
         # The recorder's own reads of tensors (storages, strides, sizes) skip the script's torch
         # function modes (the fake CUDA device's, the host data's): ~10 calls an op otherwise.
         with torch._C.DisableTorchFunction():
@@ -496,6 +498,40 @@ def _host_data(args: Any, kwargs: dict) -> bool:
     """Whether an op's tensors are all real CPU tensors (at least one; none fake)."""
     ts = tensors_in((args, kwargs))
     return bool(ts) and not any(isinstance(t, FakeTensor) or t.device.type != "cpu" for t in ts)
+
+
+_GEMM_OUT = {aten.mm.out: 2, aten.addmm.out: 3, aten.addmm.dtype_out: 4}
+"""GEMMs writing into ``out=`` -> how many positional arguments they take (mat1, mat2; self,
+mat1, mat2; self, mat1, mat2, out_dtype)."""
+
+
+def _gemm_into_out(func: Any, args: Any, kwargs: dict) -> Any:
+    """``out`` for a GEMM writing into an ``out=`` of the product's shape and dtype, else None:
+    ``mm(a, b, out=y[i])`` (a chunk of TP overlap's pipelined GEMM, ``models/layers/tp_overlap.py``)
+    and ``addmm(c, a, b, out=c)`` (a weight gradient accumulated into ``main_grad``,
+    ``models/layers/linear.py``).
+
+    Such a call leaves ``out``'s metadata as it was (its version was bumped by autograd's in-place
+    layer before the mode saw it), so the fake kernel has nothing to compute; FakeTensorMode runs
+    it through its Python out= reference instead, bypassing its cache (3-5 ms a call). The call is
+    recorded all the same."""
+    n = _GEMM_OUT.get(func)
+    if n is None or len(args) != n:
+        return None
+    c = kwargs.get("out")
+    a, b = (args[0], args[1]) if n == 2 else (args[1], args[2])
+    if not (isinstance(c, FakeTensor) and isinstance(a, FakeTensor) and isinstance(b, FakeTensor)):
+        return None
+    if n > 2 and args[0] is not c:  # addmm adds its own output only
+        return None
+    with torch._C.DisableTorchFunction():
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or tuple(c.shape) != (a.shape[0], b.shape[1]):
+            return None
+        if a.dtype != b.dtype or c.dtype != (args[3] if n == 4 else a.dtype):
+            return None
+        if not a.device == b.device == c.device:
+            return None
+    return c
 
 
 def _is_fake_type(t: type) -> bool:

@@ -1,7 +1,8 @@
 """Recorder details: functional-collective waits at first use, DTensor local shapes, grouped p2p,
-device queries from C++."""
+device queries from C++, GEMMs accumulating into their input."""
 
 import pytest
+import torch
 
 from capture_script import capture_script
 
@@ -44,6 +45,39 @@ def test_device_queries_from_cpp_are_answered_not_recorded(ops):
     mm_out = [o for o in ops if o.name == "aten.mm.out"]
     assert len(mm_out) == 1 and dict(mm_out[0].dims) == {"m": 8, "k": 16, "n": 16, "batch": 1}
     assert not any(o.name.startswith("prim.") for o in ops)
+
+
+def test_an_addmm_accumulating_into_its_input_is_recorded(ops):
+    """``torch.addmm(acc, x, w, out=acc)``: one 8 x 16 x 16 GEMM, as any addmm."""
+    acc = [o for o in ops if o.name == "aten.addmm.out"]
+    assert len(acc) == 1 and acc[0].kernel_class == "gemm"
+    assert dict(acc[0].dims) == {"m": 8, "k": 16, "n": 16, "batch": 1}
+
+
+def test_a_gemm_into_out_returns_it_only_when_nothing_changes():
+    """``addmm(c, a, b, out=c)`` and ``mm(a, b, out=y)`` with ``c`` / ``y`` of the product's shape
+    and dtype are ``c`` / ``y`` themselves (no fake kernel); an addmm into another tensor, a shape
+    or dtype that does not match, is left to FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from capture.recorder import _gemm_into_out
+
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        c, a, b = torch.empty(8, 16), torch.empty(8, 4), torch.empty(4, 16)
+        c16, a16, b16 = (t.to(torch.bfloat16) for t in (c, a, b))
+        other = torch.empty(8, 16)
+        wide = torch.empty(8, 5)
+        rows = torch.empty(2, 8, 16)
+    assert _gemm_into_out(aten.addmm.out, (c, a, b), {"out": c}) is c
+    assert _gemm_into_out(aten.addmm.out, (c, a, b), {"out": other}) is None
+    assert _gemm_into_out(aten.addmm.out, (c, wide, b), {"out": c}) is None
+    assert _gemm_into_out(aten.addmm.out, (c, a16, b16), {"out": c}) is None
+    assert _gemm_into_out(aten.addmm.dtype_out, (c, a16, b16, torch.float32), {"out": c}) is c
+    assert _gemm_into_out(aten.addmm.dtype_out, (c16, a16, b16, torch.float32), {"out": c16}) is None
+    assert _gemm_into_out(aten.mm.out, (a, b), {"out": rows[1]}) is not None
+    assert _gemm_into_out(aten.mm.out, (a, b), {"out": rows}) is None
+    assert _gemm_into_out(aten.mm.out, (a16, b16), {"out": c}) is None
 
 
 def test_wire_width_records_fp8_userbuffer_bytes():

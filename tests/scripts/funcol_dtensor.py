@@ -3,7 +3,8 @@
 World 4: a functional all_reduce whose result is used after an independent matmul (the wait
 must land at the first use), a DTensor column-wise matmul on a 1-D mesh of 4 (local shapes must be
 recorded, not global ones), a batch_isend_irecv ring exchange (one grouped launch), and a
-``torch.mm(out=)`` whose argument checks ask C++ for the tensors' devices (answered, not recorded).
+``torch.mm(out=)`` whose argument checks ask C++ for the tensors' devices (answered, not recorded),
+and an ``addmm`` accumulating into its own input (a weight gradient into ``main_grad``).
 """
 import torch
 import torch.distributed as dist
@@ -33,3 +34,7 @@ for req in dist.batch_isend_irecv(ops):
 
 buf = torch.empty(8, 16)
 torch.mm(x, w, out=buf)        # C++ checks the devices of x, w and buf (prim.device)
+
+acc = torch.zeros(8, 16)
+torch.addmm(acc, x, w, out=acc)  # accumulates in place: recorded, no fake kernel run
+assert acc.shape == (8, 16)
