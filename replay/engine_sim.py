@@ -393,7 +393,7 @@ class _Sim:
                     fb = sh.folded = self.fold.batch(sh.specs, sh.replica_ranks) or False
                 if fb or self.net.latency_bound_times(specs, shape) is None:
                     # (a latency-bound batch is priced alone, on no link: it runs unfolded beside
-                    # folded transfers; replay.flows.LATENCY_BOUND)
+                    # folded transfers; replay.latency)
                     if self.net.idle():
                         self.folded = bool(fb)
                     if self.folded:

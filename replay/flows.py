@@ -11,11 +11,8 @@ the rates equal a full solve bit for bit (tested). Between events every flow pro
 fluid approximation: it ignores packet-level effects, congestion control dynamics and queueing
 delay).
 
-*Latency-bound* batches (:data:`LATENCY_BOUND`) skip the sharing: every flow of every replica
-would move its bytes in a small part of its phase's latency on the narrowest link of its path (a
-few-kB all-reduce, e.g. delayed scaling's amax reductions), so the batch is priced as if each
-replica ran alone on idle links and neither takes bandwidth from nor yields it to the flows in
-flight. Both the fast path and the reference (``solo=False``) apply it.
+*Latency-bound* batches (:mod:`replay.latency`) skip the sharing: each replica is priced alone on
+idle links, in the fast path and the reference (``solo=False``) alike.
 
 The network is deterministic: events at one instant are handled together, in insertion order.
 """
@@ -32,6 +29,7 @@ import numpy as np
 
 from heterosim.errors import ReplayError
 
+from . import latency as _latency
 from .holds import Holds, SoloEnds
 from .maxmin import _REL_TOL, refill
 from .mirrors import Lanes, leave, try_join
@@ -43,16 +41,6 @@ _SOLO_MAX_FLOWS = 4096
 """A group of more flows (all phases) keeps no per-step states of its solo run (memory in
 proportion to flows x steps): materializing it replays that run, and from then on its shape starts
 it as fluid flows, which cost only what each event changes (:func:`replay.maxmin.refill`)."""
-
-
-LATENCY_BOUND = 1 / 64
-"""A replica is latency-bound when each of its flows, at the narrowest link of its path (or its
-rate cap), would take at most this fraction of its phase's latency. Ignoring what such a flow
-shares misprices its phase by at most k x this fraction of the latency, k the flows it would share
-a link with (fair share gives it at least 1/(k+1) of the link; max-min fairness, Bertsekas &
-Gallager, *Data Networks*, 6.5.2), and the flows it would have slowed by under this fraction of
-that latency each. Measured on the replay of GPT-3 175B fp8 at 1,024 H100s, the few-kB amax
-all-reduces sit at 2^-7 .. 2^-20 of it and every bandwidth-bound transfer at 2^-3 or above."""
 
 
 class FluidNetwork:
@@ -80,11 +68,11 @@ class FluidNetwork:
         self.capacity = cap
         self.solo_enabled = solo
         self.mirror_enabled = mirror
-        self.latency_bound = LATENCY_BOUND if latency_bound is None else latency_bound
-        """The :data:`LATENCY_BOUND` fraction this network applies (0: every batch shares links)."""
-        self._bound: dict[Hashable, tuple[object, list[float] | None]] = {}
-        """id(shape) or the specs' ids -> (what the key names, kept alive; each replica's time
-        alone if the batch is latency-bound, else None)."""
+        self.latency_bound = _latency.LATENCY_BOUND if latency_bound is None else latency_bound
+        """The :data:`replay.latency.LATENCY_BOUND` fraction this network applies (0: every batch
+        shares links)."""
+        self.latency_bound_times = _latency.BoundTimes(cap, self.latency_bound, self._solo_end)
+        """``(specs, shape)`` -> each replica's time alone if the batch is latency-bound, else None."""
         self._link_flows: dict[int, dict[int, None]] = {}
         self._flows: dict[int, _Flow] = {}
         self._transfers: dict[int, _Transfer] = {}
@@ -225,31 +213,6 @@ class FluidNetwork:
             self._push(max(batch.ends[j] for gi in batch.solo for j in info.groups[gi].members), 2, bid,
                        batch.version)
         return self._start_fluid(bid, specs, fluid, now, info.links)
-
-    def latency_bound_times(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> list[float] | None:
-        """Each replica's time alone on idle links if every replica of the batch is latency-bound
-        (:data:`LATENCY_BOUND`), else None; cached by ``shape`` or the specs' identity."""
-        k = id(shape) if shape is not None else tuple(map(id, specs))
-        v = self._bound.get(k)
-        if v is not None and (v[0] is shape if shape is not None else all(a is b for a, b in zip(v[0], specs))):
-            return v[1]
-        cap, bound = self.capacity, self.latency_bound
-        alone: list[float] | None = []
-        for sp in specs:
-            for ph in sp.phases:
-                lim = bound * ph.latency_s
-                for f in ph.flows:
-                    if f.nbytes > 0 and f.nbytes > lim * min(min((float(cap[l]) for l in f.links), default=math.inf),
-                                                             f.max_rate_Bps):
-                        alone = None
-                        break
-                if alone is None:
-                    break
-            if alone is None:
-                break
-            alone.append(self._solo_end(sp))
-        self._bound[k] = (shape if shape is not None else tuple(specs), alone)
-        return alone
 
     def _solo_end(self, spec: TransferSpec) -> float:
         """``spec``'s time alone on idle links (cached by its form, like :meth:`_group`)."""

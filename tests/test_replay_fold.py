@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from heterosim.cluster import load_cluster
-from replay import flows as flows_mod
+from replay import latency as latency_mod
 from replay import fold as fold_mod
 from replay.engine import run_fast
 from replay.simulate import _pricer, build_workload
@@ -97,7 +97,7 @@ def test_a_latency_bound_transfer_that_does_not_fold_runs_beside_folded_ones(mon
     """With every transfer latency-bound (the bound raised past any transfer's bytes) and the big
     DP all-reduces declared unfoldable, those run unfolded beside the folded ones: priced alone on
     no link, they need no restart (``fold`` stays "on"), and the times equal an unfolded run's."""
-    monkeypatch.setattr(flows_mod, "LATENCY_BOUND", 1e12)
+    monkeypatch.setattr(latency_mod, "LATENCY_BOUND", 1e12)
     on, off, seen = _runs_without_folding_dp_allreduces(monkeypatch)
     assert seen and on.fold == "on" and on.folded_transfers > 100
     for a, b in zip(on.times, off.times):
