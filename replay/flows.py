@@ -71,8 +71,7 @@ class FluidNetwork:
         self.latency_bound = _latency.LATENCY_BOUND if latency_bound is None else latency_bound
         """The :data:`replay.latency.LATENCY_BOUND` fraction this network applies (0: every batch
         shares links)."""
-        self.latency_bound_times = _latency.BoundTimes(cap, self.latency_bound, self._solo_end)
-        """``(specs, shape)`` -> each replica's time alone if the batch is latency-bound, else None."""
+        self._bound = _latency.BoundTimes(cap, self.latency_bound)
         self._link_flows: dict[int, dict[int, None]] = {}
         self._flows: dict[int, _Flow] = {}
         self._transfers: dict[int, _Transfer] = {}
@@ -213,6 +212,10 @@ class FluidNetwork:
             self._push(max(batch.ends[j] for gi in batch.solo for j in info.groups[gi].members), 2, bid,
                        batch.version)
         return self._start_fluid(bid, specs, fluid, now, info.links)
+
+    def latency_bound_times(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> list[float] | None:
+        """Each replica's time alone if the batch is latency-bound (:mod:`replay.latency`), else None."""
+        return self._bound(specs, shape, self._solo_end)
 
     def _solo_end(self, spec: TransferSpec) -> float:
         """``spec``'s time alone on idle links (cached by its form, like :meth:`_group`)."""

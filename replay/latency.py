@@ -48,20 +48,21 @@ def latency_bound(spec: TransferSpec, capacity: np.ndarray, bound: float = LATEN
 
 
 class BoundTimes:
-    """``(specs, shape) -> each replica's time alone`` if every replica of the batch is
+    """``(specs, shape, alone) -> each replica's time alone`` if every replica of the batch is
     latency-bound, else None; cached by ``shape`` (the caller's name for that list of specs, kept
     alive) or the specs' identity. ``alone(spec)`` gives a replica's time alone on idle links."""
 
-    def __init__(self, capacity: np.ndarray, bound: float, alone: Callable[[TransferSpec], float]):
-        self.capacity, self.bound, self.alone = capacity, bound, alone
+    def __init__(self, capacity: np.ndarray, bound: float):
+        self.capacity, self.bound = capacity, bound
         self._cache: dict[Hashable, tuple[object, list[float] | None]] = {}
 
-    def __call__(self, specs: Sequence[TransferSpec], shape: Hashable = None) -> list[float] | None:
+    def __call__(self, specs: Sequence[TransferSpec], shape: Hashable,
+                 alone: Callable[[TransferSpec], float]) -> list[float] | None:
         k = id(shape) if shape is not None else tuple(map(id, specs))
         v = self._cache.get(k)
         if v is not None and (v[0] is shape if shape is not None else all(a is b for a, b in zip(v[0], specs))):
             return v[1]
-        alone = ([self.alone(sp) for sp in specs]
+        times = ([alone(sp) for sp in specs]
                  if all(latency_bound(sp, self.capacity, self.bound) for sp in specs) else None)
-        self._cache[k] = (shape if shape is not None else tuple(specs), alone)
-        return alone
+        self._cache[k] = (shape if shape is not None else tuple(specs), times)
+        return times

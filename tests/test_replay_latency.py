@@ -47,9 +47,9 @@ def test_bound_times_are_per_replica_and_cached_by_shape():
         asked.append(s)
         return 1.0 + len(asked)
 
-    bt = BoundTimes(CAP, LATENCY_BOUND, alone)
+    bt = BoundTimes(CAP, LATENCY_BOUND)
     small, big = spec((64e-6, [((0,), 100.0)])), spec((64e-6, [((0,), 1e6)]))
     shape = object()
-    assert bt([small, small], shape) == [2.0, 3.0]
-    assert bt([small, small], shape) == [2.0, 3.0] and len(asked) == 2
-    assert bt([small, big], object()) is None and len(asked) == 2
+    assert bt([small, small], shape, alone) == [2.0, 3.0]
+    assert bt([small, small], shape, alone) == [2.0, 3.0] and len(asked) == 2
+    assert bt([small, big], object(), alone) is None and len(asked) == 2
