@@ -154,7 +154,9 @@ class FluidNetwork:
                 if longest <= 0:
                     del self._batches[bid]
                     return [(key, batch.ends)]
-                batch.t0, batch.solo = now, [0]  # ends at ``longest`` holding no link (step, kind 2)
+                # Non-empty ``solo`` and no groups or links: step() ends it at ``longest`` (kind 2)
+                # like a solo batch, with nothing to release.
+                batch.t0, batch.solo = now, [0]
                 self._push(now + longest, 2, bid, batch.version)
                 return []
         if not self.solo_enabled:
