@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from heterosim.trace.store import check_trace_output, write_trace
+from capture import opcache
 from capture.objectp2p import MAILBOX_ENV, WAIT_ENV
 from capture.rolecheck import check_roles, comm_signature
 from capture.roles import group_by_program, merge_captures, parse_rank_list, roles_from_groups
@@ -59,13 +60,15 @@ def rank_json(script: str, args: Sequence[str], rank: int, world: int, nproc: in
     return json.dumps(cap.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None, bool]) -> str:
-    """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text."""
+def _capture_rank(job: tuple[str, tuple[str, ...], int, int, int, str, int | None, bool]) -> tuple[str, list]:
+    """Body of a forked worker (``heterosim.forkpool``): one rank's JSON text, and the fake outputs
+    its recorder learnt (``capture/opcache.py``) for the ranks forked after it."""
     script, args, rank, world, nproc, gpu, iterations, module = job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
+    opcache.start_exporting()
     try:
-        return rank_json(script, args, rank, world, nproc, gpu, iterations, module)
+        return rank_json(script, args, rank, world, nproc, gpu, iterations, module), opcache.exported()
     except ScriptError as e:
         raise ScriptError(f"capturing rank {rank} failed:\n{e}") from None
 
@@ -87,12 +90,19 @@ def _run_ranks(
 
     Forking after torch and FakeTensorMode's imports are loaded here saves each rank the few
     seconds of importing them again. The main thread starts no other thread, so forking is safe.
+    What each rank's recorder learnt about fake outputs is taken in here as it finishes, so ranks
+    forked later (the other roles, after rank 0) skip FakeTensorMode for calls it already answered.
     """
     rs = list(ranks)
+
+    def learnt(i: int, value: tuple[str, list]) -> str:
+        opcache.absorb(value[1])  # exact keys: the ranks forked next start with these outputs known
+        return value[0]
+
     texts = run_forked([(script, tuple(args), r, world, nproc, gpu, iterations, module) for r in rs],
                        _capture_rank, jobs=jobs,
                        name=lambda i: f"capturing rank {rs[i]}", on_done=(lambda i: on_done()) if on_done else None,
-                       error=CaptureError, timeout=timeout)
+                       on_result=learnt, error=CaptureError, timeout=timeout)
     return [RankCapture.from_json(json.loads(t)) for t in texts]
 
 

@@ -22,7 +22,6 @@ from typing import Any, Callable, Hashable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
 from capture.commrec import _byte_range, _skey
@@ -236,7 +235,7 @@ class BlockRecorder:
                 proto = self._protos[dtype] = torch.empty(0, dtype=dtype)
             finally:
                 self.suppress -= 1
-        with _disable_current_modes(), torch._C.DisableTorchFunction():
+        with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():  # modes and subclasses off
             elem = torch.empty(shape, dtype=dtype, device="meta")
         t = FakeTensor(proto.fake_mode, elem, proto.fake_device)
         self.mem.note(t, OTHER, counted=False)

@@ -37,6 +37,7 @@ from capture.flexattn import register as register_flex_attention
 from capture.iterations import IterationClock, StopCapture
 from capture.memory import MemoryTracker
 from capture.modpaths import ModulePaths
+from capture.opcache import OutputCache
 from capture.streams import StreamTracker
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER, RoleMemory
@@ -97,6 +98,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         self.program: list[Segment] = []
         self.cache: dict[Hashable, _CachedBlock] = {}
         self._protos: dict[torch.dtype, torch.Tensor] = {}
+        self.outputs = OutputCache()  # functional ops' fake outputs built from metadata (capture/opcache.py)
         self.graph_allocs: dict[int, list[tuple[int, list]]] = {}
         """Live output storage of a recorded block -> the storages (with their live entries) its
         autograd graph may hold (:meth:`discard`)."""
@@ -344,7 +346,12 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
                 return func(*args, **kwargs)
         out = _gemm_into_out(func, args, kwargs)
         if out is None:
-            out = func(*args, **kwargs)
+            call = self.outputs.key(func, args, kwargs)
+            out = None if call is None else self.outputs.lookup(call)
+            if out is None:
+                out = func(*args, **kwargs)
+                if call is not None:
+                    self.outputs.learn(call, func, out)
         # The recorder's own reads of tensors (storages, strides, sizes) skip the script's torch
         # function modes (the fake CUDA device's, the host data's): ~10 calls an op otherwise.
         with torch._C.DisableTorchFunction():

@@ -85,6 +85,7 @@ def run_forked(
     name: Callable[[int], str] = lambda i: f"task {i}",
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[int], None] | None = None,
+    on_result: Callable[[int, Any], Any] | None = None,
     error: type[Exception] = RuntimeError,
     timeout: float | None = None,
 ) -> list[R]:
@@ -92,7 +93,9 @@ def run_forked(
 
     ``order``: the indices in the order to start them (default: task order). ``name(i)`` names task
     ``i`` in failure messages. ``on_start(i)`` / ``on_done(i)`` run in the parent when task ``i``
-    starts / has answered successfully (progress bars). ``error``: the exception type raised for a
+    starts / has answered successfully (progress bars). ``on_result(i, value)`` runs in the parent as
+    task ``i``'s value arrives, before another task is started; what it returns is kept as the
+    result (a worker's by-product taken in, here a cache that later forks inherit). ``error``: the exception type raised for a
     worker that crashed or died (capture passes its ``CaptureError`` so its CLI reports it cleanly).
     ``timeout``: seconds each task may run before it is killed and reported as ``error``.
     """
@@ -143,7 +146,7 @@ def run_forked(
                     raise value
                 if kind == "bug":
                     raise error(f"{name(i)} failed in its worker:\n{text}")
-                results[i] = value
+                results[i] = value if on_result is None else on_result(i, value)
                 if on_done is not None:
                     on_done(i)
     finally:

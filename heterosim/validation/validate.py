@@ -547,9 +547,10 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
             import capture.api  # noqa: F401
             import replay.simulate  # noqa: F401
 
-        results = run_forked(todo, functools.partial(_run_one, kw=kw), jobs=jobs,
+        results = run_forked(todo, functools.partial(_run_forked, kw=kw), jobs=jobs,
                              order=sorted(range(len(todo)), key=lambda i: -_size_hint(todo[i])),
-                             name=lambda i: f"validate case {todo[i].id}", on_start=start, on_done=end)
+                             name=lambda i: f"validate case {todo[i].id}", on_start=start, on_done=end,
+                             on_result=_learnt)
     else:
         results = []
         for i, c in enumerate(todo):
@@ -557,6 +558,24 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
             results.append(_run_one(c, kw))
             end(i)
     return Report(cases=tuple(r for r in results if r is not None))
+
+
+def _run_forked(case: Case, kw: dict) -> tuple[CaseResult | None, list]:
+    """A case in a forked process: its result, and the fake outputs its captures learnt, which the
+    cases forked after it inherit (``capture/opcache.py``; same model, same shapes: another data-
+    parallel size of one layout captures mostly from these)."""
+    from capture import opcache
+
+    opcache.start_exporting()
+    return _run_one(case, kw), opcache.exported()
+
+
+def _learnt(i: int, value: tuple[CaseResult | None, list]) -> CaseResult | None:
+    if value[1]:
+        from capture import opcache
+
+        opcache.absorb(value[1])
+    return value[0]
 
 
 def _run_one(case: Case, kw: dict) -> CaseResult | None:
