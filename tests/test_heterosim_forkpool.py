@@ -124,3 +124,23 @@ def test_workers_die_with_their_parent(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail("the worker outlived its parent")
+
+
+_SEEN: list[int] = []  # what the parent took in; a child forked later inherits it
+
+
+def _sees(x: int) -> tuple[int, list[int]]:
+    return x, list(_SEEN)
+
+
+def test_a_result_is_taken_in_before_the_next_fork():
+    """``on_result`` runs in the parent as each value arrives and its return value is kept: with one
+    job, each child sees what every earlier child handed back."""
+    _SEEN.clear()
+
+    def take(i: int, value: tuple[int, list[int]]) -> int:
+        _SEEN.append(value[0])
+        return value[0] * 10 + len(value[1])
+
+    assert run_forked([7, 8, 9], _sees, jobs=1, on_result=take) == [70, 81, 92]
+    assert _SEEN == [7, 8, 9]
