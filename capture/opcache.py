@@ -2,7 +2,8 @@
 
 Under FakeTensorMode an op's outputs are metadata only: for an out-of-place op (no argument it
 writes, no output aliasing an input, not a view) they are fully determined by the op, its
-non-tensor arguments and its tensors' dtype, sizes, strides, storage offset, device and bits.
+non-tensor arguments and its tensors' dtype, sizes, strides, device and bits (not where in
+their storage they start: a meta kernel reads sizes and strides).
 FakeTensorMode caches exactly that (``FakeTensorMode._cached_dispatch_impl``), but a hit still
 costs its key (``_prep_args_for_hash``: every tensor's full metadata, sparse checks, storage sizes)
 and a rebuild through its dispatch: about a third of a rank's capture. This cache sits above it,
@@ -119,12 +120,13 @@ class OutputCache:
         mode: list = []
         tensors: list = []
         with torch._C.DisableTorchFunction():
-            if not _flatten(args, parts, mode, tensors):
+            offsets = k != FUNCTIONAL
+            if not _flatten(args, parts, mode, tensors, offsets):
                 return None
             if kwargs:
                 for name in sorted(kwargs):
                     parts.append(name)
-                    if not _flatten((kwargs[name],), parts, mode, tensors):
+                    if not _flatten((kwargs[name],), parts, mode, tensors, offsets):
                         return None
         if not mode:  # a constructor: the mode it runs in, the device it defaults to
             current = _get_current_dispatch_mode()
@@ -193,14 +195,21 @@ class OutputCache:
             _NEW.append(key)
 
 
+def _desc_placed_anywhere(a: FakeTensor) -> tuple:
+    """A fresh output's metadata does not depend on where in its storage an input starts (a meta
+    kernel sees sizes and strides; an offset moves data, not shapes): a layer's parameters, views
+    at distinct offsets of one flat buffer, then share their ops' keys."""
+    return (a.dtype, tuple(a.shape), a.stride(), a.fake_device, a.requires_grad, a.is_conj(), a.is_neg())
+
+
 def _desc(a: FakeTensor) -> tuple:
     return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.fake_device,
             a.requires_grad, a.is_conj(), a.is_neg())
 
 
-def _flatten(args: Any, parts: list, mode: list, tensors: list) -> bool:
-    """Append ``args``' hashable description to ``parts`` (tensors by metadata); False when an
-    argument is not cacheable. ``mode`` receives the fake mode (all tensors must share it)."""
+def _flatten(args: Any, parts: list, mode: list, tensors: list, offsets: bool) -> bool:
+    """Append ``args``' hashable description to ``parts`` (tensors by metadata, storage offsets
+    where ``offsets``); False when an argument is not cacheable. ``mode`` receives the fake mode (all tensors must share it)."""
     for a in args:
         if isinstance(a, FakeTensor):
             if a.constant is not None or a.layout is not torch.strided:
@@ -211,18 +220,18 @@ def _flatten(args: Any, parts: list, mode: list, tensors: list) -> bool:
             else:
                 mode.append(a.fake_mode)
             tensors.append(a)
-            parts.append(_desc(a))
+            parts.append(_desc(a) if offsets else _desc_placed_anywhere(a))
         elif isinstance(a, torch.Tensor):
             return False
         elif isinstance(a, (list, tuple)):
             parts.append((type(a), len(a)))
-            if not _flatten(a, parts, mode, tensors):
+            if not _flatten(a, parts, mode, tensors, offsets):
                 return False
         elif isinstance(a, dict):
             parts.append((dict, len(a)))
             for k in sorted(a):
                 parts.append(k)
-                if not _flatten((a[k],), parts, mode, tensors):
+                if not _flatten((a[k],), parts, mode, tensors, offsets):
                     return False
         elif type(a) in _PLAIN:
             parts.append(type(a))  # 1 and 1.0 hash alike but can give different dtypes

@@ -76,6 +76,21 @@ def test_other_metadata_is_another_key(fake):
     assert cache.hits == 0
 
 
+def test_where_an_input_starts_keys_views_not_fresh_outputs(fake):
+    """Two weights at distinct offsets of one flat buffer (DDP's): one key for the GEMM, whose output
+    is fresh; two for the view, whose output's offset follows its input's."""
+    mode, a, _ = fake
+    cache = OutputCache({})
+    with mode:
+        flat = torch.empty(3 * 8 * 16)
+    w1, w2 = (_call(cache, mode, aten.view.default, _call(cache, mode, aten.slice.Tensor, flat, 0, o, o + 128),
+                    [8, 16]) for o in (0, 128))
+    assert cache.hits == 0 and w2.storage_offset() == 128
+    _call(cache, mode, aten.mm.default, a, w1)
+    out = _call(cache, mode, aten.mm.default, a, w2)
+    assert cache.hits == 1 and out.shape == (4, 16) and out.storage_offset() == 0
+
+
 def test_a_view_shares_its_arguments_storage_at_its_offset(fake):
     mode, a, _ = fake
     cache = OutputCache({})
