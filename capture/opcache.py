@@ -136,6 +136,8 @@ class OutputCache:
             parts.append(torch._C._get_default_device())
         elif k != FUNCTIONAL and not (args and args[0] is tensors[0]):
             return None
+        if mode[0].in_kernel_invocation:
+            return None  # inside a fake kernel tensors are meta tensors: FakeTensorMode's to answer
         return tuple(parts), tensors, parts[3] if k == INPLACE else None, mode[0]
 
     def lookup(self, call: tuple) -> Any:
