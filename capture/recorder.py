@@ -98,7 +98,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         self.program: list[Segment] = []
         self.cache: dict[Hashable, _CachedBlock] = {}
         self._protos: dict[torch.dtype, torch.Tensor] = {}
-        self.outputs = OutputCache()  # functional ops' fake outputs built from metadata (capture/opcache.py)
+        self.outputs = OutputCache()  # fake outputs of calls seen before, from metadata (capture/opcache.py)
         self.graph_allocs: dict[int, list[tuple[int, list]]] = {}
         """Live output storage of a recorded block -> the storages (with their live entries) its
         autograd graph may hold (:meth:`discard`)."""

@@ -195,3 +195,28 @@ def test_a_capture_is_the_same_with_and_without_it():
     assert on0 == off0 and on4 == off4
     assert hits0[0] > 200 and hits4[0] > 200  # ops repeated within a rank (a layer's, the model build's)
     assert none0[0] == none4[0] == 0
+
+
+def test_what_a_worker_learnt_reaches_its_parent(fake):
+    """A worker's entries cross the pipe with operators by name (an OpOverload does not pickle) and
+    land in the parent's process-wide entries, where ranks or cases forked next find them."""
+    import pickle
+
+    from capture import opcache
+    from heterosim.validation.validate import _learnt
+
+    mode, a, b = fake
+    opcache.start_exporting()
+    cache = OutputCache()  # the process's entries
+    _call(cache, mode, aten.mm.default, a, b)
+    sent = pickle.loads(pickle.dumps(opcache.exported()))
+    assert [name for name, _, _ in sent] == ["aten.mm.default"]
+    key = (aten.mm.default, *sent[0][1])
+    del opcache.LEARNT[key]  # as in a parent that never saw it
+    opcache.start_exporting()
+    assert _learnt(0, ("result", sent)) == "result"
+    assert opcache.LEARNT[key] == sent[0][2]
+    assert opcache.exported() == sent  # a case's process passes its workers' entries on up
+    again = OutputCache()
+    _call(again, mode, aten.mm.default, a, b)
+    assert again.hits == 1
