@@ -1,25 +1,36 @@
-"""Fresh outputs of functional ops, built from their inputs' metadata (the recorder's fast path).
+"""Fake outputs of ops seen before, built from their inputs' metadata (the recorder's fast path).
 
-Under FakeTensorMode an op's outputs are metadata only: for an out-of-place op (no argument it
-writes, no output aliasing an input, not a view) they are fully determined by the op, its
-non-tensor arguments and its tensors' dtype, sizes, strides, device and bits (not where in
-their storage they start: a meta kernel reads sizes and strides).
-FakeTensorMode caches exactly that (``FakeTensorMode._cached_dispatch_impl``), but a hit still
-costs its key (``_prep_args_for_hash``: every tensor's full metadata, sparse checks, storage sizes)
-and a rebuild through its dispatch: about a third of a rank's capture. This cache sits above it,
-in the recorder: the first call of a key runs through FakeTensorMode as before and, when its
-outputs are fresh tensors of that mode, the outputs' metadata is kept; later calls build their
-outputs directly (``torch.empty_strided`` on the meta device wrapped as a ``FakeTensor``, what
-FakeTensorMode's own cache does on a hit) and never enter the mode.
+Under FakeTensorMode an op's outputs are metadata only, and for three kinds of op that metadata
+is fully determined by the op, its non-tensor arguments and its tensors' metadata:
+
+- *functional* (no argument written, no output aliased): fresh tensors, from the inputs' dtype,
+  sizes, strides, device and bits, not from where in their storage they start (a meta kernel
+  reads sizes and strides);
+- *view*: one tensor on its first argument's storage, at an offset that follows that argument's;
+- *in-place*: its first argument, written, its metadata unchanged.
+
+FakeTensorMode caches the same (``FakeTensorMode._cached_dispatch_impl``), but a hit still costs
+its key (``_prep_args_for_hash``: every tensor's full metadata, sparse checks, storage sizes) and a
+rebuild through its dispatch: about a third of a rank's capture. This cache sits above it, in the
+recorder. The first call of a key runs through FakeTensorMode as before, and its outputs'
+metadata is kept when a rebuild reproduces them. Later calls build their outputs directly
+(``torch.empty_strided`` on the meta device wrapped as a ``FakeTensor``, ``set_`` onto the
+argument's storage for a view: what FakeTensorMode's own cache does on a hit) and never enter
+the mode.
 
 What it refuses, mirroring FakeTensorMode's cache (``_validate_cache_key``) and more strictly:
-ops outside ``aten``, views, ops writing an argument (in-place, ``out=``), outputs declared as
-aliases, data-dependent or dynamic output shapes; any argument that is not a fake tensor of a
-strided layout without a constant, or a plain value (None, bool, int, float, str, dtype, device,
-layout, memory format, and lists of those); outputs that alias an input's storage, carry a
-constant, a storage offset, a conjugate or negative bit, or a storage larger than their extent.
-Global state that can change an output (default dtype, inference mode) is part of the key.
+ops outside ``aten``, data-dependent or dynamic output shapes, ops changing their argument's
+metadata (``inplace_view``), lists of outputs, ``out=`` variants, views that may or may not alias;
+any argument that is not a fake tensor of a strided layout without a constant, or a plain value
+(None, bool, int, float, str, dtype, device, layout, memory format, and lists of those); outputs
+that share storage with an input (other than a view's), carry a constant, a storage offset, a
+conjugate or negative bit, or a storage larger than their extent. Global state that can change
+an output (default dtype, inference mode; a constructor's default device) is part of the key.
 Random ops are cached as FakeTensorMode caches them: a fake tensor has no values to draw.
+
+Entries carry no mode, so they hold in any process: a process keeps them (:data:`LEARNT`) and a
+forked worker hands what it learnt back (:func:`exported`, :func:`absorb`), so ranks and cases
+forked later start with them.
 """
 from __future__ import annotations
 
