@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves, tree_map
 
 from capture.commrec import _byte_range, _skey
+from capture.opcache import fake_tensor
 from heterosim.trace.ir import Block, Segment
 from heterosim.trace.memory import ACTIVATIONS, OTHER
 
@@ -235,9 +235,7 @@ class BlockRecorder:
                 proto = self._protos[dtype] = torch.empty(0, dtype=dtype)
             finally:
                 self.suppress -= 1
-        with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():  # modes and subclasses off
-            elem = torch.empty(shape, dtype=dtype, device="meta")
-        t = FakeTensor(proto.fake_mode, elem, proto.fake_device)
+        t = fake_tensor(proto.fake_mode, proto.fake_device, shape, dtype)
         self.mem.note(t, OTHER, counted=False)
         return t
 

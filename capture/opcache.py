@@ -44,8 +44,8 @@ _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.la
 _NO_SHAPE_FROM_META = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
 
 Entry = tuple
-"""Per output: (shape, stride, dtype, fake device, requires_grad); a tuple of those (or None for an
-undefined output) for an op returning a tuple."""
+"""Per output: (shape, stride, dtype, fake device, requires_grad), a view's with its storage offset
+after; a tuple of those (or None for an undefined output) for an op returning a tuple."""
 
 
 FUNCTIONAL, VIEW, INPLACE = "functional", "view", "inplace"
@@ -82,6 +82,8 @@ def kind(func: Any) -> str | None:
     return INPLACE if arg.alias_info.is_write and ret.alias_info.is_write else None
 
 
+_KINDS: dict[Any, str | None] = {}  # op -> kind(op), read once per op
+
 LEARNT: dict[tuple, tuple] = {}
 """This process's entries, key -> (kind, entry, is_tuple): what it learnt, what it inherited when it
 was forked, and what its workers sent back (:func:`absorb`)."""
@@ -114,7 +116,6 @@ class OutputCache:
     the process's (:data:`LEARNT`)."""
 
     def __init__(self, entries: dict[tuple, tuple] | None = None) -> None:
-        self._kinds: dict[Any, str | None] = {}
         self._entries = LEARNT if entries is None else entries
         self.hits = 0
         self.misses = 0
@@ -122,9 +123,9 @@ class OutputCache:
     def key(self, func: Any, args: Any, kwargs: dict) -> tuple | None:
         """``(key, fake tensors in argument order, an in-place op's argument's metadata before the
         call, fake mode)`` for a cacheable call, else None."""
-        k = self._kinds.get(func, 0)
+        k = _KINDS.get(func, 0)
         if k == 0:
-            k = self._kinds[func] = kind(func)
+            k = _KINDS[func] = kind(func)
         if k is None:
             return None
         parts: list = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled()]
@@ -174,7 +175,7 @@ class OutputCache:
         view of the first argument's storage, or the first argument itself, metadata unchanged."""
         self.misses += 1
         key, ins, before, mode = call
-        k = self._kinds[func]
+        k = _KINDS[func]
         is_tuple = isinstance(out, tuple)
         with torch._C.DisableTorchFunction():
             if k == INPLACE:
@@ -271,9 +272,20 @@ def _entry(t: Any, fake_mode: Any, storages: set) -> Entry | None:
 def _build(fake_mode: Any, e: Entry, base: FakeTensor | None = None) -> FakeTensor:
     """A fake tensor of ``e``'s metadata: on a new storage, or on ``base``'s (a view's entry carries
     its storage offset)."""
-    shape, stride, dtype, device, requires_grad = e[:5]
-    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():  # straight to the meta kernel
-        elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+    return fake_tensor(fake_mode, e[3], e[0], e[2], e[1], e[4], base, e[5] if base is not None else 0)
+
+
+def fake_tensor(fake_mode: Any, device: torch.device, shape: tuple, dtype: torch.dtype,
+                stride: tuple | None = None, requires_grad: bool = False, base: FakeTensor | None = None,
+                offset: int = 0) -> FakeTensor:
+    """A ``FakeTensor`` of ``fake_mode`` on ``device`` made without any dispatch: its meta tensor
+    comes straight from the meta kernel (contiguous when ``stride`` is None), on a new storage or
+    ``base``'s at ``offset``."""
+    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():  # modes and subclasses off
+        if stride is None:
+            elem = torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+        else:
+            elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
         if base is not None:
-            elem.set_(base.untyped_storage(), e[5], shape, stride)
+            elem.set_(base.untyped_storage(), offset, shape, elem.stride())
     return FakeTensor(fake_mode, elem, device)
