@@ -63,11 +63,15 @@ def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] |
     coal = [c - q for q, c in enumerate(sk.coalesced)]
     hs = list(zip(sk.sig, sk.kind, sk.stream, tgt, coal, spans[:n]))
     m = n // 2
-    for q in range(m + 1, min(n, m + n // 3)):
-        if hs[q] != hs[m]:
-            continue
+    q, stop = m, min(n, m + n // 3)
+    while True:
+        try:
+            q = hs.index(hs[m], q + 1, stop)  # the next point like the middle one (compared at C speed)
+        except ValueError:
+            return None
         L = q - m
-        if m + 2 * L > n or hs[m:m + L] != hs[m + L:m + 2 * L]:
+        h = min(L, 64)  # a short look first: most candidates differ early
+        if m + 2 * L > n or hs[m:m + h] != hs[q:q + h] or hs[m:q] != hs[q:q + L]:
             continue
         lo, hi = m, m + L
         while lo >= L and hs[lo - L:lo] == hs[lo:lo + L]:  # a period at a time, then point by point
@@ -80,7 +84,6 @@ def point_period(sk: RoleSkeleton, spans: list[float]) -> tuple[int, int, int] |
             hi += 1
         if hi - lo >= max(4 * L, n // 3):  # the steady phase, not a short run of alike points
             return L, lo, hi
-    return None
 
 
 _wait_record = functools.partial(tuple.__new__, WaitRecord)

@@ -9,7 +9,9 @@ reference engine) runs the iteration.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import operator
 import os
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
@@ -236,6 +238,9 @@ def summarize(run: FastRun, w: Workload, *, cluster_name: str, peak_flops: Seque
     )
 
 
+_T_END = operator.attrgetter("t_end")
+
+
 def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[PathStep]:
     """Walk back from the last rank to finish: at each wait that blocked for a peer, jump to the
     member that issued the awaited op last (it decided when the transfer started)."""
@@ -243,12 +248,17 @@ def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[P
     t = run.times[ci].finish_s
     labels = w._cache.get("labels", {})
     steps: list[PathStep] = []
+    at: dict[int, tuple[int, int]] = {}  # per role: the last point looked up, comm ops (non-waits) before it
     for _ in range(max_steps):
         rt = run.times[ci]
         rep = run.classes[ci][0]
+        # A wait ends where the compute stream resumes, which only moves forward: the waits' ends
+        # increase in program order, so the last wait ending by t is found by bisection.
+        last = bisect.bisect_right(rt.waits, t * (1 + 1e-12), key=_T_END)
         prev = None
-        for rec in reversed(rt.waits):
-            if rec.t_end <= t * (1 + 1e-12) and rec.t_start > rec.t_block and rec.point >= 0:
+        for j in range(last - 1, -1, -1):
+            rec = rt.waits[j]
+            if rec.t_start > rec.t_block and rec.point >= 0:
                 prev = rec
                 break
         if prev is None:
@@ -257,8 +267,14 @@ def critical_path(run: FastRun, w: Workload, max_steps: int = 100_000) -> list[P
         cj, _ = run.blocker[ci][prev.point]
         inst = None
         meta = run.comm_meta[ci]
-        sk = run.skeletons[w.trace.role_of(rep).id]
-        k = sum(1 for p in range(prev.point) if sk.kind[p] != "wait")
+        role = w.trace.role_of(rep).id
+        kinds, p = run.skeletons[role].kind, prev.point
+        if role not in at:
+            k = p - kinds[:p].count("wait")
+        else:  # from the role's last point: the walk goes back in time, so this telescopes
+            p0, k0 = at[role]
+            k = k0 - (p0 - p) + kinds[p:p0].count("wait") if p <= p0 else k0 + (p - p0) - kinds[p0:p].count("wait")
+        at[role] = (p, k)
         if k < len(meta):
             inst = meta[k]
         name = labels.get(inst, f"{inst.collective} {_size(inst.nbytes)}" if inst else "comm")

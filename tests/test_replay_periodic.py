@@ -112,6 +112,17 @@ def test_skipping_the_steady_phase_keeps_every_time_within_1e9(seed):
     assert_same(w)
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_waits_end_in_program_order_with_and_without_skipping(seed):
+    """Each class's waits end in increasing time (the compute stream only moves forward), also where
+    the skip wrote them: ``replay.simulate.critical_path`` bisects them by their end."""
+    w = one_f_one_b_case(seed, every=3)
+    for run in (run_fast(w), run_fast(w, periodic=False)):
+        for rt in run.times:
+            ends = [x.t_end for x in rt.waits]
+            assert ends and all(a < b for a, b in zip(ends, ends[1:]))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 3])
 def test_classes_of_different_periods_skip_together(seed):
     """Stage 0 repeats only every third micro-batch (its heavier forward), the other stages every
