@@ -1,0 +1,38 @@
+"""The validation report (heterosim.validation.report): signed percentages, fp8 pairs, tables, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from heterosim.validation.report import CaseResult, Comparison, Report, _signed_pct
+
+
+def test_an_error_that_rounds_to_zero_prints_plus_zero():
+    """-0.00001 prints +0.0%, not -0.0% (the 1T row of the README table)."""
+    assert _signed_pct(-1e-5) == "+0.0%" and _signed_pct(1e-5) == "+0.0%"
+    assert _signed_pct(-0.0751) == "-7.5%" and _signed_pct(0.114) == "+11.4%"
+
+
+def test_fp8_pairs_and_precision_summary():
+    """Runs whose flags differ only by --fp8-format pair up: measured ratio 6/10 = 0.6, predicted
+    6.6/10.5 = 0.62857, error +4.76%; 16-bit and fp8 MAPE apart (5% and 10%)."""
+    def run(cid, fp8, meas, pred, world=8):
+        flags = ["--num-layers", "2", "--bf16"] + (["--fp8-format", "hybrid"] if fp8 else [])
+        return CaseResult(id=cid, category="end_to_end", status="ok", detail={"flags": flags, "world_size": world},
+                          comparisons=(Comparison(metric="iteration_time_s", measured=meas, predicted=pred,
+                                                  error=pred / meas - 1),))
+
+    rep = Report(cases=(run("a-bf16", False, 10.0, 10.5), run("a-fp8", True, 6.0, 6.6),
+                        run("b-fp8", True, 6.0, 6.6, world=16)))
+    (pair,) = rep.fp8_pairs()
+    assert (pair["fp8"], pair["bf16"], pair["measured"]) == ("a-fp8", "a-bf16", 0.6)
+    assert pair["predicted"] == pytest.approx(6.6 / 10.5) and pair["error"] == pytest.approx(6.6 / 10.5 / 0.6 - 1)
+    text = rep.table()
+    assert "16-bit runs: MAPE 5.0% over 1; worst a-bf16 +5.0%" in text
+    assert "fp8 runs: MAPE 10.0% over 2; worst a-fp8 +10.0%" in text
+    assert "fp8/16-bit time ratio: mean |error| 4.8% over 1 pairs; worst a-fp8 +4.8%" in text
+    assert "| a-fp8 | a-bf16 | 0.600 | 0.629 | +4.8% |" in rep.table(markdown=True)
+    assert json.loads(rep.to_json())["fp8_pairs"][0]["fp8"] == "a-fp8"
+    assert "fp8_pairs" not in json.loads(Report(cases=rep.cases[:1]).to_json())
