@@ -6,8 +6,10 @@ is fully determined by the op, its non-tensor arguments and its tensors' metadat
 - *functional* (no argument written, no output aliased): fresh tensors, from the inputs' dtype,
   sizes, strides, device and bits, not from where in their storage they start (a meta kernel
   reads sizes and strides);
-- *view*: one tensor on its first argument's storage, at an offset that follows that argument's;
-- *in-place*: its first argument, written, its metadata unchanged.
+- *view*: one tensor on its first argument's storage, at an offset that follows that argument's
+  (for slices, reshapes and permutations a fixed shift from it, so that offset is no part of
+  the key: :data:`_SHIFTING_VIEWS`);
+- *in-place*: its first argument, written, its metadata unchanged, wherever it starts.
 
 FakeTensorMode caches the same (``FakeTensorMode._cached_dispatch_impl``), but a hit still costs
 its key (``_prep_args_for_hash``: every tensor's full metadata, sparse checks, storage sizes) and a
@@ -45,12 +47,26 @@ _NO_SHAPE_FROM_META = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output
 
 Entry = tuple
 """Per output: (shape, stride, dtype, fake device, requires_grad), a view's with its storage offset
-after; a tuple of those (or None for an undefined output) for an op returning a tuple."""
+after (for :data:`_SHIFTING_VIEWS`, its shift from the argument's offset); a tuple of those (or
+None for an undefined output) for an op returning a tuple."""
 
 
 FUNCTIONAL, VIEW, INPLACE = "functional", "view", "inplace"
 _VIEWS_UNDECLARED = {torch.ops.aten._unsafe_view.default}
 """Ops whose output shares its first argument's storage though their schema does not say so."""
+_aten = torch.ops.aten
+_SHIFTING_VIEWS = {
+    _aten.slice.Tensor, _aten.select.int, _aten.view.default, _aten._unsafe_view.default,
+    _aten._reshape_alias.default, _aten.transpose.int, _aten.permute.default, _aten.t.default,
+    _aten.expand.default, _aten.unsqueeze.default, _aten.squeeze.default, _aten.squeeze.dim,
+    _aten.squeeze.dims, _aten.alias.default, _aten.diagonal.default, _aten.unfold.default,
+    _aten.detach.default,
+}
+"""Views whose output starts a fixed number of elements after their argument, wherever that
+starts (ATen: ``self.storage_offset() + start * stride`` for ``slice``, the same offset for a
+reshape or a permutation): keyed without the argument's offset, their entry holds the shift.
+Not ``as_strided`` (an absolute offset) nor ``view(dtype)`` (an offset rescaled by the element
+size)."""
 
 
 def kind(func: Any) -> str | None:
@@ -132,7 +148,7 @@ class OutputCache:
         mode: list = []
         tensors: list = []
         with torch._C.DisableTorchFunction():
-            offsets = k != FUNCTIONAL
+            offsets = k == VIEW and func not in _SHIFTING_VIEWS
             if not _flatten(args, parts, mode, tensors, offsets):
                 return None
             if kwargs:
@@ -164,7 +180,8 @@ class OutputCache:
         if k == INPLACE:
             return call[1][0]
         if k == VIEW:
-            return _build(mode, entry, call[1][0])
+            base = call[1][0]
+            return _build(mode, entry, base, base.storage_offset() if call[0][0] in _SHIFTING_VIEWS else 0)
         if is_tuple:
             return tuple(None if e is None else _build(mode, e) for e in entry)
         return _build(mode, entry)
@@ -179,7 +196,7 @@ class OutputCache:
         is_tuple = isinstance(out, tuple)
         with torch._C.DisableTorchFunction():
             if k == INPLACE:
-                if out is not ins[0] or _desc(out) != before:
+                if out is not ins[0] or _desc_placed_anywhere(out) != before:
                     return
                 entry: Any = None
             elif k == VIEW:
@@ -189,8 +206,8 @@ class OutputCache:
                     return
                 if out.is_conj() or out.is_neg() or out.layout is not torch.strided:
                     return
-                entry = (tuple(out.shape), out.stride(), out.dtype, out.fake_device, out.requires_grad,
-                         out.storage_offset())
+                offset = out.storage_offset() - (ins[0].storage_offset() if func in _SHIFTING_VIEWS else 0)
+                entry = (tuple(out.shape), out.stride(), out.dtype, out.fake_device, out.requires_grad, offset)
             else:
                 storages = {t.untyped_storage()._cdata for t in ins}
                 entries = []
@@ -269,10 +286,10 @@ def _entry(t: Any, fake_mode: Any, storages: set) -> Entry | None:
     return (shape, stride, t.dtype, t.fake_device, t.requires_grad)
 
 
-def _build(fake_mode: Any, e: Entry, base: FakeTensor | None = None) -> FakeTensor:
+def _build(fake_mode: Any, e: Entry, base: FakeTensor | None = None, shift_from: int = 0) -> FakeTensor:
     """A fake tensor of ``e``'s metadata: on a new storage, or on ``base``'s (a view's entry carries
-    its storage offset)."""
-    return fake_tensor(fake_mode, e[3], e[0], e[2], e[1], e[4], base, e[5] if base is not None else 0)
+    its storage offset, from ``shift_from``)."""
+    return fake_tensor(fake_mode, e[3], e[0], e[2], e[1], e[4], base, shift_from + e[5] if base is not None else 0)
 
 
 def fake_tensor(fake_mode: Any, device: torch.device, shape: tuple, dtype: torch.dtype,

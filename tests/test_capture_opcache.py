@@ -76,19 +76,43 @@ def test_other_metadata_is_another_key(fake):
     assert cache.hits == 0
 
 
-def test_where_an_input_starts_keys_views_not_fresh_outputs(fake):
-    """Two weights at distinct offsets of one flat buffer (DDP's): one key for the GEMM, whose output
-    is fresh; two for the view, whose output's offset follows its input's."""
+def test_where_an_input_starts_is_no_part_of_a_key_but_a_views_offset_follows_it(fake):
+    """Two weights at distinct offsets of one flat buffer (DDP's): two keys for the slices (other
+    bounds), one for the reshape, whose output starts where its input does (128), one for the
+    GEMM, whose output is fresh, and one for an in-place op on either weight."""
     mode, a, _ = fake
     cache = OutputCache({})
     with mode:
         flat = torch.empty(3 * 8 * 16)
     w1, w2 = (_call(cache, mode, aten.view.default, _call(cache, mode, aten.slice.Tensor, flat, 0, o, o + 128),
                     [8, 16]) for o in (0, 128))
-    assert cache.hits == 0 and w2.storage_offset() == 128
+    assert (cache.misses, cache.hits) == (3, 1)
+    assert (tuple(w2.shape), w2.stride(), w2.storage_offset()) == ((8, 16), (16, 1), 128)
+    assert w2.untyped_storage()._cdata == flat.untyped_storage()._cdata
     _call(cache, mode, aten.mm.default, a, w1)
     out = _call(cache, mode, aten.mm.default, a, w2)
-    assert cache.hits == 1 and out.shape == (4, 16) and out.storage_offset() == 0
+    assert cache.hits == 2 and out.shape == (4, 16) and out.storage_offset() == 0
+    _call(cache, mode, aten.mul_.Tensor, w1, 2.0)
+    assert _call(cache, mode, aten.mul_.Tensor, w2, 2.0) is w2 and cache.hits == 3
+
+
+def test_a_slice_of_a_view_at_another_offset_shifts_by_the_same_amount(fake):
+    """slice(x, 0, 1, 3) of a (4, 8) tensor starts 8 elements after x: at 8 for x at 0, at 40 for a
+    row block of a buffer starting at 32; as_strided keeps its absolute offset and its key."""
+    mode, _, _ = fake
+    cache = OutputCache({})
+    with mode:
+        buf = torch.empty(8 * 8)
+    x0 = _call(cache, mode, aten.view.default, _call(cache, mode, aten.slice.Tensor, buf, 0, 0, 32), [4, 8])
+    x1 = _call(cache, mode, aten.view.default, _call(cache, mode, aten.slice.Tensor, buf, 0, 32, 64), [4, 8])
+    hits = cache.hits
+    s0 = _call(cache, mode, aten.slice.Tensor, x0, 0, 1, 3)
+    s1 = _call(cache, mode, aten.slice.Tensor, x1, 0, 1, 3)
+    assert cache.hits == hits + 1 and (s0.storage_offset(), s1.storage_offset()) == (8, 40)
+    assert (tuple(s1.shape), s1.stride()) == ((2, 8), (8, 1))
+    a0 = _call(cache, mode, aten.as_strided.default, x0, [2, 2], [1, 1], 4)
+    a1 = _call(cache, mode, aten.as_strided.default, x1, [2, 2], [1, 1], 4)
+    assert cache.hits == hits + 1 and a0.storage_offset() == a1.storage_offset() == 4
 
 
 def test_a_view_shares_its_arguments_storage_at_its_offset(fake):
