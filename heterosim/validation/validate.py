@@ -327,8 +327,11 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
 
         if any(c.category == "end_to_end" for c in todo):
             # Imported once here, not in every forked case (torch, FakeTensorMode, dynamo: ~2-4 CPU
-            # s each); importing starts no thread, so forking stays safe.
+            # s each); importing starts no thread, so forking stays safe. The model package too:
+            # every captured rank of every case imports the same 31 modules (~0.1 CPU s). Its
+            # modules bind torch's functions at call time, so they see the capture's patches.
             import capture.api  # noqa: F401
+            import models.pretrain_gpt  # noqa: F401
             import replay.simulate  # noqa: F401
 
         results = run_forked(todo, functools.partial(_run_forked, kw=kw), jobs=jobs,
