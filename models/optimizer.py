@@ -184,6 +184,14 @@ class MixedPrecisionAdam:
             dist.all_reduce(total, group=self.grad_stats_group)
         return total.sqrt()
 
+    def zero_grad(self) -> None:
+        """Drop the fp32 gradients the last step made, at the start of an iteration (Megatron's
+        ``optimizer.zero_grad()`` in ``train_step``: ``set_to_none`` for the main parameters,
+        ``megatron/core/optimizer/optimizer.py::_zero_grad_group_helper``), so that they do not
+        live through the next forward and backward."""
+        for _, _, master, *_ in self.slices + self.flat:
+            master.grad = None
+
     def step(self) -> torch.Tensor:
         """One optimizer step; returns the global gradient norm (a 0-d fp32 tensor)."""
         with get_annotator().scope(phase="optimizer"):

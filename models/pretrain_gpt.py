@@ -146,6 +146,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
 
         with ann.scope(phase="grad_sync"):
             gs.zero_grad()
+            opt.zero_grad()
         with te_fp8.recipe(tcfg.fp8_recipe):  # TE's fp8_autocast(fp8_recipe=...) around the step
             losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
                                       comm=comm, grad_sync=gs, chunk_classes=classes)

@@ -359,6 +359,20 @@ def test_adam_state_exists_before_the_first_step():
         assert st["exp_avg"] is state[id(p)]["exp_avg"] and st["exp_avg_sq"] is state[id(p)]["exp_avg_sq"]
 
 
+def test_fp32_gradients_of_a_step_are_dropped_at_the_next_iterations_start():
+    """A step leaves each master an fp32 gradient (the bf16 main_grad cast up); zero_grad drops
+    them all, as Megatron's optimizer.zero_grad(set_to_none) does before the next forward."""
+    model = two_linears(torch.bfloat16)
+    gs = ModelGradSync([DataParallel(model, dp_group=None)])
+    opt = MixedPrecisionAdam(gs, lr=1e-3)
+    iteration(model, gs, m=1, opt=opt)
+    grads = [master.grad for _, _, master, _ in opt.slices]
+    assert len(grads) == 4 and all(g is not None and g.dtype == torch.float32 for g in grads)
+    assert Counter(g.numel() for g in grads) == Counter({4096: 2, 64: 2})
+    opt.zero_grad()
+    assert all(master.grad is None for _, _, master, _ in opt.slices)
+
+
 def test_bf16_params_follow_fp32_masters():
     """bf16 model parameters are the rounded fp32 masters after a step."""
     model = two_linears(torch.bfloat16)
