@@ -17,7 +17,7 @@ from capture.opinfo import dtype_name, tensors_in
 from heterosim.errors import CaptureError
 from heterosim.trace.vocab import COLLECTIVES, P2P
 
-__all__ = ["CommInfo", "describe_comm", "describe_comms", "find_group", "NO_FAKE_IMPL"]
+__all__ = ["CommInfo", "describe_comm", "describe_comms", "find_group", "NO_FAKE_IMPL", "FAKE_KERNEL", "c10d_result"]
 
 c10d = torch.ops.c10d
 fc = torch.ops._c10d_functional
@@ -29,6 +29,27 @@ NO_FAKE_IMPL = {
     c10d.allgather_coalesced_.default,
 }
 """c10d ops with no FakeTensor kernel: recorded without executing (the fake PG moves no data)."""
+
+
+FAKE_KERNEL = object()
+""":func:`c10d_result`'s answer for an op whose result it cannot tell: run it through FakeTensorMode."""
+
+
+def c10d_result(func: Any, args: Any) -> Any:
+    """What a c10d op returns besides its work, without running it: its first argument for an op
+    returning ``(first argument's type, Work)`` (the written buffers: ``broadcast_``, ``allreduce_``,
+    ``_allgather_base_``...), as ``(that, None)``; None for an op returning a work alone (``send``,
+    ``recv_``, ``reduce_``); :data:`FAKE_KERNEL` otherwise. The recorder gives the script its own
+    work (:class:`capture.streams.RecWork`) in place of the fake kernel's, and the fake process
+    group moves no data, so the fake kernel has nothing else to say."""
+    schema = func._schema
+    returns = schema.returns
+    if len(returns) == 1 and str(returns[0].type).endswith("Work"):
+        return None
+    if (len(returns) == 2 and str(returns[1].type).endswith("Work") and args and schema.arguments
+            and str(returns[0].type) == str(schema.arguments[0].type)):
+        return (args[0], None)
+    return FAKE_KERNEL
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,8 +344,10 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             # host data, computed for real and read back by the script; no GPU kernel.
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
-        out = _gemm_into_out(func, args, kwargs)
-        if out is None:
+        out = comm_info.c10d_result(func, args) if func.namespace == "c10d" else _gemm_into_out(func, args, kwargs)
+        if out is comm_info.FAKE_KERNEL:
+            out = func(*args, **kwargs)
+        elif out is None and func.namespace != "c10d":
             call = self.outputs.key(func, args, kwargs)
             out = None if call is None else self.outputs.lookup(call)
             if out is None:

@@ -80,6 +80,22 @@ def test_a_gemm_into_out_returns_it_only_when_nothing_changes():
     assert _gemm_into_out(aten.mm.out, (a16, b16), {"out": c}) is None
 
 
+def test_a_c10d_op_gives_back_its_buffers_without_the_fake_kernel():
+    """broadcast_ / _allgather_base_ return (their first argument, a work): the first argument,
+    with no work (the recorder makes its own); send / reduce_ return a work alone: None."""
+    from capture.comm import FAKE_KERNEL, c10d_result
+
+    c10d = torch.ops.c10d
+    bufs = [torch.empty(4)]
+    out = c10d_result(c10d.broadcast_.default, (bufs, "pg", 0, 0))
+    assert out[0] is bufs and out[1] is None
+    dst = torch.empty(8)
+    assert c10d_result(c10d._allgather_base_.default, (dst, torch.empty(4), "pg"))[0] is dst
+    assert c10d_result(c10d.send.default, (bufs, "pg", 1, 0)) is None
+    assert c10d_result(c10d.reduce_.default, (bufs, "pg", "op", 0, 0)) is None
+    assert c10d_result(torch.ops._c10d_functional.all_reduce.default, (dst, "sum", "0")) is FAKE_KERNEL
+
+
 def test_wire_width_records_fp8_userbuffer_bytes():
     """``scope(comm_dtype="fp8")``: a bf16 all-gather of 8 MiB is recorded as 4 MiB of fp8, an fp32
     one of 8 MiB as 2 MiB; integer payloads and collectives outside the scope keep their size."""
