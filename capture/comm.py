@@ -17,37 +17,43 @@ from capture.opinfo import dtype_name, tensors_in
 from heterosim.errors import CaptureError
 from heterosim.trace.vocab import COLLECTIVES, P2P
 
-__all__ = ["CommInfo", "describe_comm", "describe_comms", "find_group", "NO_FAKE_IMPL", "FAKE_KERNEL", "c10d_result"]
+__all__ = ["CommInfo", "describe_comm", "describe_comms", "find_group", "FAKE_KERNEL", "c10d_result"]
 
 c10d = torch.ops.c10d
 fc = torch.ops._c10d_functional
 
-NO_FAKE_IMPL = {
-    c10d.reduce_scatter_tensor_coalesced_.default,
-    c10d.allgather_into_tensor_coalesced_.default,
-    c10d.allreduce_coalesced_.default,
-    c10d.allgather_coalesced_.default,
-}
-"""c10d ops with no FakeTensor kernel: recorded without executing (the fake PG moves no data)."""
-
-
 FAKE_KERNEL = object()
 """:func:`c10d_result`'s answer for an op whose result it cannot tell: run it through FakeTensorMode."""
+
+_FIRST_ARG, _WORK_ONLY = object(), object()
+_RESULT_KIND: dict[Any, object] = {}  # op -> _FIRST_ARG | _WORK_ONLY | FAKE_KERNEL, from its schema
+
+
+def _result_kind(func: Any) -> object:
+    schema = func._schema
+    returns = schema.returns
+    if len(returns) == 1 and str(returns[0].type).endswith("Work"):
+        return _WORK_ONLY
+    if (len(returns) == 2 and str(returns[1].type).endswith("Work") and schema.arguments
+            and str(returns[0].type) == str(schema.arguments[0].type)):
+        return _FIRST_ARG
+    return FAKE_KERNEL
 
 
 def c10d_result(func: Any, args: Any) -> Any:
     """What a c10d op returns besides its work, without running it: its first argument for an op
     returning ``(first argument's type, Work)`` (the written buffers: ``broadcast_``, ``allreduce_``,
     ``_allgather_base_``...), as ``(that, None)``; None for an op returning a work alone (``send``,
-    ``recv_``, ``reduce_``); :data:`FAKE_KERNEL` otherwise. The recorder gives the script its own
-    work (:class:`capture.streams.RecWork`) in place of the fake kernel's, and the fake process
-    group moves no data, so the fake kernel has nothing else to say."""
-    schema = func._schema
-    returns = schema.returns
-    if len(returns) == 1 and str(returns[0].type).endswith("Work"):
+    ``recv_``, ``reduce_``, the coalesced ops, some of which have no fake kernel at all);
+    :data:`FAKE_KERNEL` otherwise. The recorder gives the script its own work
+    (:class:`capture.streams.RecWork`) in place of the fake kernel's, and the fake process group
+    moves no data, so the fake kernel has nothing else to say."""
+    kind = _RESULT_KIND.get(func)
+    if kind is None:
+        kind = _RESULT_KIND[func] = _result_kind(func)
+    if kind is _WORK_ONLY:
         return None
-    if (len(returns) == 2 and str(returns[1].type).endswith("Work") and args and schema.arguments
-            and str(returns[0].type) == str(schema.arguments[0].type)):
+    if kind is _FIRST_ARG and args:
         return (args[0], None)
     return FAKE_KERNEL
 

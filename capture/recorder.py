@@ -333,9 +333,6 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             self._step_boundary()
         if func is SCALAR_READ:  # .item(): no data to read back; a placeholder (capture/hostsync.py)
             return self.read_scalar(args[0], record=True)
-        if func in comm_info.NO_FAKE_IMPL:
-            self.fuser.escape(tensors_in((args, kwargs)))
-            return self._record_comm(func, args, kwargs, None)
         if not all(_is_fake_type(t) for t in types):
             return NotImplemented  # tensor subclasses (DTensor...) unwrap first; their local ops re-enter
         if (func.namespace == "aten" and func not in _UPLOADS and not _REAL_TYPES.isdisjoint(types)
