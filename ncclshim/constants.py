@@ -35,6 +35,8 @@ __all__ = [
     "NVLS_CHUNK_SIZE",
     "NVLS_CHUNK_STEPS",
     "NVLS_PIPELINE_STAGES",
+    "NVLS_RUN_EFFICIENCY",
+    "NVLS_LOOP_US",
 ]
 
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -155,3 +157,16 @@ NVLS_PIPELINE_STAGES = 3
 """Warp groups a one-node NVLS all-reduce pipelines a loop through (``RunWorkColl<AllReduce, NVLS>``
 in ``src/device/all_reduce.h``, ``oneNode``): scatter into the NVLS buffers, reduce + multicast
 (``multimem.ld_reduce`` / ``multimem.st``) by the head, gather out of them."""
+NVLS_RUN_EFFICIENCY = (0.0, 0.0, 0.879, 0.74)
+"""Fraction of the GPU's NCCL NVLink bandwidth a one-node NVLS all-reduce streams at, by
+architecture, once its per-loop cost (:data:`NVLS_LOOP_US`) is counted apart. Not NCCL's: NCCL
+estimates with ``nvlsEfficiency`` (:data:`NVLS_EFFICIENCY`) and no loop cost. Hopper: measured, the
+least-squares fit of the 64 MiB-8 GiB sizes of the Together AI H100 sweep
+(``ncclshim/data/nccl_tests_h100.yaml``, :func:`ncclshim.sweeps.fit_nvls`; ``docs/nccl.md`` §5).
+Blackwell: no sweep, NCCL's 0.74."""
+NVLS_LOOP_US = (0.0, 0.0, 2.84, 0.0)
+"""Time a one-node NVLS all-reduce channel spends per loop (heads x chunk bytes) beyond streaming
+its bytes, us, by architecture: the flag handshake of its scatter, reduce/multicast and gather warp
+groups through the switch. Hopper: measured with :data:`NVLS_RUN_EFFICIENCY` (same fit); it is
+what makes the measured rate rise with the chunk (168 / 226 / 258 / 275 GB/s algbw at 16 / 32 / 64
+/ 128 KiB). Blackwell: not measured, 0."""

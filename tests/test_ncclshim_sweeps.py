@@ -8,7 +8,7 @@ suite, so the list shrinks as the model improves (docs/nccl.md §5 has the table
 import pytest
 
 from heterosim.errors import ConfigError
-from ncclshim.sweeps import compare, load, point_busbw
+from ncclshim.sweeps import compare, fit_nvls, load, point_busbw
 
 CATALOG = load()
 TOLERANCE, SWEEPS = CATALOG.tolerance_pct, CATALOG.sweeps
@@ -18,19 +18,16 @@ _MIB = 1 << 20
 # (sweep id, size) -> why ncclshim is off there. 1 MiB: both NVLS sweeps (two providers, NCCL 2.18
 # and 2.26) take 42 us, the Together ring too (and 35 us at 8 B on those hosts, NVLS inactive),
 # against NCCL's 25 us NVLS / 15 us ring LL latency: a floor of the harness and launch that no NCCL
-# constant holds. 2 MiB: 2 loops of pipeline fill at 16 KiB chunks are too long. 16-32 and 256-512
-# MiB: NVLS runs slower than streaming at nvlsEfficiency once the chunk shrinks (a per-loop
-# handshake NCCL's model lacks). Ring 4-8 MiB: NCCL's own LL128 estimate.
+# constant holds. 2 MiB (and 4 MiB of one sweep): one or two loops per channel, whose pipeline
+# fill ncclshim charges as whole loops (3 loop-times for one loop) where the measured time barely
+# leaves the 42 us floor. Ring 4-8 MiB: NCCL's own LL128 estimate.
 _NVLS_GAPS = {
     1 * _MIB: "launch / harness floor (42 us in both sweeps)",
-    2 * _MIB: "pipeline fill of 2 loops at 16 KiB chunks",
-    16 * _MIB: "per-loop handshake at 32 KiB chunks",
-    32 * _MIB: "per-loop handshake at 32 KiB chunks",
-    256 * _MIB: "per-loop handshake at 64 KiB chunks",
-    512 * _MIB: "per-loop handshake at 64 KiB chunks",
+    2 * _MIB: "one loop per channel: fill charged as whole loops, measured at the 42 us floor",
 }
 GAPS = {(sid, size): why for sid in ("h100x8-nvls-together-2026-03", "h100x8-nvls-azure-ndv5")
         for size, why in _NVLS_GAPS.items()}
+GAPS[("h100x8-nvls-together-2026-03", 4 * _MIB)] = "two loops per channel: fill charged as whole loops (+6.8%)"
 GAPS.update({
     ("h100x8-ring-together-2026-03", 1 * _MIB): "launch / harness floor (42 us at 1-2 MiB)",
     ("h100x8-ring-together-2026-03", 4 * _MIB): "NCCL's LL128 estimate at 4 MiB (the protocol switch)",
@@ -96,3 +93,22 @@ def test_bad_files_are_one_clear_error(tmp_path):
     short.write_text("schema_version: 1\nsweeps:\n  - {id: x}\n")
     with pytest.raises(ConfigError, match="missing source, cluster, nodes, ranks, op, dtype, rows"):
         load(short)
+
+
+def test_nvls_constants_are_the_together_sweeps_fit():
+    """NVLS_RUN_EFFICIENCY / NVLS_LOOP_US (Hopper) are the fit of the Together sweep from 64 MiB; the
+    Azure sweep (another provider, NCCL 2.18) alone gives a similar pair. Below 64 MiB nothing is fitted."""
+    from ncclshim.constants import NVLS_LOOP_US, NVLS_RUN_EFFICIENCY
+    from ncclshim.sweeps import fit_nvls
+
+    eff, loop_us = fit_nvls(next(s for s in SWEEPS if s.id == "h100x8-nvls-together-2026-03"))
+    assert (NVLS_RUN_EFFICIENCY[2], NVLS_LOOP_US[2]) == (round(eff, 3), round(loop_us, 2))
+    eff, loop_us = fit_nvls(next(s for s in SWEEPS if s.id == "h100x8-nvls-azure-ndv5"))
+    assert eff == pytest.approx(0.872, abs=5e-4) and loop_us == pytest.approx(2.41, abs=5e-3)
+
+
+def test_fit_needs_two_nvls_sizes():
+    ring = next(s for s in SWEEPS if s.id == "h100x8-ring-together-2026-03")
+    with pytest.raises(ConfigError, match=r"^sweep 'h100x8-ring-together-2026-03': 0 size\(s\) of one-node NVLS "
+                       r"all-reduce from 67108864 B; the fit needs two or more$"):
+        fit_nvls(ring)

@@ -46,14 +46,16 @@ from ncclshim.constants import (
     NVLS_CHUNK_SIZE,
     NVLS_CHUNK_STEPS,
     NVLS_EFFICIENCY,
+    NVLS_LOOP_US,
     NVLS_PIPELINE_STAGES,
+    NVLS_RUN_EFFICIENCY,
     PER_CH_MAX_NVLS_TREE_BW,
     SUPPORT,
 )
 from ncclshim.graph import GroupGraph
 from ncclshim.topology import TopologyView
 
-__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk"]
+__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk", "nvls_stream"]
 
 _COLLNET_THREAD_THRESHOLD = 512
 """Bytes per thread below which NCCL drops a CollNet channel (``enqueue.cc``)."""
@@ -117,6 +119,15 @@ def nvls_chunk(nbytes: int, ops: int) -> int:
     return chunk
 
 
+def nvls_stream(nbytes: int, heads: int, n_ch: int) -> tuple[float, int]:
+    """A one-node NVLS all-reduce of ``nbytes`` by ``n_ch`` channels of ``heads`` heads: the bytes
+    each GPU's NVLink carries per direction, pipeline fill included, and the loops each channel
+    runs (see :func:`_nvls_run_time`)."""
+    loop = heads * nvls_chunk(nbytes, n_ch * heads)
+    fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
+    return (nbytes + n_ch * fill) * (heads + 1) / heads, math.ceil(nbytes / (n_ch * loop))
+
+
 def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | None:
     """One-node NVLS all-reduce as it runs, us: latency + a pipelined stream of loops.
 
@@ -125,25 +136,22 @@ def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | Non
       so each GPU's NVLink carries ``(n+1)/n`` of the buffer per direction (S. Jeaugey,
       nccl-tests#239: "algobw = busbw * n / (n+1)", busbw there being the link's rate).
     - Rate: NCCL's NVLink bandwidth of the GPU (``GroupGraph.gpu_bw``, 18 x 20.6 GB/s on H100) times
-      ``nvlsEfficiency`` (0.85 on Hopper, ``tuning.cc``), shared by the NVLS channels.
+      the measured streaming efficiency (:data:`NVLS_RUN_EFFICIENCY`), shared by the NVLS channels.
     - Ramp: each channel moves its share in loops of ``heads x chunk`` (NCCL's chunk steps,
       :func:`nvls_chunk`) through ``NVLS_PIPELINE_STAGES`` warp groups; the first loop fills the
-      pipeline, so ``stages - 1`` loops' worth is added per channel.
+      pipeline, so ``stages - 1`` loops' worth is added per channel; and each loop pays a fixed
+      handshake (:data:`NVLS_LOOP_US`), which is why small chunks stream slower.
 
-    NB: ignores the per-loop handshake through the switch (docs/nccl.md §5), the NVSwitch's
-    reduction latency beyond NCCL's 25 us, the HBM traffic of the copies, and SM limits: the
-    channels are taken to saturate the links even when NCCL_MAX_NCHANNELS leaves few CTAs. Other
-    NVLS uses keep NCCL's estimate (None).
+    NB: ignores the NVSwitch's reduction latency beyond NCCL's 25 us, the HBM traffic of the
+    copies, and SM limits: the channels are taken to saturate the links even when
+    NCCL_MAX_NCHANNELS leaves few CTAs. Other NVLS uses keep NCCL's estimate (None).
     """
     g = q.g
     if q.coll != "all_reduce" or g.n_nodes != 1 or g.gpu_bw <= 0:
         return None
     heads = g.nvls_channels  # one head per local GPU (NCCL_MAX_NCHANNELS caps the CTAs, not the heads)
-    n_ch = _nvls_channels(q, proto, nbytes)
-    loop = heads * nvls_chunk(nbytes, n_ch * heads)
-    fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
-    rate = NVLS_EFFICIENCY[g.arch] * g.gpu_bw
-    return lat + (nbytes + n_ch * fill) * (heads + 1) / heads / (1000 * rate)
+    link_bytes, loops = nvls_stream(nbytes, heads, _nvls_channels(q, proto, nbytes))
+    return lat + link_bytes / (1000 * NVLS_RUN_EFFICIENCY[g.arch] * g.gpu_bw) + loops * NVLS_LOOP_US[g.arch]
 
 
 def _nvls_intra(g: GroupGraph, view: TopologyView, frac: float = 1.0) -> list[FlowSpec]:
