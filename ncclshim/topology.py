@@ -178,6 +178,8 @@ class TopologyView:
     """A SHARP-capable network with the CollNet plugin (enables CollNet / multi-node NVLS)."""
     net_latency: float = 0.0
     """NCCL's ``latencyInter`` (NIC XML attribute), s; usually 0."""
+    memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What :func:`per_view` computed from this view, by name: it lives and dies with the view."""
 
     def __post_init__(self) -> None:
         for i, g in enumerate(self.gpus):
@@ -216,18 +218,11 @@ class TopologyView:
         return sum(self.links[i].latency for i in path)
 
 
-_PER_VIEW: dict[tuple[str, int], tuple[TopologyView, Any]] = {}
-
-
 def per_view(name: str, view: TopologyView, build: Callable[[TopologyView], Any]) -> Any:
     """``build(view)`` under ``name``, computed once per view object (a view does not change after
-    it is built); the 32 most recent entries are kept, each holding its view so that a reused
-    ``id`` cannot return another view's value."""
-    hit = _PER_VIEW.get((name, id(view)))
-    if hit is not None and hit[0] is view:
-        return hit[1]
-    value = build(view)
-    if len(_PER_VIEW) >= 32:
-        _PER_VIEW.pop(next(iter(_PER_VIEW)))
-    _PER_VIEW[(name, id(view))] = (view, value)
-    return value
+    it is built) and kept in the view's :attr:`~TopologyView.memo`, so it is freed with the view
+    (a planner keeps every plan it made for the view's cluster)."""
+    memo = view.memo
+    if name not in memo:
+        memo[name] = build(view)
+    return memo[name]

@@ -1,11 +1,13 @@
 """ncclshim.topology: the view's records, its validation and route helpers."""
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 
 from heterosim.errors import TopologyError
-from ncclshim.topology import GPU, Link
+from ncclshim.topology import GPU, Link, per_view
 from ncclshim.view import preset_view
 
 
@@ -39,3 +41,20 @@ def test_route_helpers():
     assert v.path_latency(path) == pytest.approx(sum(v.links[i].latency for i in path))
     assert v.path_bw(()) == float("inf")
     assert v.fabric(9).kind == "nvswitch"
+
+
+def test_per_view_value_is_built_once_and_freed_with_its_view():
+    """per_view keeps what it built in the view itself: the same object for the same view and name,
+    a new one for another view, and nothing once the view is gone (validate --jobs 1 replays 70
+    clusters in one process)."""
+    class Value:
+        pass
+
+    view = preset_view("dgx-a100", nodes=2)
+    value = per_view("test", view, lambda v: Value())
+    assert per_view("test", view, lambda v: 1 / 0) is value
+    assert per_view("test", preset_view("dgx-a100", nodes=2), lambda v: Value()) is not value
+    gone = weakref.ref(value)
+    del value, view
+    gc.collect()
+    assert gone() is None

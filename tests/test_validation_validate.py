@@ -262,3 +262,14 @@ def test_iteration_time_from_a_throughput_or_other_units():
     assert _time_from_rate({"samples_per_s": 64}, flags, 8)[0] == pytest.approx(2.0)
     assert _time_from_rate({"iteration_time_ms": 1500}, flags, 8) == (1.5, "from iteration_time_ms")
     assert _time_from_rate({"mfu": 0.4}, flags, 8) == (None, "")
+
+
+def test_cases_run_in_this_process_are_collected_one_by_one(tmp_path, monkeypatch):
+    """jobs=1 runs a full garbage collection after every case: a replayed case leaves its trace and
+    engine in reference cycles, which Python's automatic full collections leave for too long."""
+    import heterosim.validation.validate as v
+
+    calls: list[int] = []
+    monkeypatch.setattr(v.gc, "collect", lambda *a: calls.append(1) or 0)
+    rep = v.validate(_write(tmp_path, [COLL, {**COLL, "id": "coll-8b"}]), cache_dir=tmp_path / "cache")
+    assert [c.status for c in rep.cases] == ["ok", "ok"] and len(calls) == 2
