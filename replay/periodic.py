@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -175,7 +176,7 @@ class Skipper:
     """Checkpoints of one :class:`replay.engine_sim._Sim` run; :meth:`at_checkpoint` skips ahead."""
 
     def __init__(self, sim: Any):
-        self.sim = sim
+        self.sim = weakref.proxy(sim)  # the sim holds its skipper: no cycle for the collector to find
         self.periods: list[tuple[int, int, int]] = []
         self.anchor_point = -1
         self.anchor = 0
