@@ -30,7 +30,7 @@ DEFAULT_FILE = "nccl_tests_h100.yaml"
 """The sweeps shipped with ncclshim (``ncclshim/data/``)."""
 FIT_MIN_BYTES = 64 << 20
 """Smallest size :func:`fit_nvls` uses: from here the launch floor and the pipeline fill are under
-10% of the time and the sizes span three chunk regimes (64 KiB, 128 KiB)."""
+10% of the time, and the sizes span two chunk regimes (64 and 128 KiB)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -265,8 +265,8 @@ def test_iteration_time_from_a_throughput_or_other_units():
 
 
 def test_cases_run_in_this_process_are_collected_one_by_one(tmp_path, monkeypatch):
-    """jobs=1 runs a full garbage collection after every case: a replayed case leaves its trace and
-    engine in reference cycles, which Python's automatic full collections leave for too long."""
+    """jobs=1 runs a full garbage collection after every case, so what a case left in reference
+    cycles is gone before the next one starts (Python's own full collections can come many cases later)."""
     import heterosim.validation.validate as v
 
     calls: list[int] = []

@@ -344,9 +344,8 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
         for i, c in enumerate(todo):
             start(i)
             results.append(_run_one(c, kw))
-            # A replayed case leaves its trace and engine state in reference cycles (~0.8 M objects
-            # for a 64-GPU Llama 3.1 70B row); Python's full collections come too rarely to free
-            # them between cases: 70 Hopper rows in one process peaked at 17 GB, 1.5 GB with this.
+            # What a case left in reference cycles goes now, not at Python's next full collection,
+            # which can come many cases later while each case's replay state is up to ~1 GB.
             gc.collect()
             end(i)
     return Report(cases=tuple(r for r in results if r is not None))

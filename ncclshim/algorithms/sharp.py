@@ -55,7 +55,8 @@ from ncclshim.constants import (
 from ncclshim.graph import GroupGraph
 from ncclshim.topology import TopologyView
 
-__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk", "nvls_stream"]
+__all__ = ["NVLS", "NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "ENTRIES", "sharp_heads", "nvls_chunk",
+           "nvls_stream"]
 
 _COLLNET_THREAD_THRESHOLD = 512
 """Bytes per thread below which NCCL drops a CollNet channel (``enqueue.cc``)."""
