@@ -117,7 +117,7 @@ _DEFAULTS: dict[str, Any] = {
     "no_bias_swiglu_fusion": False, "no_rope_fusion": False, "cross_entropy_loss_fusion": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
-    "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None,
+    "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None, "tp_comm_overlap_fp8_buf": None,
     "overlap_p2p_communication": False,
     "fp8_format": None, "fp8_recipe": "delayed", "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-comm-overlap: SMs the pipelined reduce-scatter's GEMM leaves to its "
              "communication kernel, as NAME=N pairs (Transformer Engine's ub_tp_comm_overlap_cfg "
              f"num_sm with set_sm_margin: 1), NAME from {','.join(PIPELINE_OPS)}")
+    add("--tp-comm-overlap-fp8-buf", str,
+        help="with --tp-comm-overlap in fp8 runs: the pipelined reduce-scatters that move fp8 (the "
+             "GEMM writes fp8 into the userbuffer; Transformer Engine's ub_tp_comm_overlap_cfg "
+             f"'fp8_buf: true'), comma-separated from {','.join(PIPELINE_OPS)}")
     add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
     add("--recompute-granularity", str, ("full", "selective"))
     add("--recompute-method", str, ("uniform", "block"))
@@ -289,6 +293,21 @@ def _sm_margin(a: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _fp8_buf(a: dict[str, Any]) -> tuple[str, ...]:
+    """``--tp-comm-overlap-fp8-buf`` as op names, each checked."""
+    text = a["tp_comm_overlap_fp8_buf"]
+    if not text:
+        return ()
+    if not a["tp_comm_overlap"]:
+        raise ConfigError("--tp-comm-overlap-fp8-buf needs --tp-comm-overlap")
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in PIPELINE_OPS]
+    if bad:
+        raise ConfigError(f"--tp-comm-overlap-fp8-buf names {bad[0]!r}, not a pipelined reduce-scatter "
+                          f"overlap; valid: {', '.join(PIPELINE_OPS)}")
+    return names
+
+
 def _check_exclusive(a: dict[str, Any]) -> None:
     """Flags that exclude or need one another (Megatron's arguments.py asserts the same)."""
     if a["bf16"] and a["fp16"]:
@@ -359,6 +378,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],
         tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a), tp_comm_sm_margin=_sm_margin(a),
+        tp_comm_fp8_buf=_fp8_buf(a),
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
         overlap_p2p_comm=a["overlap_p2p_communication"])
     pcfg.check()

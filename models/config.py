@@ -152,6 +152,9 @@ class ParallelConfig:
     """Ring-exchange overlaps (TE ``ub_tp_comm_overlap_cfg`` names: ``qkv_fprop``, ``fc1_fprop``,
     ``proj_dgrad``, ``fc2_dgrad``) whose ``aggregate`` is set: two ring steps per GEMM
     (``--tp-comm-overlap-aggregate``)."""
+    tp_comm_fp8_buf: tuple[str, ...] = ()
+    """Pipelined reduce-scatter overlaps (``proj_fprop``, ``fc2_fprop``) whose userbuffer is fp8 in
+    fp8 runs, TE's ``fp8_buf: true`` (``--tp-comm-overlap-fp8-buf``): they move one byte per element."""
     amax_reduction_group: bool = False
     """Create Megatron-core's amax reduction group (the TP x DP x CP ranks of a pipeline stage,
     ``parallel_state.get_amax_reduction_group(with_context_parallel=True)``), over which fp8 delayed

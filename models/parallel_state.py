@@ -81,6 +81,8 @@ class ParallelState:
     """See :attr:`models.config.ParallelConfig.tp_comm_sm_margin` (empty without the overlap)."""
     tp_comm_aggregate: tuple[str, ...] = ()
     """See :attr:`models.config.ParallelConfig.tp_comm_aggregate` (empty without the overlap)."""
+    tp_comm_fp8_buf: tuple[str, ...] = ()
+    """See :attr:`models.config.ParallelConfig.tp_comm_fp8_buf` (empty without the overlap)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -287,4 +289,6 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
                            else ()),
         tp_comm_sm_margin=(pcfg.tp_comm_sm_margin if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
                            else ()),
+        tp_comm_fp8_buf=(pcfg.tp_comm_fp8_buf if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
+                         else ()),
     )

@@ -91,7 +91,7 @@ class TransformerLayer(nn.Module):
                 out_init_std=scaled_init_std(std, mcfg.num_layers), fp8=fp8,
                 async_allreduce=pstate.async_tp_allreduce, tp_comm_overlap=pstate.tp_comm_overlap,
                 fused_activation=mcfg.bias_swiglu_fusion, tp_comm_aggregate=pstate.tp_comm_aggregate,
-                tp_comm_sm_margin=pstate.tp_comm_sm_margin)
+                tp_comm_sm_margin=pstate.tp_comm_sm_margin, tp_comm_fp8_buf=pstate.tp_comm_fp8_buf)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         out, bias = self.self_attention(self.input_layernorm(x), rotary)

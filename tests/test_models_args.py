@@ -136,6 +136,11 @@ def test_layout_and_model_keys_for_declare():
      "--tp-comm-overlap-sm-margin needs --tp-comm-overlap"),
     (["--preset", "tiny", "--tp-comm-overlap-aggregate", "qkv_fprop"], 1,
      "--tp-comm-overlap-aggregate needs --tp-comm-overlap"),
+    (["--preset", "tiny", "--tp-comm-overlap-fp8-buf", "proj_fprop"], 1,
+     "--tp-comm-overlap-fp8-buf needs --tp-comm-overlap"),
+    (["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-fp8-buf", "qkv_fprop"], 1,
+     "--tp-comm-overlap-fp8-buf names 'qkv_fprop', not a pipelined reduce-scatter overlap; valid: proj_fprop, "
+     "fc2_fprop"),
     (["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-aggregate", "qkv_dgrad"], 1,
      "--tp-comm-overlap-aggregate names 'qkv_dgrad', not a ring-exchange overlap; valid: qkv_fprop, "
      "fc1_fprop, proj_dgrad, fc2_dgrad"),
@@ -190,6 +195,14 @@ def test_tp_comm_overlap_aggregate_names_ring_exchanges():
                       "--tp-comm-overlap-aggregate", "qkv_fprop, fc2_dgrad"], 2)
     assert cfg.parallel.tp_comm_aggregate == ("qkv_fprop", "fc2_dgrad")
     assert parse_args(["--preset", "tiny"], 1).parallel.tp_comm_aggregate == ()
+
+
+def test_tp_comm_overlap_fp8_buf_names():
+    """--tp-comm-overlap-fp8-buf proj_fprop,fc2_fprop (the Llama 3.1 405B recipe's fp8 runs)."""
+    cfg = parse_args(["--preset", "tiny", "--sequence-parallel", "--tp-comm-overlap",
+                      "--tp-comm-overlap-fp8-buf", "proj_fprop, fc2_fprop"], 2)
+    assert cfg.parallel.tp_comm_fp8_buf == ("proj_fprop", "fc2_fprop")
+    assert parse_args(["--preset", "tiny"], 1).parallel.tp_comm_fp8_buf == ()
 
 
 def test_tp_comm_overlap_sm_margin_pairs():

@@ -14,7 +14,7 @@ from models.layers.mlp import MLP, activation_fn
 from models.layers.rope import apply_rotary, rotary_freqs
 
 SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None, async_tp_allreduce=True,
-               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=())
+               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=(), tp_comm_fp8_buf=())
 
 
 def test_gqa_attention_matches_explicit_heads():

@@ -27,7 +27,7 @@ from models.layers.megatron_ops import scaled_upper_triang_masked_softmax
 from models.layers.unfused_attention import CoreAttention
 
 SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None, async_tp_allreduce=True,
-               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=())
+               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=(), tp_comm_fp8_buf=())
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -199,6 +199,19 @@ def test_fp8_casts_transposes_and_fp8_all_gathers():
                              ["_reduce_scatter_base_", [32, 2, 64], None]])
 
 
+
+def test_fp8_buf_reduces_the_pipelined_chunks_in_fp8():
+    """The same row layer with TE's fp8_buf on its pipelined reduce-scatter (the Llama 3.1 405B
+    recipe's fp8 runs): its four reduces move fp8; nothing else changes."""
+    code = FP8_ORDER.replace("tp_comm_overlap=True, fp8=True)\nx",
+                             "tp_comm_overlap=True, fp8=True, tp_comm_fp8_buf=True)\nx")
+    assert code != FP8_ORDER
+    res = run_fake(code, rank=1, world=4)
+    base = run_fake(FP8_ORDER, rank=1, world=4)
+    assert res["fwd"] == base["fwd"][:5] + [["reduce_", [32, 2, 64], "fp8"]] * 4
+    assert res["bwd"] == base["bwd"]
+
+
 FP8_CS = (FP8_ORDER.replace("with log:", "with log, te_fp8.recipe('tensorwise'):")
           .replace('keep = ("_to_copy",', 'keep = ("linalg_vector_norm", "reciprocal", "allreduce_", "_to_copy",')
           .replace("from models.layers.linear import", "from models.layers import fp8 as te_fp8\nfrom models.layers.linear import"))

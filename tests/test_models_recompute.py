@@ -13,7 +13,7 @@ from models.config import ModelConfig, TrainConfig
 from models.transformer import TransformerBlock
 
 SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=None, async_tp_allreduce=True,
-               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=())
+               tp_comm_overlap=False, tp_comm_aggregate=(), tp_comm_sm_margin=(), tp_comm_fp8_buf=())
 MCFG = ModelConfig(num_layers=3, hidden_size=16, num_attention_heads=2, seq_length=8, hidden_dropout=0.0)
 
 

@@ -399,6 +399,18 @@ def test_dgxc_recipe_sm_margin_of_pipelined_reduce_scatters():
             "nemo_megatron/gpt3_175b_hydra.yaml + launch.sh (NeMo 24.05))") in ci.assumptions
 
 
+def test_dgxc_405b_fp8_rows_reduce_scatter_in_fp8():
+    """Llama 3.1 405B's configure.sh sets fp8_buf on proj_fprop and fc2_fprop to $FP8_ENABLED: its
+    fp8 rows get --tp-comm-overlap-fp8-buf, cited; its bf16 rows and the other models' fp8 rows do not."""
+    fp8 = megatron_flags(_hopper("e2e-dgxc-v24.11.1-llama3.1-405b-fp8-576gpu"))
+    f = list(fp8.flags)
+    assert f[f.index("--tp-comm-overlap-fp8-buf") + 1] == "proj_fprop,fc2_fprop"
+    assert ("pipelined reduce-scatters move fp8 (proj_fprop, fc2_fprop: ub_tp_comm_overlap_cfg fp8_buf, "
+            "NVIDIA/dgxc-benchmarking@35a9aec llama3.1/llama3.1_405b.yaml + configure.sh (NeMo 24.09))") in fp8.assumptions
+    for case_id in ("llama3.1-405b-bf16-576gpu", "llama3.1-70b-fp8-64gpu", "gpt3-175b-fp8-128gpu"):
+        assert "--tp-comm-overlap-fp8-buf" not in megatron_flags(_hopper("e2e-dgxc-v24.11.1-" + case_id)).flags
+
+
 def test_dgxc_recipe_cross_entropy_loss_fusion():
     """cross_entropy_loss_fusion: true in the Llama 3.1 and Nemotron-4 YAMLs -> --cross-entropy-loss-fusion,
     cited; gpt3_175b_hydra.yaml does not set it: the unfused loss, nothing said."""

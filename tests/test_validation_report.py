@@ -36,3 +36,17 @@ def test_fp8_pairs_and_precision_summary():
     assert "| a-fp8 | a-bf16 | 0.600 | 0.629 | +4.8% |" in rep.table(markdown=True)
     assert json.loads(rep.to_json())["fp8_pairs"][0]["fp8"] == "a-fp8"
     assert "fp8_pairs" not in json.loads(Report(cases=rep.cases[:1]).to_json())
+
+
+def test_fp8_only_flags_do_not_keep_a_pair_apart():
+    """An fp8 run with the fp8-only flags of FP8_FLAGS (--fp8-param-gather, --tp-comm-overlap-fp8-buf
+    NAME: the Llama 3.1 405B recipe's fp8 rows) still pairs with its bf16 twin; a flag the bf16 run
+    lacks and that is not fp8-only keeps them apart."""
+    def run(cid, extra):
+        return CaseResult(id=cid, category="end_to_end", status="ok",
+                          detail={"flags": ["--num-layers", "2", "--bf16", *extra], "world_size": 8},
+                          comparisons=(Comparison(metric="iteration_time_s", measured=1.0, predicted=1.0, error=0.0),))
+
+    fp8 = ["--fp8-format", "hybrid", "--fp8-param-gather", "--tp-comm-overlap-fp8-buf", "proj_fprop,fc2_fprop"]
+    assert [p["fp8"] for p in Report(cases=(run("b", []), run("f", fp8))).fp8_pairs()] == ["f"]
+    assert Report(cases=(run("b", []), run("f", [*fp8, "--sequence-parallel"]))).fp8_pairs() == []

@@ -32,7 +32,7 @@ from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
 
 from .flags import (ASYNC_TP_ALLREDUCE_YEAR, CORE_P2P_YEAR, TORCH_DDP_BUCKET_BYTES, Fields, batch_flags, era_flags,
-                    model_flags, parallel_flags, parallel_sizes)
+                    fp8_buf_flags, model_flags, parallel_flags, parallel_sizes)
 from .hardware import cluster_for, gpu_from_text
 from .phrases import ARCH_WORDS, positive_int, precision_flags
 from .frameworks import family_settings, framework_settings
@@ -122,6 +122,7 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
         p_flags[-1] = pub["fp8_recipe"]
         p_note = f"fp8 GEMMs ({pub['fp8_recipe']}, {script}), bf16 elsewhere"
     flags += batch_flags(f, micro_batch_default, fp8="--fp8-format" in p_flags, bf16="--bf16" in p_flags)
+    flags += fp8_buf_flags(f, "--tp-comm-overlap" in flags, "--fp8-format" in p_flags)
     flags += p_flags
     notes.append(p_note)
     flags += era_flags(case, size, year, "--sequence-parallel" in flags, notes)

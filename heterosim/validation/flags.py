@@ -29,7 +29,7 @@ class Case(Protocol):
     parallelism: Mapping[str, Any]
     batch: Mapping[str, Any]
 
-__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags",
+__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags", "fp8_buf_flags",
            "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
 
 PUBLISHED_RUNS_NAME = "heterosim/validation/data/published_runs.yaml"
@@ -309,6 +309,17 @@ def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bo
         flags.append("--overlap-p2p-communication")
         f.notes.append(f"pipeline p2p overlapped with compute (overlap_p2p_comm, {f.script})")
     return flags
+
+
+def fp8_buf_flags(f: Fields, overlap: bool, fp8: bool) -> list[str]:
+    """The pipelined reduce-scatters a recipe runs on fp8 userbuffers in its fp8 runs (TE's
+    ``fp8_buf``); nothing without the TP overlap or fp8 (TE keeps the activation dtype then)."""
+    names = f.pub.get("tp_comm_fp8_buf") or ()
+    if not (overlap and fp8 and names):
+        return []
+    f.notes.append(f"pipelined reduce-scatters move fp8 ({', '.join(names)}: ub_tp_comm_overlap_cfg fp8_buf, "
+                   f"{f.script})")
+    return ["--tp-comm-overlap-fp8-buf", ",".join(names)]
 
 
 # ----------------------------------------------------------------------------------------- batch

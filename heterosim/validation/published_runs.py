@@ -35,6 +35,7 @@ SETTINGS: dict[str, Any] = {
     "tp_comm_overlap": bool, "cross_entropy_loss_fusion": bool,
     "tp_comm_aggregate": frozenset({"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"}),
     "tp_comm_sm_margin": {"proj_fprop": int, "fc2_fprop": int},
+    "tp_comm_fp8_buf": frozenset({"proj_fprop", "fc2_fprop"}),
     "overlap_p2p_comm": bool, "fp8_recipe": ("hybrid", "e4m3"), "fp8_params": bool,
     "grad_sync_dtype": ("bf16", "fp32"), "hidden_dropout": float, "attention_dropout": float, "bias": bool,
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Comparison", "CaseResult", "Report", "SCHEMA_VERSION"]
+__all__ = ["Comparison", "CaseResult", "Report", "SCHEMA_VERSION", "FP8_FLAGS"]
 
 SCHEMA_VERSION = 1
 """Of the report's JSON document (``Report.to_json``)."""
@@ -25,6 +25,10 @@ def _signed_pct(x: float) -> str:
     text = f"{x:+.1%}"
     return "+0.0%" if text == "-0.0%" else text
 
+
+FP8_FLAGS = {"--fp8-format": 1, "--fp8-recipe": 1, "--fp8-param-gather": 0, "--tp-comm-overlap-fp8-buf": 1}
+"""Flags an fp8 run has and its 16-bit twin lacks (flag -> values after it): what :meth:`Report.fp8_pairs`
+ignores when it pairs them."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
@@ -91,8 +95,9 @@ class Report:
         return out
 
     def fp8_pairs(self) -> list[dict[str, Any]]:
-        """fp8 and 16-bit runs of one configuration (flags equal but for ``--fp8-format``): the
-        measured and predicted fp8/16-bit iteration-time ratios, in the file order of the fp8 runs."""
+        """fp8 and 16-bit runs of one configuration (flags equal but for the fp8 ones,
+        :data:`FP8_FLAGS`): the measured and predicted fp8/16-bit iteration-time ratios, in the file
+        order of the fp8 runs."""
         runs: dict[tuple, dict[str, CaseResult]] = {}
         for r in self.cases:
             p = r.primary
@@ -100,10 +105,10 @@ class Report:
                 continue
             f = list(r.detail["flags"])
             fp8 = "--fp8-format" in f
-            if fp8:
-                i = f.index("--fp8-format")
-                del f[i:i + 2]
-                f = [x for x in f if x != "--fp8-param-gather"]
+            for flag, values in FP8_FLAGS.items():
+                if flag in f:
+                    i = f.index(flag)
+                    del f[i:i + 1 + values]
             runs.setdefault((r.detail["world_size"], *f), {})["fp8" if fp8 else "16"] = r
         out = []
         for pair in runs.values():

@@ -77,7 +77,8 @@ class SelfAttention(nn.Module):
             bias=mcfg.add_bias_linear, dtype=dtype,
             init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8,
             tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate,
-            tp_comm_sm_margin=dict(pstate.tp_comm_sm_margin).get("proj_fprop", 0))
+            tp_comm_sm_margin=dict(pstate.tp_comm_sm_margin).get("proj_fprop", 0),
+            tp_comm_fp8_buf="proj_fprop" in pstate.tp_comm_fp8_buf)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.core_attention is not None:

@@ -234,7 +234,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, tp_group: Any, sequence_parallel: bool,
                  bias: bool, dtype: torch.dtype, init_std: float, skip_bias_add: bool = True,
                  fp8: bool = False, tp_comm_overlap: bool = False, fp8_input_cast: bool = True,
-                 tp_comm_aggregate: bool = False, tp_comm_sm_margin: int = 0) -> None:
+                 tp_comm_aggregate: bool = False, tp_comm_sm_margin: int = 0, tp_comm_fp8_buf: bool = False) -> None:
         super().__init__()
         self.fp8_input_cast = fp8_input_cast
         tp = group_size(tp_group)
@@ -245,6 +245,7 @@ class RowParallelLinear(nn.Module):
         self.tp_comm_overlap = tp_comm_overlap and self.sequence_parallel
         self.tp_comm_aggregate = tp_comm_aggregate  # the data-gradient ring exchange's
         self.tp_comm_sm_margin = tp_comm_sm_margin  # SMs the pipelined forward GEMM leaves to its RS
+        self.tp_comm_fp8_buf = tp_comm_fp8_buf  # that RS moves fp8 (TE's fp8_buf) in fp8 runs
         self.skip_bias_add, self.fp8 = skip_bias_add, fp8
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
         init_normal(init_std)(self.weight)
@@ -261,7 +262,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tp_comm_overlap:  # pipelined GEMM + reduce-scatter (tp_overlap.py)
             out = RowGemmReduceScatter.apply(x, self.weight, self.tp_group, self.fp8, gemm_scope, _wgrad,
-                                             self.fp8_input_cast, self.tp_comm_aggregate, self.tp_comm_sm_margin)
+                                             self.fp8_input_cast, self.tp_comm_aggregate, self.tp_comm_sm_margin,
+                                             self.tp_comm_fp8_buf)
         else:
             out = LinearWithAsyncComm.apply(x, self.weight, None, self.tp_group, False, False, self.fp8,
                                             False, self.fp8_input_cast)

@@ -57,7 +57,7 @@ class MLP(nn.Module):
                  bias: bool, dtype: torch.dtype, init_std: float, out_init_std: float, fp8: bool,
                  async_allreduce: bool = True, tp_comm_overlap: bool = False,
                  fused_activation: bool = True, tp_comm_aggregate: tuple[str, ...] = (),
-                 tp_comm_sm_margin: tuple[tuple[str, int], ...] = ()) -> None:
+                 tp_comm_sm_margin: tuple[tuple[str, int], ...] = (), tp_comm_fp8_buf: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.act = activation_fn(activation, fused=fused_activation)
         gated = activation == "swiglu"
@@ -73,7 +73,8 @@ class MLP(nn.Module):
             dtype=dtype, init_std=out_init_std, fp8=fp8, tp_comm_overlap=tp_comm_overlap,
             # TE's LayerNormMLP writes the activation in fp8
             fp8_input_cast=False, tp_comm_aggregate="fc2_dgrad" in tp_comm_aggregate,
-            tp_comm_sm_margin=dict(tp_comm_sm_margin).get("fc2_fprop", 0))
+            tp_comm_sm_margin=dict(tp_comm_sm_margin).get("fc2_fprop", 0),
+            tp_comm_fp8_buf="fc2_fprop" in tp_comm_fp8_buf)
 
     def forward(self, x: torch.Tensor):
         return self.linear_fc2(self.act(self.linear_fc1(x)))

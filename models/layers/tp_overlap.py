@@ -29,7 +29,10 @@ broadcasts / reduces of the same bytes with NCCL's per-call latency; TE's first 
 GEMM on the rank's own rows, here region 0 is broadcast before any GEMM (``1/tp`` of the transfer
 exposed). In fp8 runs the ring exchanges move one byte per element (TE's all-gather userbuffers are
 fp8, :mod:`models.layers.fp8`); the pipelined reduce-scatters move the activation dtype (TE's
-default; a recipe's ``fp8_buf`` on them is not read).
+default), or one byte per element where ``fp8_buf`` is set on them (``--tp-comm-overlap-fp8-buf``:
+TE's GEMM then writes fp8 into the userbuffer and its reduce-scatter kernel sums the fp8 chunks
+into a bf16 output). NB: the GEMM here still writes bf16 (half its output bytes more than TE's;
+the GEMM is compute-bound).
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ class RowGemmReduceScatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, group, fp8, scope_fn, wgrad_fn, fp8_input_cast=True, aggregate_dgrad=False,
-                sm_margin=0):
+                sm_margin=0, fp8_buf=False):
         x = x.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
@@ -128,7 +131,8 @@ class RowGemmReduceScatter(torch.autograd.Function):
             lo, hi = chunk.start, chunk.stop
             with scope_fn(fp8), get_annotator().scope(sm_margin=sm_margin or None):
                 torch.mm(x[lo * rows:hi * rows].view(-1, f), weight.t(), out=y[lo:hi].view(-1, h))
-            works += [dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True) for i in chunk]
+            with te_fp8.wire(fp8 and fp8_buf):
+                works += [dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True) for i in chunk]
         for work in works:
             work.wait()
         # This rank's region now holds the sum over TP (a view: the buffer lives as long as the
@@ -150,4 +154,4 @@ class RowGemmReduceScatter(torch.autograd.Function):
         with ctx.scope_fn(ctx.fp8):
             grad_w = ctx.wgrad_fn(weight, gathered.reshape(-1, gathered.shape[-1]).t(),
                                   x.reshape(-1, x.shape[-1]))
-        return grad_in, grad_w, None, None, None, None, None, None, None
+        return grad_in, grad_w, None, None, None, None, None, None, None, None
