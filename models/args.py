@@ -261,19 +261,30 @@ def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | No
     return counts, (vpp if vpp > 1 else None)
 
 
-def _aggregate(a: dict[str, Any]) -> tuple[str, ...]:
-    """``--tp-comm-overlap-aggregate`` as op names, each checked."""
-    text = a["tp_comm_overlap_aggregate"]
+def _overlap_ops(a: dict[str, Any], dest: str, valid: tuple[str, ...], kind: str) -> tuple[str, ...]:
+    """A TP-overlap flag listing ``ub_tp_comm_overlap_cfg`` op names (``dest``), each checked
+    against ``valid`` (the ``kind`` of overlap they must be)."""
+    text = a[dest]
     if not text:
         return ()
+    flag = "--" + dest.replace("_", "-")
     if not a["tp_comm_overlap"]:
-        raise ConfigError("--tp-comm-overlap-aggregate needs --tp-comm-overlap")
+        raise ConfigError(f"{flag} needs --tp-comm-overlap")
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in RING_EXCHANGE_OPS]
+    bad = [n for n in names if n not in valid]
     if bad:
-        raise ConfigError(f"--tp-comm-overlap-aggregate names {bad[0]!r}, not a ring-exchange overlap; "
-                          f"valid: {', '.join(RING_EXCHANGE_OPS)}")
+        raise ConfigError(f"{flag} names {bad[0]!r}, not a {kind} overlap; valid: {', '.join(valid)}")
     return names
+
+
+def _aggregate(a: dict[str, Any]) -> tuple[str, ...]:
+    """``--tp-comm-overlap-aggregate`` as op names, each checked."""
+    return _overlap_ops(a, "tp_comm_overlap_aggregate", RING_EXCHANGE_OPS, "ring-exchange")
+
+
+def _fp8_buf(a: dict[str, Any]) -> tuple[str, ...]:
+    """``--tp-comm-overlap-fp8-buf`` as op names, each checked."""
+    return _overlap_ops(a, "tp_comm_overlap_fp8_buf", PIPELINE_OPS, "pipelined reduce-scatter")
 
 
 def _sm_margin(a: dict[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -291,21 +302,6 @@ def _sm_margin(a: dict[str, Any]) -> tuple[tuple[str, int], ...]:
                               f"{', '.join(PIPELINE_OPS)} and N a positive number of SMs")
         out.append((name, int(num)))
     return tuple(out)
-
-
-def _fp8_buf(a: dict[str, Any]) -> tuple[str, ...]:
-    """``--tp-comm-overlap-fp8-buf`` as op names, each checked."""
-    text = a["tp_comm_overlap_fp8_buf"]
-    if not text:
-        return ()
-    if not a["tp_comm_overlap"]:
-        raise ConfigError("--tp-comm-overlap-fp8-buf needs --tp-comm-overlap")
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in PIPELINE_OPS]
-    if bad:
-        raise ConfigError(f"--tp-comm-overlap-fp8-buf names {bad[0]!r}, not a pipelined reduce-scatter "
-                          f"overlap; valid: {', '.join(PIPELINE_OPS)}")
-    return names
 
 
 def _check_exclusive(a: dict[str, Any]) -> None:
