@@ -29,8 +29,8 @@ class Case(Protocol):
     parallelism: Mapping[str, Any]
     batch: Mapping[str, Any]
 
-__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags", "fp8_buf_flags",
-           "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
+__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags",
+           "fp8_buf_flags", "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
 
 PUBLISHED_RUNS_NAME = "heterosim/validation/data/published_runs.yaml"
 

@@ -27,8 +27,9 @@ def _signed_pct(x: float) -> str:
 
 
 FP8_FLAGS = {"--fp8-format": 1, "--fp8-recipe": 1, "--fp8-param-gather": 0, "--tp-comm-overlap-fp8-buf": 1}
-"""Flags an fp8 run has and its 16-bit twin lacks (flag -> values after it): what :meth:`Report.fp8_pairs`
-ignores when it pairs them."""
+"""Flags an fp8 run has and its 16-bit twin lacks (flag -> values after it): what
+:meth:`Report.fp8_pairs` ignores when it pairs them."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
