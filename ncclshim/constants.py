@@ -157,7 +157,7 @@ NVLS_PIPELINE_STAGES = 3
 """Warp groups a one-node NVLS all-reduce pipelines a loop through (``RunWorkColl<AllReduce, NVLS>``
 in ``src/device/all_reduce.h``, ``oneNode``): scatter into the NVLS buffers, reduce + multicast
 (``multimem.ld_reduce`` / ``multimem.st``) by the head, gather out of them."""
-NVLS_RUN_EFFICIENCY = (0.0, 0.0, 0.879, 0.74)
+NVLS_RUN_EFFICIENCY = (0.0, 0.0, 0.879, NVLS_EFFICIENCY[3])
 """Fraction of the GPU's NCCL NVLink bandwidth a one-node NVLS all-reduce streams at, by
 architecture, once its per-loop cost (:data:`NVLS_LOOP_US`) is counted apart. Not NCCL's: NCCL
 estimates with ``nvlsEfficiency`` (:data:`NVLS_EFFICIENCY`) and no loop cost. Hopper: measured, the

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
+from ncclshim.algorithms.sharp import nvls_stream
 from ncclshim.planner import Planner, busbw_factor
 from ncclshim.view import preset_view
 
@@ -167,8 +168,6 @@ def fit_nvls(sweep: Sweep, min_bytes: int = FIT_MIN_BYTES) -> tuple[float, float
     Raises:
         ConfigError: fewer than two sizes of one-node NVLS all-reduce at ``min_bytes`` or more.
     """
-    from ncclshim.algorithms.sharp import nvls_stream
-
     planner = Planner(preset_view(sweep.cluster, sweep.nodes))
     ranks = tuple(range(sweep.ranks))
     g = planner.graph(ranks)

@@ -31,8 +31,8 @@ exposed). In fp8 runs the ring exchanges move one byte per element (TE's all-gat
 fp8, :mod:`models.layers.fp8`); the pipelined reduce-scatters move the activation dtype (TE's
 default), or one byte per element where ``fp8_buf`` is set on them (``--tp-comm-overlap-fp8-buf``:
 TE's GEMM then writes fp8 into the userbuffer and its reduce-scatter kernel sums the fp8 chunks
-into a bf16 output). NB: the GEMM here still writes bf16 (half its output bytes more than TE's;
-the GEMM is compute-bound).
+into a bf16 output). NB: the GEMM here still writes bf16, twice the output bytes of TE's fp8
+write (the GEMM is compute-bound, its output a small share of its traffic).
 """
 
 from __future__ import annotations
