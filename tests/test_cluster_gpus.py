@@ -6,7 +6,7 @@ from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.cluster.gpus import DTYPES, canonical_key, get_gpu, load_catalogue
 
 REQUIRED = ["V100", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB", "A800", "H100",
-            "H100-PCIe", "H800", "H20", "H200", "B200", "L40S", "MI300X"]
+            "H100-PCIe", "H800", "H20", "H200", "B200", "GB200", "L40S", "MI300X"]
 
 
 def test_required_gpus_present():
@@ -97,3 +97,13 @@ def test_older_and_consumer_gpus_from_their_datasheets():
     assert get_gpu("A10").peak_flops["tf32"] == 62.5e12 and get_gpu("L4").peak_flops["fp8"] == 242.5e12
     mi = get_gpu("MI250X")
     assert mi.peak_flops["bf16"] == 383e12 / 2 and mi.hbm_bytes == 128 * 2**30 / 2 and mi.hbm_bw == 3276.8e9 / 2
+
+
+def test_gb200_is_the_nvl72_datasheet_per_gpu():
+    """GB200 NVL72 datasheet / 72 GPUs, sparse halved: bf16 360 PF -> 2.5 PF dense, fp8 720 PF -> 5 PF,
+    576 TB/s -> 8 TB/s; NVLink 130 TB/s bidirectional -> 900 GB/s per direction; the same die as B200."""
+    g, b = get_gpu("NVIDIA GB200"), get_gpu("B200")
+    assert (g.peak_flops["bf16"], g.peak_flops["fp8"]) == (2.5e15, 5.0e15)
+    assert g.hbm_bw == 8.0e12 and g.nvlink_bw == 900e9
+    assert (g.arch, g.compute_capability, g.sm_count, g.l2_bytes) == (b.arch, b.compute_capability, b.sm_count, b.l2_bytes)
+    assert g.peak_flops["bf16"] / b.peak_flops["bf16"] == pytest.approx(2500 / 2250)

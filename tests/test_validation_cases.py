@@ -544,7 +544,7 @@ def test_rack_scale_nvlink_domain_is_one_nvswitch_node():
           "intra_node": "NVLink5, 72-GPU NVLink domain, 1.8 TB/s per GPU", "inter_node": "4 x 800 Gb/s InfiniBand XDR"}
     d, gpu, notes = cluster_for(hw, 128)
     node = d["node_types"]["node"]
-    assert gpu == "B200" and node["gpus_per_node"] == 64 and node["nvlink"]["kind"] == "nvswitch"
+    assert gpu == "GB200" and node["gpus_per_node"] == 64 and node["nvlink"]["kind"] == "nvswitch"
     assert node["nics"] == {"count": 64, "bw_Gbps": 800.0}
     assert "NVLink domain of 72 GPUs: modelled as NVSwitch nodes of 64 GPUs (16 trays of 4) with their trays' NICs" in notes
     assert load_cluster(d, num_gpus=128).num_nodes == 2
