@@ -34,6 +34,13 @@ GAPS.update({
     ("h100x8-ring-together-2026-03", 8 * _MIB): "NCCL's LL128 estimate at 8 MiB",
 })
 
+# Ring reduce_scatter / all_gather (one host of the same provider): 1-4 MiB sit at the same 35-42 us
+# floor; from 32 MiB NCCL's ring/Simple bandwidth is the asymptote, reached only from ~1 GiB (busbw
+# 285 GB/s at 64 MiB, 362 at 8 GiB), where ncclshim (= NCCL's estimate) has no ramp.
+for _sid, _mid in (("h100x8-ring-rs-together-2026-03", (64, 128)), ("h100x8-ring-ag-together-2026-03", (32, 64, 128, 256))):
+    GAPS.update({(_sid, m * _MIB): "launch / harness floor (35-42 us up to 4 MiB)" for m in (1, 2, 4)})
+    GAPS.update({(_sid, m * _MIB): "ring/Simple bandwidth ramp: NCCL's asymptotic busbw from 32 MiB" for m in _mid})
+
 _CASES = [pytest.param(sid, i, id=f"{sid}-{r.size_bytes >> 20}MiB",
                        marks=pytest.mark.xfail(strict=True, reason=GAPS[(sid, r.size_bytes)])
                        if (sid, r.size_bytes) in GAPS else ())

@@ -93,6 +93,50 @@ def test_cluster_built_from_words():
     assert spec["fabric"]["routing"] == "ecmp"  # a RoCE case on DGX nodes is not the preset's IB fabric
 
 
+@pytest.mark.parametrize("system,preset", [("DGX A100 80GB (Selene)", "dgx-a100"), ("DGX-A100", "dgx-a100"),
+                                           ("DGX H100 reference architecture", "dgx-h100"), ("HGX H20", "hgx-h20"),
+                                           ("HGX H200", None), ("DGX H1000", None)])
+def test_system_names_a_preset_by_whole_words(system, preset):
+    """A preset is the system's when its name's words stand alone in the text: HGX H200 is not hgx-h20."""
+    hw = {"gpu": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8, "system": system,
+          "intra_node": "NVLink4 + NVSwitch (18 links)", "inter_node": "8 x 400 Gb/s InfiniBand NDR"}
+    spec, _, notes = cluster_for(hw, 16)
+    assert list(spec["node_types"]) == [preset or "node"]
+    assert any(f"of preset {preset}" in n for n in notes) if preset else any("node built from the text" in n for n in notes)
+
+
+def test_nvlink_sharp_is_nccls_default_on_sm90_nvswitch_nodes():
+    """NVLS not stated: on for NVSwitch nodes of SM90+ GPUs (NCCL_NVLS_ENABLE=2, "where supported"),
+    off below SM90; what the text states wins, also over a preset's nvls."""
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8, "system": "user cluster",
+            "intra_node": "NVLink4 + NVSwitch (18 links)", "inter_node": "8 x 400 Gb/s InfiniBand NDR"}
+    spec, _, notes = cluster_for(h100, 16)
+    assert spec["node_types"]["node"]["nvlink"]["nvls"] is True
+    assert "NVLink SHARP not stated: on (NCCL's default on NVSwitch with SM90+ GPUs, NCCL_NVLS_ENABLE=2)" in notes
+    a100 = {**h100, "gpu": "NVIDIA A100-SXM4-80GB", "intra_node": "NVLink3 + NVSwitch (12 links)"}
+    spec, _, notes = cluster_for(a100, 16)
+    assert spec["node_types"]["node"]["nvlink"]["nvls"] is False and not any("SHARP" in n for n in notes)
+    for text, want in (("NVLink4 + NVSwitch with NVLink SHARP (NVLS)", True), ("NVLink4 + NVSwitch, NVLS off", False),
+                       ("NVLink4 + NVSwitch without SHARP", False), ("NVSwitch (NCCL_NVLS_ENABLE=0)", False)):
+        for system in ("user cluster", "DGX H100"):
+            spec, _, notes = cluster_for({**h100, "intra_node": text, "system": system}, 16)
+            assert next(iter(spec["node_types"].values()))["nvlink"]["nvls"] is want, (text, system)
+            assert not any("SHARP not stated" in n for n in notes)
+
+
+def test_recipe_nccl_environment_reaches_the_case():
+    """The DGX Cloud recipes export NCCL_NVLS_ENABLE=0 (405B also NCCL_P2P_NET_CHUNKSIZE): the case
+    carries it for the replay and says so; a row without a recipe carries none."""
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-llama3.1-405b-fp8-576gpu"))
+    assert ci.nccl_env == {"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_NET_CHUNKSIZE": "262144"}
+    recipe = "NVIDIA/dgxc-benchmarking@35a9aec llama3.1/llama3.1_405b.yaml + configure.sh (NeMo 24.09)"
+    assert f"NCCL environment NCCL_NVLS_ENABLE=0, NCCL_P2P_NET_CHUNKSIZE=262144 ({recipe})" in ci.assumptions
+    ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-gpt3-175b-bf16-128gpu"))
+    assert ci.nccl_env == {"NCCL_NVLS_ENABLE": "0"}
+    assert next(iter(ci.cluster["node_types"].values()))["nvlink"]["nvls"] is True  # the node has it; NCCL is told not to
+    assert megatron_flags(_case()).nccl_env == {}
+
+
 def test_partial_node_job():
     """A job on fewer GPUs than a node holds is modelled on a node of just those GPUs."""
     hw = {"gpu": "V100 32GB", "gpus_per_node": 16, "system": "DGX-2 (V100)",

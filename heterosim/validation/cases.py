@@ -75,6 +75,8 @@ class CaseInputs:
     cluster: Mapping[str, Any]
     gpu: str
     assumptions: tuple[str, ...]
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    """NCCL environment the run's launch script exports (its recipe's ``nccl_env``)."""
 
 
 def load_cases(path: str | Path) -> list[Case]:
@@ -127,8 +129,11 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     notes.append(p_note)
     flags += era_flags(case, size, year, "--sequence-parallel" in flags, notes)
     a_flags, a_notes = _attention(case, gpu, year, pub, script)
+    env = {str(k): str(v) for k, v in (pub.get("nccl_env") or {}).items()}
+    if env:
+        a_notes.append(f"NCCL environment {', '.join(f'{k}={v}' for k, v in env.items())} ({script})")
     return CaseInputs(flags=tuple(flags + a_flags), world_size=world, cluster=cluster, gpu=gpu,
-                      assumptions=tuple(notes + a_notes + hw_notes))
+                      assumptions=tuple(notes + a_notes + hw_notes), nccl_env=env)
 
 
 FLASH_IN_MEGATRON_YEAR = 2023

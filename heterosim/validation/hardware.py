@@ -66,10 +66,6 @@ def gpu_from_text(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ clusters
-def _norm(s: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", s.lower())
-
-
 def _nics(text: str) -> tuple[int | None, float | None]:
     """(count, Gb/s per NIC) stated by inter-node text; None where it is not stated."""
     t = text.replace("×", "x")
@@ -126,7 +122,16 @@ def _nvlink(text: str, gpu_nvlink_GBps: float) -> dict[str, Any] | None:
     if "nvswitch" not in low and _nvlink_domain(text) is None:
         raise ConfigError(f"intra_node {text!r}: NVLink without NVSwitch needs a mesh; write a cluster "
                           "YAML (docs/clusters.md) for it")
-    return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": "nvls" in low or "sharp" in low}
+    return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": _nvls_words(low)}
+
+
+def _nvls_words(low: str) -> bool | None:
+    """NVLink SHARP as lower-case intra-node text states it: False where it is switched off ("NVLS
+    off", "without SHARP", "NCCL_NVLS_ENABLE=0"), True where it is named, None where not stated."""
+    if re.search(r"\b(?:no|without|disabled?|off)\W+(?:nvlink\s+)?(?:nvls|sharp)\b|\b(?:nvls|sharp)\W+(?:off|disabled)\b"
+                 r"|nccl_nvls_enable\s*=\s*0", low):
+        return False
+    return True if re.search(r"\b(?:nvls|sharp)\b", low) else None
 
 
 def _nvlink_domain(text: str) -> int | None:
@@ -161,10 +166,13 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, 8), "hardware.gpus_per_node")
     if "gpus_per_node" not in hardware:
         notes.append(f"gpus_per_node not stated: {gpn}")
-    system = _norm(str(hardware.get("system", "")))
+    system = str(hardware.get("system", "")).lower()
     base = None
     for name in sorted(preset_names(), key=len, reverse=True):
-        if system and _norm(name) in system:
+        # The preset's name as whole words of the system text, any separators ("DGX A100 (Selene)",
+        # "DGX-A100"; "HGX H200" is not preset hgx-h20).
+        words = r"[^0-9a-z]*".join(re.escape(w) for w in re.split(r"[^0-9a-z]+", name.lower()) if w)
+        if system and re.search(r"(?<![0-9a-z])" + words + r"(?![0-9a-z])", system):
             cand = read_spec(preset_path(name)).to_dict()
             ntype = next(iter(cand["node_types"].values()))
             if ntype["gpus_per_node"] == gpn:
@@ -190,7 +198,17 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         if nv is None:
             node.pop("nvlink", None)
         else:
+            nvls = nv.pop("nvls")
             node["nvlink"] = {**node.get("nvlink", {}), **nv}
+            if nvls is None:
+                # NCCL turns NVLS on by default (NCCL_NVLS_ENABLE=2: "on where supported") where the
+                # NVSwitch has NVLink SHARP (third generation on, with SM90+ GPUs: HGX H100 / H200 /
+                # B200 boards); a recipe that switches it off says so in its NCCL environment.
+                nvls = spec.vendor == "nvidia" and spec.compute_capability >= 90
+                if nvls:
+                    notes.append("NVLink SHARP not stated: on (NCCL's default on NVSwitch with SM90+ GPUs, "
+                                 "NCCL_NVLS_ENABLE=2)")
+            node["nvlink"]["nvls"] = nvls
     domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
     if domain is not None and domain > gpn and base is None:
         # One NVSwitch fabric joins the trays of a rack (NVIDIA GB200 NVL72: 18 trays of 4 GPUs, 72

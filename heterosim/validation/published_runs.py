@@ -13,6 +13,7 @@ the case leaves unstated, and says so in its assumptions.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +28,8 @@ SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("data") / "published_runs.yaml"
 
 # Setting -> what its value must be: a type, a tuple of the words allowed, a frozenset of the
-# words a list may hold, or a dict of the keys a mapping may hold and each key's type.
+# words a list may hold, a dict of the keys a mapping may hold and each key's type, or "env" (NCCL
+# environment variables the launch script exports, NCCL_* names to values).
 SETTINGS: dict[str, Any] = {
     "micro_batch": int, "layers_per_virtual_stage": int, "virtual_stages": int,
     "ddp": ("torch", "local", "distributed"), "bucket_mb": int, "overlap_grad_reduce": bool,
@@ -41,7 +43,7 @@ SETTINGS: dict[str, Any] = {
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
-    "seq_len": int, "vocab": int,
+    "seq_len": int, "vocab": int, "nccl_env": "env",
 }
 DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")
@@ -100,7 +102,14 @@ def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
 def _check(where: str, key: str, value: Any) -> None:
     """One ConfigError if ``value`` is not what setting ``key`` takes."""
     want = SETTINGS[key]
-    if isinstance(want, dict):
+    if want == "env":
+        if not isinstance(value, Mapping) or not value:
+            raise ConfigError(f"{where}: {key} must be a mapping of NCCL_* variables to values, not {value!r}")
+        for name, v in value.items():
+            if not re.fullmatch(r"NCCL_[A-Z0-9_]+", str(name)) or isinstance(v, bool) or not isinstance(v, (str, int)):
+                raise ConfigError(f"{where}: {key} entry {name!r}: {v!r} is not an NCCL_* variable with a "
+                                  "string or integer value, e.g. NCCL_NVLS_ENABLE: '0'")
+    elif isinstance(want, dict):
         if not isinstance(value, Mapping) or not value:
             raise ConfigError(f"{where}: {key} must be a mapping of {', '.join(want)} to a value, not {value!r}")
         for name, v in value.items():

@@ -167,7 +167,8 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
                               assumptions=tuple(notes), message=f"capture cannot run it: {miss}")
         raise
     cluster = load_cluster(inputs.cluster, num_gpus=inputs.world_size, layout=trace.layout)
-    res = simulate(trace, cluster, kernel_db, nccl_env=nccl_env)
+    # The launch script's NCCL environment, under what the caller sets (an experiment's override).
+    res = simulate(trace, cluster, kernel_db, nccl_env={**inputs.nccl_env, **dict(nccl_env or {})})
     t_pred = res.iteration_time_s
     flops = flop_totals(trace)
     meas = case.measured
