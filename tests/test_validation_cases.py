@@ -105,6 +105,23 @@ def test_system_names_a_preset_by_whole_words(system, preset):
     assert any(f"of preset {preset}" in n for n in notes) if preset else any("node built from the text" in n for n in notes)
 
 
+def test_fully_sharded_case_fails_alone_with_its_reason():
+    """A row run with Megatron-Core FSDP ("FSDP: True" in newer DGX Cloud tables) is refused, not
+    read as the distributed optimizer; validate reports it as a missing feature; false passes."""
+    from heterosim.validation.validate import run_case
+
+    par = {**_case().parallelism, "fsdp": "True"}
+    want = ("case t: parallelism.fsdp is 'True': fully sharded data parallelism is not supported by "
+            "models/pretrain_gpt.py; capture the training script itself (python -m capture, docs/capture.md), "
+            "which records PyTorch FSDP as it runs")
+    with pytest.raises(ConfigError) as e:
+        megatron_flags(_case(parallelism=par))
+    assert str(e.value) == want
+    res = run_case(_case(parallelism=par))
+    assert (res.status, res.message) == ("missing_feature", want)
+    assert megatron_flags(_case(parallelism={**par, "fsdp": False})).flags == megatron_flags(_case()).flags
+
+
 def test_nvlink_sharp_is_nccls_default_on_sm90_nvswitch_nodes():
     """NVLS not stated: on for NVSwitch nodes of SM90+ GPUs (NCCL_NVLS_ENABLE=2, "where supported"),
     off below SM90; what the text states wins, also over a preset's nvls."""

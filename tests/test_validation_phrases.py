@@ -143,6 +143,10 @@ def test_arch_unknown_words_are_errors(text, message):
        "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")
       for t in ("FP8-CS", "fp8_cs", "fp8 (current scaling)", "FP8 current-scaling", "fp8, tensorwise recipe")],
     ("fp8 (see docs)", 90, 2025, ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
+    *[(t, 100, 2025, ["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
+       "fp8 GEMMs (hybrid e4m3/e5m2) with MX block scaling, read as current scaling (scales from the tensor "
+       "cast, no amax reduction across ranks), bf16 elsewhere")
+      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx")],
     ("mixed precision (fp16/bf16 autocast)", 80, 2021, ["--fp16"], "precision fp16 (first of several named)"),
     ("mixed precision (A100)", 80, 2020, ["--fp16"],
      "precision 'mixed precision (A100)': fp16 (Megatron mixed precision in 2020; bf16 recipes from 2022)"),
@@ -160,3 +164,11 @@ def test_precision_by_name_and_era(text, cc, year, flags, note):
 def test_precision_without_a_type_is_an_error():
     with pytest.raises(ConfigError, match=re.escape("precision 'tf32': name fp16, bf16 or fp8 (or 'mixed precision')")):
         precision_flags("tf32", 80, 2024)
+
+
+@pytest.mark.parametrize("text", ["NVFP4", "FP4", "mxfp4 (MoE experts)", "nvfp4 with bf16"])
+def test_fp4_is_a_missing_feature(text):
+    """fp4 runs are refused with words validate reports as a missing feature ("not supported")."""
+    with pytest.raises(ConfigError, match=re.escape(f"precision {text!r}: fp4 GEMMs (NVFP4 / MXFP4) are not "
+                                                    "supported; the fp8 and bf16 paths are")):
+        precision_flags(text, 100, 2025)

@@ -217,6 +217,13 @@ def parallel_sizes(case: Case) -> dict[str, int]:
 def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]:
     """Sizes, interleaved pipeline, sequence parallelism and recomputation."""
     par = f.case.parallelism
+    fsdp = next((k for k in par if str(k).lower() in ("fsdp", "megatron_fsdp", "zero3")), None)
+    if fsdp is not None and flag_word(par[fsdp], f"parallelism.{fsdp}"):
+        # Fully sharded parameters change every layer's communication (an all-gather before its
+        # forward and backward, a reduce-scatter after): not a flag of models/pretrain_gpt.py.
+        raise ConfigError(f"case {f.case.id}: parallelism.{fsdp} is {par[fsdp]!r}: fully sharded data parallelism "
+                          "is not supported by models/pretrain_gpt.py; capture the training script itself "
+                          "(python -m capture, docs/capture.md), which records PyTorch FSDP as it runs")
     flags = ["--tensor-model-parallel-size", str(size["tp"]), "--pipeline-model-parallel-size", str(size["pp"])]
     if size["cp"] > 1:
         flags += ["--context-parallel-size", str(size["cp"])]

@@ -204,6 +204,15 @@ CURRENT_SCALING = re.compile(r"(?<![a-z])cs(?![a-z])|current[\s_-]*scal|tensor[\
 """An fp8 precision run with current (per-tensor, just-in-time) scaling: NVIDIA's "FP8-CS",
 Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8CurrentScaling``."""
 
+MX_SCALING = re.compile(r"mxfp8|fp8[\s_-]*mx|mx[\s_-]*fp8")
+"""fp8 with MX block scaling (Blackwell's MXFP8: one scale per 32 elements, Megatron-core's
+``--fp8-recipe mxfp8``). Read as current scaling, its nearest recipe here: scales come from the
+tensor being cast and no amax crosses ranks. NB: ignores that MXFP8 finds its block scales in the
+cast itself, where current scaling reads the tensor once more for its amax."""
+
+FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?fp4(?![0-9])")
+"""A 4-bit floating-point run (NVFP4, MXFP4): no fp4 GEMM path is modelled."""
+
 
 def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], str]:
     """(flags, note) for a precision field: fp16 / bf16 / fp8 named, else "mixed precision" by era.
@@ -214,8 +223,15 @@ def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], st
     before :data:`BF16_MIXED_YEAR`, bf16 otherwise.
     """
     low = text.lower()
+    if FP4.search(low):
+        raise ConfigError(f"precision {text!r}: fp4 GEMMs (NVFP4 / MXFP4) are not supported; "
+                          "the fp8 and bf16 paths are")
     found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
     if any(w == "fp8" for _, w in found):
+        if MX_SCALING.search(low):
+            return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
+                    "fp8 GEMMs (hybrid e4m3/e5m2) with MX block scaling, read as current scaling "
+                    "(scales from the tensor cast, no amax reduction across ranks), bf16 elsewhere")
         if CURRENT_SCALING.search(low):
             return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
                     "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")
