@@ -65,7 +65,8 @@ def test_positive_int():
 @pytest.mark.parametrize("value,unstated", [
     (None, True), ("", True), ("not stated", True), ("Not specified in the paper", True), ("unknown", True),
     ("n/a", True), ("N/A (one node)", True), ("?", True), ("4", False), (4, False), (False, False),
-    ("none", False), ("nothing to add", False),
+    ("none", False), ("nothing to add", False), ("-", True), ("\u2014", True), (" \u2013 ", True), ("-1", False),
+    ("- see notes", False),
 ])
 def test_is_unstated(value, unstated):
     assert is_unstated(value) is unstated

@@ -22,8 +22,8 @@ from heterosim.errors import ConfigError
 __all__ = ["count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
            "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR"]
 
-_UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+)(?![a-z0-9])",
-                       re.I)
+_UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+"
+                       r"|[-\u2013\u2014]+\s*$)(?![a-z0-9])", re.I)  # a table's empty cell: "-", en / em dash
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9}
 # A leading count: "128,256", "4096", "128K", "1.5M"; then anything (a remark).
 _LEADING = re.compile(r"^\s*(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")
@@ -41,7 +41,8 @@ def positive_int(v: Any, where: str) -> int:
 
 
 def is_unstated(v: Any) -> bool:
-    """Whether a field says it is not known: missing (None), empty, or "not stated ...", "unknown", "n/a"."""
+    """Whether a field says it is not known: missing (None), empty, "-" (an empty table cell), or
+    "not stated ...", "unknown", "n/a"."""
     return v is None or (isinstance(v, str) and (not v.strip() or bool(_UNSTATED.match(v))))
 
 
