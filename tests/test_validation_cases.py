@@ -556,6 +556,33 @@ def test_nemo_generation(text, gen):
     assert nemo_generation(text) == gen
 
 
+@pytest.mark.parametrize("text,bridge", [
+    ("Megatron-Bridge performance summary", True), ("NVIDIA-NeMo/Megatron-Bridge r0.2.0", True),
+    ("mbridge recipes", True), ("NVIDIA/dgxc-benchmarking v25.10 llama3.1/README.md", True),
+    ("dgxc-benchmarking v25.04 llama3.1", False), ("NeMo 2.0 recipes", False), ("Megatron-LM", False),
+])
+def test_names_megatron_bridge(text, bridge):
+    from heterosim.validation.frameworks import names_megatron_bridge
+    assert names_megatron_bridge(text) is bridge
+
+
+def test_megatron_bridge_runs_nemo2_settings_with_current_scaling_fp8():
+    """Megatron Bridge's launcher has no delayed scaling: "fp8" is current scaling, said so; a precision
+    naming delayed scaling keeps it; NeMo 2 keeps Transformer Engine's delayed scaling."""
+    from heterosim.validation.frameworks import BRIDGE_SCRIPT
+
+    src = {"title": "Megatron Bridge performance summary (2025)", "url": "https://example.org/mbridge"}
+    ci = megatron_flags(_case(source=src, precision="FP8", parallelism={"tp": 4, "pp": 1, "dp": 4}))
+    f = list(ci.flags)
+    assert f[f.index("--bf16"):f.index("--bf16") + 5] == ["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"]
+    assert "--sequence-parallel" in f and "--tp-comm-overlap" in f and "--use-distributed-optimizer" in f
+    assert (f"fp8 scaling not stated: current scaling ({BRIDGE_SCRIPT}); fp8 GEMMs (hybrid e4m3/e5m2), "
+            "bf16 elsewhere") in ci.assumptions
+    for precision, src2 in (("fp8 (delayed scaling)", src), ("FP8", {"title": "NeMo 2.0 performance summary"})):
+        f = list(megatron_flags(_case(source=src2, precision=precision, parallelism={"tp": 4, "pp": 1, "dp": 4})).flags)
+        assert "--fp8-recipe" not in f and "--fp8-format" in f
+
+
 def test_layers_that_do_not_divide_account_for_embedding_and_loss():
     """126 layers on pp 8 x vpp 8 (NeMo's Llama 3.1 405B): 128 slots of 2, said so."""
     c = _case(model={**_case().model, "layers": 126}, parallelism={"tp": 8, "pp": 8, "dp": 1, "vpp": 8})

@@ -145,9 +145,9 @@ def test_arch_unknown_words_are_errors(text, message):
       for t in ("FP8-CS", "fp8_cs", "fp8 (current scaling)", "FP8 current-scaling", "fp8, tensorwise recipe")],
     ("fp8 (see docs)", 90, 2025, ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
     *[(t, 100, 2025, ["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
-       "fp8 GEMMs (hybrid e4m3/e5m2) with MX block scaling, read as current scaling (scales from the tensor "
-       "cast, no amax reduction across ranks), bf16 elsewhere")
-      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx")],
+       "fp8 GEMMs (hybrid e4m3/e5m2) with block scaling (MX / sub-channel), read as current scaling (scales "
+       "from the tensor cast, no amax reduction across ranks), bf16 elsewhere")
+      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx", "fp8_sc", "FP8 sub-channel", "fp8 blockwise")],
     ("mixed precision (fp16/bf16 autocast)", 80, 2021, ["--fp16"], "precision fp16 (first of several named)"),
     ("mixed precision (A100)", 80, 2020, ["--fp16"],
      "precision 'mixed precision (A100)': fp16 (Megatron mixed precision in 2020; bf16 recipes from 2022)"),

@@ -34,7 +34,7 @@ from heterosim.yamlfile import read_yaml
 from .flags import (ASYNC_TP_ALLREDUCE_YEAR, CORE_P2P_YEAR, TORCH_DDP_BUCKET_BYTES, Fields, batch_flags, era_flags,
                     fp8_buf_flags, model_flags, parallel_flags, parallel_sizes)
 from .hardware import cluster_for, gpu_from_text
-from .phrases import ARCH_WORDS, positive_int, precision_flags
+from .phrases import ARCH_WORDS, DELAYED_SCALING, positive_int, precision_flags
 from .frameworks import family_settings, framework_settings
 from .published_runs import published_settings
 
@@ -123,6 +123,10 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     if "--fp8-format" in p_flags and pub.get("fp8_recipe", "hybrid") != "hybrid":
         p_flags[-1] = pub["fp8_recipe"]
         p_note = f"fp8 GEMMs ({pub['fp8_recipe']}, {script}), bf16 elsewhere"
+    if "--fp8-format" in p_flags and "--fp8-recipe" not in p_flags and pub.get("fp8_scaling") == "tensorwise" \
+            and not DELAYED_SCALING.search(case.precision.lower()):
+        p_flags[1:1] = ["--fp8-recipe", "tensorwise"]
+        p_note = f"fp8 scaling not stated: current scaling ({script}); {p_note}"
     flags += batch_flags(f, micro_batch_default, fp8="--fp8-format" in p_flags, bf16="--bf16" in p_flags)
     flags += fp8_buf_flags(f, "--tp-comm-overlap" in flags, "--fp8-format" in p_flags)
     flags += p_flags

@@ -23,6 +23,13 @@ performance mode set for every model:
   off). NB: NeMo's own ``scripts/performance/helpers.py`` picks Transformer Engine's kernel
   (``cross_entropy_fusion_impl = "te"``); it is priced as Megatron-core's native fused one.
 
+Sources that name Megatron Bridge (NeMo 2's successor, which the DGX Cloud collection launches from
+v25.10) take the same settings and current-scaling fp8: its performance launcher has no delayed
+scaling (``scripts/performance`` README, ``-c/--compute_dtype``: bf16, fp8_cs, fp8_mx, fp8_sc,
+nvfp4; the collection's ``llama3.1/launch.sh`` from v25.10: ``FP8_RECIPE=${FP8_RECIPE:-cs}``), and
+its Llama configurations keep NeMo 2's TP userbuffer overlap and bf16 gradient reduction
+(``scripts/performance/configs/llama/llama3_llm_pretrain.py``) (:data:`BRIDGE_SCRIPT`).
+
 Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
 before v25.04) take the same settings without the bucket size and the fused loss, which those
 YAMLs do not all set (:data:`NEMO1_SCRIPT`).
@@ -42,7 +49,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Protocol
 
-__all__ = ["framework_settings", "family_settings", "nemo_generation", "NEMO2_SETTINGS", "NEMO2_SCRIPT", "NEMO1_SCRIPT"]
+__all__ = ["framework_settings", "family_settings", "nemo_generation", "names_megatron_bridge", "NEMO2_SETTINGS",
+           "NEMO2_SCRIPT", "NEMO1_SCRIPT", "BRIDGE_SETTINGS", "BRIDGE_SCRIPT"]
 
 NEMO2_SCRIPT = ("NeMo 2 pre-training recipes, performance mode (NVIDIA/NeMo@8cfedd7 nemo/collections/llm/recipes, "
                 "gpt/model/base.py, megatron_comm_overlap.py, scripts/performance/helpers.py)")
@@ -60,6 +68,16 @@ NEMO2_SETTINGS: dict[str, Any] = {
     # GPTConfig / NemotronConfig: cross_entropy_loss_fusion = True (module docstring).
     "cross_entropy_loss_fusion": True,
 }
+
+BRIDGE_SCRIPT = ("Megatron Bridge performance recipes (NVIDIA-NeMo/Megatron-Bridge scripts/performance: README "
+                 "--compute_dtype bf16 / fp8_cs / fp8_mx / fp8_sc / nvfp4, configs/llama/llama3_llm_pretrain.py; "
+                 "NeMo 2's settings otherwise)")
+BRIDGE_SETTINGS: dict[str, Any] = {**NEMO2_SETTINGS, "fp8_scaling": "tensorwise"}
+"""NeMo 2's settings with current-scaling fp8 (the launcher's fp8_cs; no delayed scaling exists there)."""
+
+DGXC_BRIDGE_FIRST = (25, 10)
+"""First DGX Cloud benchmarking release (vYY.MM) that launches Megatron Bridge
+(``llama3.1/launch.sh``: ``Megatron-Bridge/scripts/performance/setup_experiment``)."""
 
 NEMO2_FIRST = (24, 12)
 """First NeMo container (YY.MM) whose LLM pre-training runs the NeMo 2 recipes by default."""
@@ -102,9 +120,21 @@ def nemo_generation(text: str) -> int | None:
     return min(gens) if gens else 2
 
 
+def names_megatron_bridge(text: str) -> bool:
+    """Whether ``text`` names Megatron Bridge, or a DGX Cloud collection release that launches it."""
+    low = text.lower()
+    if re.search(r"megatron[\s_-]*bridge|(?<![a-z])mbridge(?![a-z])", low):
+        return True
+    if "dgxc-benchmarking" in low or "dgx cloud benchmarking" in low:
+        return any((int(yy), int(mm)) >= DGXC_BRIDGE_FIRST for yy, mm in re.findall(r"\bv(2[0-9])\.(\d\d)", low))
+    return False
+
+
 def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:
     """(settings, where they come from) of the framework the case's source names; ({}, None) if it
     names none this module knows."""
+    if names_megatron_bridge(_text(case)):
+        return dict(BRIDGE_SETTINGS), BRIDGE_SCRIPT
     gen = nemo_generation(_text(case))
     if gen == 2:
         return dict(NEMO2_SETTINGS), NEMO2_SCRIPT

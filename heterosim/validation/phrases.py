@@ -20,7 +20,7 @@ from typing import Any
 from heterosim.errors import ConfigError
 
 __all__ = ["count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
-           "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR"]
+           "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR", "DELAYED_SCALING"]
 
 _UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+"
                        r"|[-\u2013\u2014]+\s*$)(?![a-z0-9])", re.I)  # a table's empty cell: "-", en / em dash
@@ -205,11 +205,15 @@ CURRENT_SCALING = re.compile(r"(?<![a-z])cs(?![a-z])|current[\s_-]*scal|tensor[\
 """An fp8 precision run with current (per-tensor, just-in-time) scaling: NVIDIA's "FP8-CS",
 Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8CurrentScaling``."""
 
-MX_SCALING = re.compile(r"mxfp8|fp8[\s_-]*mx|mx[\s_-]*fp8")
-"""fp8 with MX block scaling (Blackwell's MXFP8: one scale per 32 elements, Megatron-core's
-``--fp8-recipe mxfp8``). Read as current scaling, its nearest recipe here: scales come from the
-tensor being cast and no amax crosses ranks. NB: ignores that MXFP8 finds its block scales in the
-cast itself, where current scaling reads the tensor once more for its amax."""
+DELAYED_SCALING = re.compile(r"delayed|(?<![a-z])ds(?![a-z])")
+"""An fp8 precision that names delayed scaling (TE's ``DelayedScaling``, NeMo's "fp8 ds")."""
+
+BLOCK_SCALING = re.compile(r"mxfp8|fp8[\s_-]*(?:mx|sc)(?![a-z])|mx[\s_-]*fp8|sub[\s_-]*channel|block[\s_-]*wise")
+"""fp8 with block scales: MX (Blackwell's MXFP8, one scale per 32 elements, Megatron-core's
+``--fp8-recipe mxfp8``) or sub-channel / blockwise (Megatron Bridge's fp8_sc, ``--fp8-recipe
+blockwise``). Read as current scaling, its nearest recipe here: scales come from the tensor being
+cast and no amax crosses ranks. NB: ignores that block scaling finds its scales in the cast
+itself, where current scaling reads the tensor once more for its amax."""
 
 FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?fp4(?![0-9])")
 """A 4-bit floating-point run (NVFP4, MXFP4): no fp4 GEMM path is modelled."""
@@ -229,9 +233,9 @@ def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], st
                           "the fp8 and bf16 paths are")
     found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
     if any(w == "fp8" for _, w in found):
-        if MX_SCALING.search(low):
+        if BLOCK_SCALING.search(low):
             return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
-                    "fp8 GEMMs (hybrid e4m3/e5m2) with MX block scaling, read as current scaling "
+                    "fp8 GEMMs (hybrid e4m3/e5m2) with block scaling (MX / sub-channel), read as current scaling "
                     "(scales from the tensor cast, no amax reduction across ranks), bf16 elsewhere")
         if CURRENT_SCALING.search(low):
             return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
