@@ -288,7 +288,9 @@ def analyze(ranks: tuple[int, ...], view: TopologyView, *, pxn: bool = True) -> 
                      key=lambda i: (view.links[i].bw, i), default=None)
 
     nvls_ch, nvls_intra, nvls_inter = 0, 0.0, 0.0
-    if all(f.kind == "nvswitch" and f.nvls for f in fabrics) and arch >= 2 and ppn >= 2:
+    # NCCL sets up NVLS only for more than two GPUs in the node (src/transport/nvls.cc, ncclNvlsInit:
+    # "gpuCount <= 2" returns without it).
+    if all(f.kind == "nvswitch" and f.nvls for f in fabrics) and arch >= 2 and ppn > 2:
         nvls_ch = min(32, ppn)
         nvls_intra = next((s for s in INTRA_SPEEDS[arch] if (nvls_ch + 1) * s <= total + 1e-9), 0.0)
         ceiling = 2 * nvls_intra

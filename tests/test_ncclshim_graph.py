@@ -27,6 +27,14 @@ def test_dgx_h100_single_node_search_and_nvls_graph():
     assert (g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter) == (8, 40, 60)
 
 
+def test_nvls_needs_more_than_two_gpus_of_a_node():
+    """NCCL's ncclNvlsInit returns without NVLS for a node of two GPUs or fewer: two H100s of a DGX
+    H100 get no NVLS heads, three get three."""
+    v = preset_view("dgx-h100")
+    assert analyze((0, 1), v).nvls_channels == 0
+    assert analyze((0, 1, 2), v).nvls_channels == 3
+
+
 def test_multi_node_searches_are_nic_bound():
     """8 x HDR (25 GB/s) gives 8 channels at 24 (busBw 192); 8 x NDR behind Gen5 gives 8 x 48,
     not duplicated, 16 runtime channels."""
