@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline-ranks", metavar="LIST", help="ranks on the timeline, e.g. 0,8-15 (default: "
                    "all ranks up to 64, else one per class)")
     s.add_argument("--plot", metavar="FILE", help="write a PNG with the breakdown and a timeline picture")
+    s.add_argument("--nccl-env", nargs="+", metavar="NCCL_X=V", default=[],
+                   help="NCCL environment the planner runs with, e.g. NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.add_argument("--fail-on-oom", action="store_true",
                    help="exit with status 3 when a rank needs more memory than its GPU has (default: warn, exit 0)")
@@ -56,11 +58,29 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     v.add_argument("--markdown", action="store_true", help="print the table as Markdown (README)")
     v.add_argument("--plot", metavar="FILE", help="write a PNG of predicted vs measured")
+    v.add_argument("--nccl-env", nargs="+", metavar="NCCL_X=V", default=[],
+                   help="NCCL environment for every case, over what a case's launch script sets "
+                        "(e.g. NCCL_NVLS_ENABLE=1)")
     v.add_argument("--jobs", type=int, default=2, metavar="N",
                    help="cases run at a time, each in its own process (default 2: a replay is single-"
                         "threaded, so a second case uses the other CPU; timings in docs/calibration.md, "
                         "'Cost')")
     return ap
+
+
+def _nccl_env(items: list[str]) -> dict[str, str]:
+    """``--nccl-env`` words as a mapping; one ConfigError naming a word that is not NCCL_NAME=VALUE."""
+    import re
+
+    from heterosim.errors import ConfigError
+
+    env = {}
+    for item in items:
+        m = re.fullmatch(r"(NCCL_[A-Z0-9_]+)=(.*)", item)
+        if not m:
+            raise ConfigError(f"--nccl-env {item!r}: give NCCL_NAME=VALUE, e.g. NCCL_ALGO=Ring")
+        env[m.group(1)] = m.group(2)
+    return env
 
 
 def _validate(a: argparse.Namespace) -> int:
@@ -77,7 +97,8 @@ def _validate(a: argparse.Namespace) -> int:
     if a.jobs < 1:
         raise ConfigError(f"--jobs {a.jobs}: give 1 or more")
     rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
-                   progress=None if a.json else progress, jobs=a.jobs, finished=finished)
+                   progress=None if a.json else progress, jobs=a.jobs, finished=finished,
+                   nccl_env=_nccl_env(a.nccl_env) or None)
     if a.plot:
         rep.write_plot(a.plot)
     if a.json:
@@ -107,7 +128,7 @@ def _simulate(a: argparse.Namespace) -> int:
     try:
         res = simulate(a.trace, a.cluster, a.kernel_db, backend=a.backend, placement=a.placement,
                        link_sharing=not a.no_link_sharing, engine=a.engine,
-                       overlap_slowdown=a.overlap_slowdown, progress=progress)
+                       overlap_slowdown=a.overlap_slowdown, progress=progress, nccl_env=_nccl_env(a.nccl_env))
     finally:
         if bar is not None:
             bar.close()

@@ -123,6 +123,22 @@ def test_overlap_slowdown_flag(trace_dir, capsys):
     assert err.startswith("error: overlap_slowdown must be a fraction in [0, 1)") and err.count("\n") == 1
 
 
+def test_nccl_env_flag(trace_dir, capsys):
+    """--nccl-env reaches the planner: the 64 MiB TP-8 all-reduce of one DGX H100 takes NVLS by
+    default and the ring with NCCL_NVLS_ENABLE=0 (slower, docs/nccl.md §5); a word that is not
+    NCCL_NAME=VALUE is a one-line error."""
+    times = {}
+    for env in ([], ["--nccl-env", "NCCL_NVLS_ENABLE=0"]):
+        assert main(["simulate", str(trace_dir), "--cluster", "dgx-h100", "--json", "--no-progress", *env]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["options"]["nccl_env"] == ({"NCCL_NVLS_ENABLE": "0"} if env else {})
+        times[bool(env)] = d["iteration_time_s"]
+    assert times[True] > times[False]
+    assert main(["simulate", str(trace_dir), "--cluster", "dgx-h100", "--no-progress", "--nccl-env", "NVLS=0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --nccl-env 'NVLS=0': give NCCL_NAME=VALUE, e.g. NCCL_ALGO=Ring\n"
+
+
 ACME = {"name": "ACME-X1", "vendor": "acme", "arch": "acme1", "compute_capability": 0,
         "peak_TFLOPs": {"fp32": 10.0, "tf32": 20.0, "bf16": 50.0, "fp16": 50.0, "fp8": 100.0},
         "hbm_bw_GBps": 800, "memory_GiB": 32, "sm_count": 64, "l2_MiB": 16, "nvlink_bw_GBps": 0,

@@ -273,3 +273,34 @@ def test_cases_run_in_this_process_are_collected_one_by_one(tmp_path, monkeypatc
     monkeypatch.setattr(v.gc, "collect", lambda *a: calls.append(1) or 0)
     rep = v.validate(_write(tmp_path, [COLL, {**COLL, "id": "coll-8b"}]), cache_dir=tmp_path / "cache")
     assert [c.status for c in rep.cases] == ["ok", "ok"] and len(calls) == 2
+
+
+def test_the_launch_scripts_nccl_env_reaches_the_replay_under_the_callers(monkeypatch):
+    """A DGX Cloud row replays with its recipe's NCCL_NVLS_ENABLE=0; what the caller passes is
+    added, and wins where both name a variable."""
+    import importlib
+
+    import heterosim.cluster
+    import heterosim.validation.validate as v
+    from heterosim.validation.cases import load_cases
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def fake_simulate(trace, cluster, kernel_db=None, *, nccl_env=None, **kw):
+        seen.append(nccl_env)
+        raise Stop
+
+    monkeypatch.setattr(v, "cached_trace", lambda flags, world, cache: (None, type("T", (), {"layout": None})()))
+    monkeypatch.setattr(heterosim.cluster, "load_cluster", lambda *a, **k: None)
+    monkeypatch.setattr(importlib.import_module("replay.simulate"), "simulate", fake_simulate)
+    hopper = Path(__file__).resolve().parents[1] / "validation" / "hopper_cases.yaml"
+    case = next(c for c in load_cases(hopper) if c.id == "e2e-dgxc-v24.11.1-llama3.1-8b-bf16-8gpu")
+    for caller, want in ((None, {"NCCL_NVLS_ENABLE": "0"}),
+                         ({"NCCL_ALGO": "Ring"}, {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}),
+                         ({"NCCL_NVLS_ENABLE": "1"}, {"NCCL_NVLS_ENABLE": "1"})):
+        with pytest.raises(Stop):
+            v._e2e(case, None, caller, None)
+        assert seen.pop() == want
