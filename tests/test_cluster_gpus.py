@@ -107,3 +107,13 @@ def test_gb200_is_the_nvl72_datasheet_per_gpu():
     assert g.hbm_bw == 8.0e12 and g.nvlink_bw == 900e9
     assert (g.arch, g.compute_capability, g.sm_count, g.l2_bytes) == (b.arch, b.compute_capability, b.sm_count, b.l2_bytes)
     assert g.peak_flops["bf16"] / b.peak_flops["bf16"] == pytest.approx(2500 / 2250)
+
+
+def test_blackwell_ultra_keeps_blackwells_bf16_and_fp8_rates():
+    """HGX B300 / GB300 NVL72 specifications: the B200 / GB200 bf16 and fp8 tensor rates (36 / 72 PF
+    sparse per 8 GPUs, 360 / 720 PF per 72), 288 GB at 8 TB/s per B300, sm_103 and 160 SMs."""
+    b3, g3 = get_gpu("NVIDIA B300"), get_gpu("GB300 NVL72")
+    for ultra, base in ((b3, get_gpu("B200")), (g3, get_gpu("GB200"))):
+        assert (ultra.peak_flops["bf16"], ultra.peak_flops["fp8"]) == (base.peak_flops["bf16"], base.peak_flops["fp8"])
+        assert (ultra.arch, ultra.compute_capability, ultra.sm_count) == ("blackwell", 103, 160)
+    assert b3.hbm_bytes == 288 * 2**30 and b3.hbm_bw == 8.0e12
