@@ -148,6 +148,40 @@ def _domain_gpus(domain: int, tray: int, num_gpus: int) -> int:
     return max(fits) if fits else min(domain, num_gpus)
 
 
+def _preset_node(system: str, gpn: int) -> tuple[str, dict[str, Any]] | None:
+    """(name, spec dict) of the preset whose name's words stand alone in the ``system`` text, any
+    separators ("DGX A100 (Selene)", "DGX-A100"; "HGX H200" is not preset hgx-h20), with ``gpn``
+    GPUs per node; None when none fits."""
+    from heterosim.cluster import preset_names, preset_path, read_spec
+
+    low = system.lower()
+    for name in sorted(preset_names(), key=len, reverse=True):
+        words = r"[^0-9a-z]*".join(re.escape(w) for w in re.split(r"[^0-9a-z]+", name.lower()) if w)
+        if low and re.search(r"(?<![0-9a-z])" + words + r"(?![0-9a-z])", low):
+            cand = read_spec(preset_path(name)).to_dict()
+            if next(iter(cand["node_types"].values()))["gpus_per_node"] == gpn:
+                return name, cand
+    return None
+
+
+def _set_nvlink(node: dict[str, Any], intra: str, spec: Any, notes: list[str]) -> None:
+    """The node's ``nvlink:`` section from the intra-node text (removed for a PCIe-only node)."""
+    nv = _nvlink(intra, spec.nvlink_bw / 1e9)
+    if nv is None:
+        node.pop("nvlink", None)
+        return
+    nvls = nv.pop("nvls")
+    node["nvlink"] = {**node.get("nvlink", {}), **nv}
+    if nvls is None:
+        # NCCL turns NVLS on by default (NCCL_NVLS_ENABLE=2: "on where supported") where the
+        # NVSwitch has NVLink SHARP (third generation on, with SM90+ GPUs: HGX H100 / H200 / B200
+        # boards); a recipe that switches it off says so in its NCCL environment.
+        nvls = spec.vendor == "nvidia" and spec.compute_capability >= 90
+        if nvls:
+            notes.append("NVLink SHARP not stated: on (NCCL's default on NVSwitch with SM90+ GPUs, NCCL_NVLS_ENABLE=2)")
+    node["nvlink"]["nvls"] = nvls
+
+
 def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, Any], str, list[str]]:
     """(cluster spec dict, catalogue GPU, assumptions) for a case's ``hardware`` section.
 
@@ -156,7 +190,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     GPU, NVLink and NICs; otherwise a node is built from the words alone (PCIe switches one per
     GPU pair, two sockets, rail-optimized fabric with 32 nodes per leaf).
     """
-    from heterosim.cluster import get_gpu, preset_names, preset_path, read_spec
+    from heterosim.cluster import get_gpu
 
     notes: list[str] = []
     if "gpu" not in hardware:
@@ -166,18 +200,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, 8), "hardware.gpus_per_node")
     if "gpus_per_node" not in hardware:
         notes.append(f"gpus_per_node not stated: {gpn}")
-    system = str(hardware.get("system", "")).lower()
-    base = None
-    for name in sorted(preset_names(), key=len, reverse=True):
-        # The preset's name as whole words of the system text, any separators ("DGX A100 (Selene)",
-        # "DGX-A100"; "HGX H200" is not preset hgx-h20).
-        words = r"[^0-9a-z]*".join(re.escape(w) for w in re.split(r"[^0-9a-z]+", name.lower()) if w)
-        if system and re.search(r"(?<![0-9a-z])" + words + r"(?![0-9a-z])", system):
-            cand = read_spec(preset_path(name)).to_dict()
-            ntype = next(iter(cand["node_types"].values()))
-            if ntype["gpus_per_node"] == gpn:
-                base = (name, cand)
-                break
+    base = _preset_node(str(hardware.get("system", "")), gpn)
     intra = str(hardware.get("intra_node", ""))
     inter = str(hardware.get("inter_node", ""))
     count, rate = _nics(inter) if inter and not inter.lower().startswith("n/a") else (None, None)
@@ -194,21 +217,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         notes.append(f"node built from the text: PCIe Gen{gen} (the GPU's), a switch per GPU pair, 2 sockets, "
                      "rail-optimized fabric, 32 nodes per leaf")
     if intra:
-        nv = _nvlink(intra, spec.nvlink_bw / 1e9)
-        if nv is None:
-            node.pop("nvlink", None)
-        else:
-            nvls = nv.pop("nvls")
-            node["nvlink"] = {**node.get("nvlink", {}), **nv}
-            if nvls is None:
-                # NCCL turns NVLS on by default (NCCL_NVLS_ENABLE=2: "on where supported") where the
-                # NVSwitch has NVLink SHARP (third generation on, with SM90+ GPUs: HGX H100 / H200 /
-                # B200 boards); a recipe that switches it off says so in its NCCL environment.
-                nvls = spec.vendor == "nvidia" and spec.compute_capability >= 90
-                if nvls:
-                    notes.append("NVLink SHARP not stated: on (NCCL's default on NVSwitch with SM90+ GPUs, "
-                                 "NCCL_NVLS_ENABLE=2)")
-            node["nvlink"]["nvls"] = nvls
+        _set_nvlink(node, intra, spec, notes)
     domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
     if domain is not None and domain > gpn and base is None:
         # One NVSwitch fabric joins the trays of a rack (NVIDIA GB200 NVL72: 18 trays of 4 GPUs, 72
