@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["PRESETS", "tiny"]
 
-PRESETS = ["dgx-2", "dgx-a100", "dgx-h100", "hgx-a100-4gpu", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
+PRESETS = ["dgx-2", "dgx-a100", "dgx-b200", "dgx-h100", "hgx-a100-4gpu", "hgx-h20", "l40s-pcie", "mixed-a100-h100"]
 
 
 def tiny(**over):

@@ -69,7 +69,7 @@ def test_fixed_size_mismatch():
 def test_unknown_preset():
     """An unknown name is neither a preset nor a file; the error lists the presets."""
     with pytest.raises(TopologyError, match=r"cluster 'dgx-z100' is neither a preset \(dgx-2, "
-                                            r"dgx-a100, dgx-h100, hgx-a100-4gpu, hgx-h20, l40s-pcie, "
+                                            r"dgx-a100, dgx-b200, dgx-h100, hgx-a100-4gpu, hgx-h20, l40s-pcie, "
                                             r"mixed-a100-h100\)"):
         load_cluster("dgx-z100", num_gpus=8)
 
