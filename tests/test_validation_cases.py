@@ -105,6 +105,29 @@ def test_system_names_a_preset_by_whole_words(system, preset):
     assert any(f"of preset {preset}" in n for n in notes) if preset else any("node built from the text" in n for n in notes)
 
 
+@pytest.mark.parametrize("gpu,intra,gpn,lanes", [
+    ("NVIDIA H100 80GB HBM3", "NVLink4 (900 GB/s bidirectional)", 8, 18),
+    ("NVIDIA B200", "NVLink 5, 1.8 TB/s per GPU", 8, 18),
+    ("NVIDIA V100-SXM2-32GB", "NVLink2 hybrid cube-mesh", 8, None),
+    ("NVIDIA A100-PCIe-80GB", "NVLink bridge between pairs", 8, None),
+    ("NVIDIA H100 80GB HBM3", "NVLink4", 4, None),
+])
+def test_nvlink_alone_on_eight_sxm_gpus_is_an_nvswitch_board(gpu, intra, gpn, lanes):
+    """8 SM80+ SXM GPUs per node sit on an NVSwitch baseboard even where the text says only
+    "NVLink" (said so); a V100 cube-mesh, PCIe cards with bridges or a 4-GPU board still need a mesh."""
+    hw = {"gpu": gpu, "gpus_per_node": gpn, "system": "user cluster", "intra_node": intra,
+          "inter_node": "8 x 400 Gb/s InfiniBand NDR"}
+    if lanes is None:
+        with pytest.raises(ConfigError, match="NVLink without NVSwitch needs a mesh; write a cluster YAML"):
+            cluster_for(hw, 16)
+        return
+    spec, _, notes = cluster_for(hw, 16)
+    nv = spec["node_types"]["node"]["nvlink"]
+    assert (nv["kind"], nv["lanes"]) == ("nvswitch", lanes)
+    assert ("intra_node names NVLink without NVSwitch: 8 SM80+ SXM GPUs per node sit on an NVSwitch baseboard "
+            "(HGX / DGX A100 and later), taken as one") in notes
+
+
 def test_fully_sharded_case_fails_alone_with_its_reason():
     """A row run with Megatron-Core FSDP ("FSDP: True" in newer DGX Cloud tables) is refused, not
     read as the distributed optimizer; validate reports it as a missing feature; false passes."""

@@ -102,8 +102,9 @@ def _nic_summary(nics: Any) -> tuple[int, float]:
     return len(nics), max(float(n["bw_Gbps"]) for n in nics)
 
 
-def _nvlink(text: str, gpu_nvlink_GBps: float) -> dict[str, Any] | None:
-    """The ``nvlink:`` section intra-node text describes; None for PCIe-only nodes."""
+def _nvlink(text: str, gpu_nvlink_GBps: float, board: bool = False) -> dict[str, Any] | None:
+    """The ``nvlink:`` section intra-node text describes; None for PCIe-only nodes. ``board``: the
+    node is 8 SM80+ SXM GPUs, which sit on an NVSwitch baseboard whether or not the text says so."""
     low = text.lower()
     if "nvlink" not in low and "nvswitch" not in low:
         if "pcie" in low:
@@ -119,7 +120,7 @@ def _nvlink(text: str, gpu_nvlink_GBps: float) -> dict[str, Any] | None:
         n = round(float(bidir.group(1)) / 2 / lane)
     else:  # the GPU's datasheet NVLink bandwidth per direction
         n = round(gpu_nvlink_GBps / lane)
-    if "nvswitch" not in low and _nvlink_domain(text) is None:
+    if "nvswitch" not in low and _nvlink_domain(text) is None and not (board and "bridge" not in low):
         raise ConfigError(f"intra_node {text!r}: NVLink without NVSwitch needs a mesh; write a cluster "
                           "YAML (docs/clusters.md) for it")
     return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": _nvls_words(low)}
@@ -166,10 +167,18 @@ def _preset_node(system: str, gpn: int) -> tuple[str, dict[str, Any]] | None:
 
 def _set_nvlink(node: dict[str, Any], intra: str, spec: Any, notes: list[str]) -> None:
     """The node's ``nvlink:`` section from the intra-node text (removed for a PCIe-only node)."""
-    nv = _nvlink(intra, spec.nvlink_bw / 1e9)
+    # HGX / DGX A100 and later join 8 SXM GPUs through NVSwitch chips (an 8-GPU mesh exists only
+    # before them: DGX-1's hybrid cube-mesh of V100s), so "NVLink" alone on such a node means them.
+    board = (spec.vendor == "nvidia" and spec.compute_capability >= 80 and "pcie" not in spec.name.lower()
+             and node.get("gpus_per_node") == 8)
+    nv = _nvlink(intra, spec.nvlink_bw / 1e9, board)
     if nv is None:
         node.pop("nvlink", None)
         return
+    low = intra.lower()
+    if "nvswitch" not in low and _nvlink_domain(intra) is None:
+        notes.append("intra_node names NVLink without NVSwitch: 8 SM80+ SXM GPUs per node sit on an NVSwitch "
+                     "baseboard (HGX / DGX A100 and later), taken as one")
     nvls = nv.pop("nvls")
     node["nvlink"] = {**node.get("nvlink", {}), **nv}
     if nvls is None:
