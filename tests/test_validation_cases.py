@@ -55,10 +55,35 @@ def test_gpu_from_text_ambiguous_lists_candidates():
     ("IB 200Gb x4 per node (dual port)", (4, 200.0)),
     ("InfiniBand HDR 200 Gb/s (count per node not stated)", (None, 200.0)),
     ("InfiniBand NDR", (None, 400.0)),
+    ("8x ConnectX-7 400G InfiniBand", (8, 400.0)), ("RoCEv2 8x400GbE", (8, 400.0)), ("8*400Gbps IB", (8, 400.0)),
+    ("400G NDR x 8 per node", (8, 400.0)), ("8 NICs at 400 Gb/s", (8, 400.0)), ("InfiniBand NDR400", (None, 400.0)),
+    ("HDR100 InfiniBand", (None, 100.0)), ("3.2 Tbps per node (8x400G)", (8, 400.0)),
+    ("EFA v2, 3200 Gbps per node", (None, None)),
 ])
 def test_nic_words(text, want):
-    """NIC count and line rate come from 'N x R Gb/s', 'R Gb x N' or the IB generation name."""
+    """NIC count and line rate come from 'N x R Gb/s', 'N x <NIC words> R G', 'R Gb x N', 'N NICs ...
+    R Gb/s', a rate alone or the IB generation name (with its rate: NDR400, HDR100); a rate per node
+    gives no per-NIC rate here."""
     assert _nics(text) == want
+
+
+@pytest.mark.parametrize("text,routing", [
+    ("8 x 400 Gb/s NDR InfiniBand", "adaptive"), ("InfiniBand NDR400", "adaptive"), ("RoCEv2 8x400GbE", "ecmp"),
+    ("2x 100GbE", "ecmp"), ("Spectrum-X Ethernet 8x400G", "adaptive"), ("EFA v2, 3200 Gbps per node", None),
+])
+def test_routing_words(text, routing):
+    """InfiniBand and Spectrum-X route adaptively; other RoCE / Ethernet by ECMP; EFA names neither."""
+    from heterosim.validation.hardware import _routing
+    assert _routing(text) == routing
+
+
+def test_a_rate_per_node_is_shared_by_the_nodes_nics():
+    """'3200 Gbps per node' with no NIC count: the node's NICs (one per GPU) share it, said so."""
+    hw = {"gpu": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8, "system": "AWS p5.48xlarge",
+          "intra_node": "NVLink4 + NVSwitch", "inter_node": "EFA v2, 3,200 Gbps per node"}
+    spec, _, notes = cluster_for(hw, 16)
+    assert spec["node_types"]["node"]["nics"] == {"count": 8, "bw_Gbps": 400.0}
+    assert "3200 Gb/s per node: 8 NICs of 400 Gb/s (the count not stated)" in notes
 
 
 def test_cluster_from_preset_system_with_case_gpu():

@@ -66,31 +66,59 @@ def gpu_from_text(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ clusters
+_RATE = r"(\d+(?:\.\d+)?)\s*([tg])(?:bit/s|b/s|bps|bits?|be|b(?![a-z])|(?![a-z]))"
+"""A line rate: "400 Gb/s", "400Gbps", "400G", "400GbE", "3.2 Tbps" (groups: number, T or G)."""
+
+
+def _gbps(m: re.Match, i: int = 1) -> float:
+    return float(m.group(i)) * (1000.0 if m.group(i + 1).lower() == "t" else 1.0)
+
+
 def _nics(text: str) -> tuple[int | None, float | None]:
-    """(count, Gb/s per NIC) stated by inter-node text; None where it is not stated."""
-    t = text.replace("×", "x")
-    m = re.search(r"(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*Gb", t, re.I)
+    """(count, Gb/s per NIC) stated by inter-node text; None where it is not stated.
+
+    "8 x 400 Gb/s", "8x ConnectX-7 400G", "8*400Gbps", "400G NDR x 8", "IB 200Gb x4", "8 NICs ...
+    400 Gb/s", a rate alone, or the IB generation ("NDR", "NDR400", "HDR100"). A rate given per node
+    ("3.2 Tbps per node") has no count here: :func:`_node_total_Gbps` reads it.
+    """
+    t = text.replace("×", "x").replace("*", "x")
+    for pat, ci, ri in ((r"(\d+)\s*x\s*" + _RATE, 1, 2),
+                        (r"(\d+)\s*x\s*(?:[a-z][\w.-]*\s+){1,3}" + _RATE, 1, 2),
+                        (_RATE + r"[^\d,;(]{0,24}?\bx\s*(\d+)", 3, 1),
+                        (r"(\d+)\s+(?:nics?|hcas?|ports?|adapters?|rails?|connectx[\w-]*|cx-?\d)\b.*?" + _RATE, 1, 2)):
+        m = re.search(pat, t, re.I)
+        if m:
+            return int(m.group(ci)), _gbps(m, ri)
+    if _node_total_Gbps(text) is not None:
+        return None, None
+    m = re.search(_RATE, t, re.I)
     if m:
-        return int(m.group(1)), float(m.group(2))
-    m = re.search(r"(\d+(?:\.\d+)?)\s*Gb\S*\s*x\s*(\d+)", t, re.I)
+        return None, _gbps(m)
+    m = re.search(r"\b(edr|hdr|ndr|xdr)(\d{3})?\b", t, re.I)
     if m:
-        return int(m.group(2)), float(m.group(1))
-    m = re.search(r"(\d+(?:\.\d+)?)\s*Gb", t, re.I)
-    if m:
-        return None, float(m.group(1))
-    for word, rate in _IB_GBPS.items():
-        if re.search(rf"\b{word}\b", t, re.I):
-            return None, rate
+        return None, float(m.group(2)) if m.group(2) else _IB_GBPS[m.group(1).lower()]
     return None, None
+
+
+def _node_total_Gbps(text: str) -> float | None:
+    """Gb/s a node has in all, where the text gives one rate per node and no NIC count ("EFA,
+    3,200 Gbps per node", "3.2 Tbps aggregate"); None otherwise."""
+    t = text.replace(",", "")
+    m = re.search(_RATE + r"\s*(?:of\s+)?(?:per\s+(?:node|server|instance)|aggregate|total)\b", t, re.I) \
+        or re.search(r"\b(?:aggregate|total)\b[^;\d]{0,20}" + _RATE, t, re.I)
+    return _gbps(m) if m else None
 
 
 def _routing(text: str) -> str | None:
     """The fabric routing the inter-node text implies: ``adaptive`` for InfiniBand (its subnet
-    manager enables adaptive routing by default and NCCL uses it on IB links), ``ecmp`` for RoCE /
-    Ethernet; None when the text names neither."""
-    if re.search(r"\b(roce|ethernet|gbe|tcp)\b", text, re.I):
+    manager enables adaptive routing by default and NCCL uses it on IB links) and for Spectrum-X
+    Ethernet (built on RoCE adaptive routing, NVIDIA Spectrum-X reference architecture), ``ecmp``
+    for other RoCE / Ethernet; None when the text names neither."""
+    if re.search(r"spectrum[\s-]*x", text, re.I):
+        return "adaptive"
+    if re.search(r"\b(roce(?:v2)?|ethernet|\d*gbe|tcp|tcpx)\b", text, re.I):
         return "ecmp"
-    if re.search(r"\b(infiniband|ib|edr|hdr|ndr|xdr)\b", text, re.I):
+    if re.search(r"\b(infiniband|ib|edr|hdr|ndr|xdr)(\d{3})?\b", text, re.I):
         return "adaptive"
     return None
 
@@ -237,9 +265,14 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         notes.append(f"NVLink domain of {domain} GPUs: modelled as NVSwitch nodes of {span} GPUs "
                      f"({span // gpn} trays of {gpn}) with their trays' NICs")
         gpn = node["gpus_per_node"] = span
-    if count is None and rate is not None:
+    total = _node_total_Gbps(inter) if inter and rate is None else None
+    if count is None and (rate is not None or total is not None):
         count = _nic_summary(node["nics"])[0] if node.get("nics") else gpn
-        notes.append(f"NICs per node not stated: {count}")
+        if total is not None:  # a rate per node ("3,200 Gbps per node"): shared by the node's NICs
+            rate = total / count
+            notes.append(f"{total:g} Gb/s per node: {count} NICs of {rate:g} Gb/s (the count not stated)")
+        else:
+            notes.append(f"NICs per node not stated: {count}")
     if rate is not None:
         node["nics"] = {"count": count, "bw_Gbps": rate}
         if base is not None and isinstance(node.get("pcie"), Mapping) and "switches" in node["pcie"]:
