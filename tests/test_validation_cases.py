@@ -153,6 +153,19 @@ def test_nvlink_alone_on_eight_sxm_gpus_is_an_nvswitch_board(gpu, intra, gpn, la
             "(HGX / DGX A100 and later), taken as one") in notes
 
 
+def test_arch_words_for_bias_and_qk_norm():
+    """'no bias' in model.arch drops the linear biases even for a GPT (whose default keeps them), said
+    so; 'bias' keeps them for a Llama (whose family drops them); QK-norm is named as not modelled."""
+    gpt = {**_case().model, "arch": "GPT (MHA, GeLU, LayerNorm, learned, no bias)", "kv_heads": 32}
+    ci = megatron_flags(_case(model=gpt))
+    assert "--disable-bias-linear" in ci.flags and "linear layers without bias (model.arch)" in ci.assumptions
+    llama = {**_case().model, "arch": "Llama (GQA, SwiGLU, RMSNorm, RoPE, QK-norm, biases)"}
+    ci = megatron_flags(_case(model=llama))
+    assert "--disable-bias-linear" not in ci.flags
+    assert ("model.arch names QK-norm: not modelled (an RMSNorm of each head's query and key, two head-dim "
+            "norms a layer)") in ci.assumptions
+
+
 def test_fully_sharded_case_fails_alone_with_its_reason():
     """A row run with Megatron-Core FSDP ("FSDP: True" in newer DGX Cloud tables) is refused, not
     read as the distributed optimizer; validate reports it as a missing feature; false passes."""

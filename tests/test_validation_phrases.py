@@ -114,6 +114,15 @@ def test_recompute_word_refuses_other_words():
     ("GPT (MHA, GeLU MLP, LayerNorm, learned absolute position embeddings)",
      {"attn": "mha", "act": "gelu", "norm": "LayerNorm", "pos": "learned_absolute"}),
     ("", {}),
+    ("Llama 3 (GQA 8 groups, SwiGLU, RMSNorm, RoPE)", {"attn": "gqa", "act": "swiglu", "norm": "RMSNorm", "pos": "rope"}),
+    ("dense, pre-norm, RMSNorm, SiLU-gated MLP, RoPE", {"norm": "RMSNorm", "act": "swiglu", "pos": "rope"}),
+    ("Nemotron-4 (squared ReLU, no bias, RoPE, GQA)",
+     {"act": "squared_relu", "bias": "no", "pos": "rope", "attn": "gqa"}),
+    ("GPT-3 175B (bias in linear layers, GeLU, learned positions)",
+     {"bias": "yes", "act": "gelu", "pos": "learned_absolute"}),
+    ("Qwen3 (GQA, QK-norm, SwiGLU, RMSNorm, RoPE)",
+     {"attn": "gqa", "qk_norm": "yes", "act": "swiglu", "norm": "RMSNorm", "pos": "rope"}),
+    ("Mixtral MoE 8x7B (top-2, SwiGLU experts)", {"act": "swiglu"}),
 ])
 def test_arch_features(text, feats):
     """Architecture words are read wherever they stand, whatever the punctuation."""
@@ -126,7 +135,9 @@ def test_arch_remark_is_left_out_and_said():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("GPT (MHA, Mamba, LayerNorm)", r"unknown word 'mamba'; known words: absolute, gelu, .*swiglu"),
+    ("GPT (MHA, Mamba, LayerNorm)", r"unknown word 'mamba'; known words: absolute, bias, .*swiglu"),
+    ("Transformer decoder with ALiBi", r"unknown word 'alibi'"),
+    ("Nemotron-H (hybrid Mamba2-Transformer)", r"unknown word 'h'"),
     ("Mamba hybrid (SSM)", r"unknown word 'mamba'"),
     ("GPT (GeLU MLP, SwiGLU)", r"both 'gelu' and 'swiglu' for act"),
     ("GPT (MHA with sliding window)", r"unknown word 'sliding'"),  # a remark with a known word is read

@@ -138,7 +138,10 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
     def pick(key: str) -> tuple[Any, str | None]:  # the recipe's value, else the model family's
         return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)
 
-    bias, src = pick("bias")
+    bias, src = (feats["bias"] == "yes", "model.arch") if "bias" in feats else pick("bias")
+    if feats.get("qk_norm"):
+        f.notes.append("model.arch names QK-norm: not modelled (an RMSNorm of each head's query and key, "
+                       "two head-dim norms a layer)")
     if bias is False:
         flags.append("--disable-bias-linear")
         f.notes.append(f"linear layers without bias ({src})")

@@ -144,19 +144,30 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
     "rmsnorm": ("norm", "RMSNorm"), "rms norm": ("norm", "RMSNorm"),
     "rope": ("pos", "rope"), "rotary": ("pos", "rope"), "learned": ("pos", "learned_absolute"),
     "absolute": ("pos", "learned_absolute"),
+    # SwiGLU is the SiLU(Swish)-gated linear unit (Shazeer 2020, arXiv 2002.05202).
+    "silu gated": ("act", "swiglu"), "gated silu": ("act", "swiglu"), "swish gated": ("act", "swiglu"),
+    "no bias": ("bias", "no"), "without bias": ("bias", "no"), "bias free": ("bias", "no"), "nobias": ("bias", "no"),
+    "bias": ("bias", "yes"), "biases": ("bias", "yes"),
+    # Qwen3's RMSNorm of each head's query and key: named, not modelled (two head-dim norms a layer).
+    "qk norm": ("qk_norm", "yes"), "qk layernorm": ("qk_norm", "yes"), "qknorm": ("qk_norm", "yes"),
 }
 # Words that name no feature (families, parts, connectives).
 ARCH_FILLERS = frozenset((
-    "gpt", "llama", "nemotron", "mistral", "style", "like", "based", "standard", "dense", "decoder", "only",
-    "causal", "transformer", "architecture", "model", "mlp", "ffn", "pos", "position", "positional",
-    "embedding", "embeddings", "attention", "pre", "ln", "and", "with", "a", "the", "of", "in",
+    "gpt", "llama", "nemotron", "mistral", "qwen", "gemma", "falcon", "olmo", "style", "like", "based", "standard",
+    "dense", "decoder", "only", "causal", "transformer", "architecture", "model", "mlp", "ffn", "pos", "position",
+    "positional", "positions", "embedding", "embeddings", "attention", "pre", "post", "norm", "ln", "and", "with",
+    "a", "the", "of", "in", "groups", "group", "heads", "head", "kv", "layers", "layer", "linear",
     # mixture-of-experts words: the counts beside them are read by the flag builder (flags._moe_flags)
     "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral"))
 _PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
 
 
 def _arch_tokens(part: str) -> list[str]:
-    t = re.sub(r"[-_/=.+]", " ", part.lower())
+    # Sizes and versions name no feature: "8x7B", "70B", "Qwen3", "GPT-3", "Llama 3.1" ("llama3" ->
+    # "llama"; digits alone are not words).
+    t = re.sub(r"\b\d+x\d+(?:\.\d+)?[bm]\b|\b\d+(?:\.\d+)?[bm]\b", " ", part.lower())
+    t = re.sub(r"\b(gpt|llama|qwen|gemma|falcon|olmo|mistral|mixtral|nemotron)\d+(?:\.\d+)?\b", r"\1", t)
+    t = re.sub(r"[-_/=.+]", " ", t)
     for p in _PHRASES:
         t = re.sub(rf"\b{p}\b", p.replace(" ", "\0"), t)
     return [w.replace("\0", " ") for w in re.findall(r"[a-z][a-z0-9\0]*", t)]
