@@ -35,9 +35,11 @@ def _case(**kw) -> Case:
     ("NVIDIA V100-SXM3-32GB (DGX-2; memory size assumed)", "V100-SXM2-32GB"),
     ("NVIDIA A100-PCIE-40GB (NOT SXM; lower power limit)", "A100-PCIe-40GB"),
     ("H200 141GB", "H200-SXM-141GB"),
+    ("A3 Mega (H100)", "H100-SXM5-80GB"), ("8 x H100 (AWS p5)", "H100-SXM5-80GB"), ("H100 PCIe", "H100-PCIe-80GB"),
 ])
 def test_gpu_from_text(text, name):
-    """Model number, form factor and memory words pick exactly one catalogue GPU."""
+    """Model number, form factor and memory words pick exactly one catalogue GPU; a bare model number
+    among other words is the part its alias names ("H100" is the SXM5 board)."""
     assert gpu_from_text(text) == name
 
 

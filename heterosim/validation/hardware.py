@@ -58,6 +58,9 @@ def gpu_from_text(text: str) -> str:
     sizes = {float(m) for m in re.findall(r"(\d+)\s*GB(?!/)", text, re.I)}
     if sizes:
         cands = [g for g in cands if round(g.hbm_bytes / 2**30) in sizes] or cands
+    if len(cands) > 1:  # the form factor a bare model number means ("H100" is the SXM part, as its alias says)
+        bare = [g for g in cands if any(a.lower() == _model_word(g.name).lower() for a in g.aliases)]
+        cands = bare if len(bare) == 1 else cands
     if len(cands) == 1:
         return cands[0].name
     names = ", ".join(g.name for g in cands) if cands else ", ".join(cat.names())
