@@ -155,6 +155,22 @@ def test_nvlink_alone_on_eight_sxm_gpus_is_an_nvswitch_board(gpu, intra, gpn, la
             "(HGX / DGX A100 and later), taken as one") in notes
 
 
+def test_family_layers_where_arch_is_silent():
+    """A row naming its family but no architecture words gets the family's layers, noted: Llama
+    SwiGLU / RMSNorm / RoPE, Nemotron-4 squared ReLU / LayerNorm / RoPE; words still win."""
+    llama = {k: v for k, v in _case().model.items() if k != "arch"} | {"name": "Llama 3.1 70B"}
+    ci = megatron_flags(_case(model=llama))
+    f = list(ci.flags)
+    assert "--swiglu" in f and f[f.index("--normalization") + 1] == "RMSNorm"
+    assert f[f.index("--position-embedding-type") + 1] == "rope"
+    assert "activation not stated: swiglu (Llama's released configuration)" in ci.assumptions
+    nem = {**llama, "name": "Nemotron-4 15B"}
+    f = list(megatron_flags(_case(model=nem)).flags)
+    assert "--squared-relu" in f and f[f.index("--normalization") + 1] == "LayerNorm"
+    f = list(megatron_flags(_case(model={**llama, "arch": "GeLU, LayerNorm"})).flags)
+    assert "--swiglu" not in f and f[f.index("--normalization") + 1] == "LayerNorm"
+
+
 def test_arch_words_for_bias_and_qk_norm():
     """'no bias' in model.arch drops the linear biases even for a GPT (whose default keeps them), said
     so; 'bias' keeps them for a Llama (whose family drops them); QK-norm is named as not modelled."""

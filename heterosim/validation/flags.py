@@ -120,20 +120,28 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         raise ConfigError(f"case {f.case.id}: GQA named but model.kv_heads not given")
     if kv is not None and kv != heads:
         flags += ["--group-query-attention", "--num-query-groups", str(kv)]
-    act = feats.get("act") or f.recipe("activation", "activation") or "gelu"
+    fam, fam_src = family_settings(m)
+
+    def layer(key: str, where: str) -> Any:  # the recipe's, else the family's configuration, noted
+        got = f.recipe(key, where)
+        if got is None and key in fam:
+            got = fam[key]
+            f.notes.append(f"{where} not stated: {got} ({fam_src})")
+        return got
+
+    act = feats.get("act") or layer("activation", "activation") or "gelu"
     flags += {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"]}.get(act, [])
-    norm = feats.get("norm") or f.recipe("normalization", "normalization")
+    norm = feats.get("norm") or layer("normalization", "normalization")
     if norm is None:
         norm = "LayerNorm"
         f.notes.append("normalization not stated: LayerNorm (Megatron-LM default)")
-    pos = feats.get("pos") or f.recipe("position_embedding", "position embedding")
+    pos = feats.get("pos") or layer("position_embedding", "position embedding")
     if pos is None:
         pos = "learned_absolute"
         f.notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
     flags += _moe_flags(f)
-    fam, fam_src = family_settings(m)
 
     def pick(key: str) -> tuple[Any, str | None]:  # the recipe's value, else the model family's
         return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)

@@ -153,12 +153,22 @@ def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:
 FAMILY_SETTINGS: dict[str, Any] = {"bias": False, "untie_embeddings": True, "hidden_dropout": 0.0,
                                    "attention_dropout": 0.0}
 FAMILY_WORDS = ("llama", "mistral", "mixtral", "nemotron", "qwen", "deepseek")
+# Their layers where ``model.arch`` does not say (the same configurations): Llama, Mistral /
+# Mixtral and Qwen are SwiGLU, RMSNorm, RoPE (config.json: hidden_act "silu" in a gated MLP,
+# rms_norm_eps, rope_theta); Nemotron-4 is squared ReLU, LayerNorm (layernorm1p), RoPE (arXiv
+# 2402.16819 section 2). DeepSeek's MLA and MoE layers are not read from a name.
+FAMILY_LAYERS: dict[str, dict[str, str]] = {
+    **{w: {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope"}
+       for w in ("llama", "mistral", "mixtral", "qwen")},
+    "nemotron": {"activation": "squared_relu", "normalization": "LayerNorm", "position_embedding": "rope"},
+}
 
 
 def family_settings(model: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """(settings, where from) of the model family that ``model.name`` or ``model.arch`` names."""
+    """(settings, where from) of the model family that ``model.name`` or ``model.arch`` names: bias,
+    output layer, dropout and (:data:`FAMILY_LAYERS`) activation, normalization, position embedding."""
     text = f"{model.get('name', '')} {model.get('arch', '')}".lower()
     for word in FAMILY_WORDS:
         if re.search(rf"\b{word}", text):
-            return dict(FAMILY_SETTINGS), f"{word.capitalize()}'s released configuration"
+            return {**FAMILY_SETTINGS, **FAMILY_LAYERS.get(word, {})}, f"{word.capitalize()}'s released configuration"
     return {}, None
