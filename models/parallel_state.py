@@ -271,6 +271,7 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
     assert all(k in mine for k in ("dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp")), W
 
     co = rank_coords(pcfg, rank)
+    ub = pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1  # TE's userbuffer overlap runs
     return ParallelState(
         rank=rank, world_size=W, tp_size=tp, cp_size=cp, dp_size=dp, pp_size=pp, ep_size=ep,
         vpp_size=pcfg.vpp, tp_rank=co["tp"], cp_rank=co["cp"], dp_rank=co["dp"],
@@ -284,11 +285,6 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         ep_ranks=mine["ep"][1], pp_ranks=mine["pp"][1],
         sequence_parallel=pcfg.sequence_parallel and tp > 1, cp_comm_type=pcfg.cp_comm_type,
         async_tp_allreduce=pcfg.async_tp_allreduce,
-        tp_comm_overlap=pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1,
-        tp_comm_aggregate=(pcfg.tp_comm_aggregate if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
-                           else ()),
-        tp_comm_sm_margin=(pcfg.tp_comm_sm_margin if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
-                           else ()),
-        tp_comm_fp8_buf=(pcfg.tp_comm_fp8_buf if pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1
-                         else ()),
+        tp_comm_overlap=ub, tp_comm_aggregate=pcfg.tp_comm_aggregate if ub else (),
+        tp_comm_sm_margin=pcfg.tp_comm_sm_margin if ub else (), tp_comm_fp8_buf=pcfg.tp_comm_fp8_buf if ub else (),
     )

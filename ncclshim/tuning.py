@@ -13,6 +13,7 @@ in :mod:`ncclshim.algorithms`, dispatched through the registry in its (NCCL's) o
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -68,6 +69,11 @@ def _parse_list(value: str, tokens: Mapping[str, frozenset[str]], var: str) -> f
             valid = ", ".join(sorted(full))
             raise UnsupportedCollectiveError(f"{var}={value!r}: unknown name {token.strip()!r}; valid names: {valid}")
     return frozenset(full - chosen if exclude else chosen)
+
+
+ENV_NAME = re.compile(r"NCCL_[A-Z0-9_]+")
+"""What an NCCL environment variable's name looks like (what :func:`parse_env` and the launch-script
+environments of the validation recipes accept as one)."""
 
 
 def parse_env(env: Mapping[str, str] | None) -> Settings:

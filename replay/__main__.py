@@ -70,16 +70,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _nccl_env(items: list[str]) -> dict[str, str]:
     """``--nccl-env`` words as a mapping; one ConfigError naming a word that is not NCCL_NAME=VALUE."""
-    import re
-
     from heterosim.errors import ConfigError
+    from ncclshim.tuning import ENV_NAME
 
     env = {}
     for item in items:
-        m = re.fullmatch(r"(NCCL_[A-Z0-9_]+)=(.*)", item)
-        if not m:
+        name, eq, value = item.partition("=")
+        if not eq or not ENV_NAME.fullmatch(name):
             raise ConfigError(f"--nccl-env {item!r}: give NCCL_NAME=VALUE, e.g. NCCL_ALGO=Ring")
-        env[m.group(1)] = m.group(2)
+        env[name] = value
     return env
 
 

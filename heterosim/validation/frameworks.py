@@ -114,10 +114,16 @@ def nemo_generation(text: str) -> int | None:
         return 2
     gens = [2 if (int(yy), int(mm)) >= NEMO2_FIRST else 1
             for yy, mm in re.findall(r"nemo\D{0,20}?\b(2[0-9])\.(\d\d)\b", low)]
-    if dgxc:
-        gens += [2 if (int(yy), int(mm)) >= DGXC_NEMO2_FIRST else 1
-                 for yy, mm in re.findall(r"\bv(2[0-9])\.(\d\d)", low)]
+    gens += [2 if v >= DGXC_NEMO2_FIRST else 1 for v in _dgxc_releases(low)]
     return min(gens) if gens else 2
+
+
+def _dgxc_releases(low: str) -> list[tuple[int, int]]:
+    """(YY, MM) of the DGX Cloud benchmarking releases lower-case ``low`` names ("v25.04"); none
+    when it does not name the collection."""
+    if "dgxc-benchmarking" not in low and "dgx cloud benchmarking" not in low:
+        return []
+    return [(int(yy), int(mm)) for yy, mm in re.findall(r"\bv(2[0-9])\.(\d\d)", low)]
 
 
 def names_megatron_bridge(text: str) -> bool:
@@ -125,9 +131,7 @@ def names_megatron_bridge(text: str) -> bool:
     low = text.lower()
     if re.search(r"megatron[\s_-]*bridge|(?<![a-z])mbridge(?![a-z])", low):
         return True
-    if "dgxc-benchmarking" in low or "dgx cloud benchmarking" in low:
-        return any((int(yy), int(mm)) >= DGXC_BRIDGE_FIRST for yy, mm in re.findall(r"\bv(2[0-9])\.(\d\d)", low))
-    return False
+    return any(v >= DGXC_BRIDGE_FIRST for v in _dgxc_releases(low))
 
 
 def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:

@@ -134,8 +134,9 @@ def _nic_summary(nics: Any) -> tuple[int, float]:
 
 
 def _nvlink(text: str, gpu_nvlink_GBps: float, board: bool = False) -> dict[str, Any] | None:
-    """The ``nvlink:`` section intra-node text describes; None for PCIe-only nodes. ``board``: the
-    node is 8 SM80+ SXM GPUs, which sit on an NVSwitch baseboard whether or not the text says so."""
+    """The ``nvlink:`` section intra-node text describes (``nvls`` as the text states it, ``implied``
+    when the switch is the board's, not the text's); None for PCIe-only nodes. ``board``: the node
+    is 8 SM80+ SXM GPUs, which sit on an NVSwitch baseboard whether or not the text says so."""
     low = text.lower()
     if "nvlink" not in low and "nvswitch" not in low:
         if "pcie" in low:
@@ -151,10 +152,11 @@ def _nvlink(text: str, gpu_nvlink_GBps: float, board: bool = False) -> dict[str,
         n = round(float(bidir.group(1)) / 2 / lane)
     else:  # the GPU's datasheet NVLink bandwidth per direction
         n = round(gpu_nvlink_GBps / lane)
-    if "nvswitch" not in low and _nvlink_domain(text) is None and not (board and "bridge" not in low):
+    implied = "nvswitch" not in low and _nvlink_domain(text) is None
+    if implied and not (board and "bridge" not in low):
         raise ConfigError(f"intra_node {text!r}: NVLink without NVSwitch needs a mesh; write a cluster "
                           "YAML (docs/clusters.md) for it")
-    return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": _nvls_words(low)}
+    return {"kind": "nvswitch", "lanes": n, "lane_GBps": lane, "nvls": _nvls_words(low), "implied": implied}
 
 
 def _nvls_words(low: str) -> bool | None:
@@ -206,11 +208,10 @@ def _set_nvlink(node: dict[str, Any], intra: str, spec: Any, notes: list[str]) -
     if nv is None:
         node.pop("nvlink", None)
         return
-    low = intra.lower()
-    if "nvswitch" not in low and _nvlink_domain(intra) is None:
+    nvls = nv.pop("nvls")
+    if nv.pop("implied"):
         notes.append("intra_node names NVLink without NVSwitch: 8 SM80+ SXM GPUs per node sit on an NVSwitch "
                      "baseboard (HGX / DGX A100 and later), taken as one")
-    nvls = nv.pop("nvls")
     node["nvlink"] = {**node.get("nvlink", {}), **nv}
     if nvls is None:
         # NCCL turns NVLS on by default (NCCL_NVLS_ENABLE=2: "on where supported") where the

@@ -13,7 +13,6 @@ the case leaves unstated, and says so in its assumptions.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Mapping, Protocol
 
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
+from ncclshim.tuning import ENV_NAME
 
 __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT_PATH", "SCHEMA_VERSION"]
 
@@ -107,7 +107,7 @@ def _check(where: str, key: str, value: Any) -> None:
         if not isinstance(value, Mapping) or not value:
             raise ConfigError(f"{where}: {key} must be a mapping of NCCL_* variables to values, not {value!r}")
         for name, v in value.items():
-            if not re.fullmatch(r"NCCL_[A-Z0-9_]+", str(name)) or isinstance(v, bool) or not isinstance(v, (str, int)):
+            if not ENV_NAME.fullmatch(str(name)) or isinstance(v, bool) or not isinstance(v, (str, int)):
                 raise ConfigError(f"{where}: {key} entry {name!r}: {v!r} is not an NCCL_* variable with a "
                                   "string or integer value, e.g. NCCL_NVLS_ENABLE: '0'")
     elif isinstance(want, dict):
