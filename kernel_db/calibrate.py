@@ -96,7 +96,7 @@ def _predict(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any])
 
 
 def _err(pred: Sequence[float], rows: Sequence[KernelRow]) -> float:
-    return sum(abs(p / r.time_s - 1) for p, r in zip(pred, rows)) / len(rows) if rows else float("nan")
+    return sum(abs(p / r.estimate_s - 1) for p, r in zip(pred, rows)) / len(rows) if rows else float("nan")
 
 
 def _fit_scale(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any], current: float, term: str) -> float:
@@ -104,7 +104,7 @@ def _fit_scale(rows: Sequence[KernelRow], gpu: GpuSpec, params: Mapping[str, Any
     logs = []
     for r in rows:
         rt = roofline_time(r.kernel_class, r.dtype, r.dims_dict(), r.flops, r.bytes, gpu, params, clock_ratio=1.0)
-        body = r.time_s - gpu.launch_overhead_s
+        body = r.estimate_s - gpu.launch_overhead_s
         part = rt.compute_s if term == "compute" else rt.memory_s
         # NB: rows whose time is mostly launch overhead say nothing about this term; skip them.
         if body > 0 and part >= gpu.launch_overhead_s and rt.bound == term:
@@ -165,7 +165,7 @@ def calibrate(db: KernelDB, *, catalogue: Catalogue | None = None, efficiency: E
                 train = [r for i, r in enumerate(rows) if i % folds != f]
                 test = [r for i, r in enumerate(rows) if i % folds == f]
                 pf = _with(params, kc, _fit(train, gpu, params, kc))
-                errs.extend(abs(p / r.time_s - 1) for p, r in zip(_predict(test, gpu, pf), test))
+                errs.extend(abs(p / r.estimate_s - 1) for p, r in zip(_predict(test, gpu, pf), test))
             cv = sum(errs) / len(errs)
         report.fits.append(FitResult(gpu=gname, kernel_class=kc, n=len(rows), params=fitted, prior_err=prior, cv_err=cv))
         sect = _section(kc)
@@ -198,7 +198,7 @@ def _pairs(db: KernelDB, cat: Catalogue) -> list[PairResult]:
                 if not (ga.is_gpu and gb.is_gpu):
                     continue
                 ra, rb = per_gpu[a], per_gpu[b]
-                pred = scale_time(ra.time_s, kc, dtype, ra.flops, ra.bytes, ga.at_boost(), gb.at_boost())
-                acc.setdefault((a, b, kc), []).append(abs(pred / rb.time_s - 1))
+                pred = scale_time(ra.estimate_s, kc, dtype, ra.flops, ra.bytes, ga.at_boost(), gb.at_boost())
+                acc.setdefault((a, b, kc), []).append(abs(pred / rb.estimate_s - 1))
     return [PairResult(src=a, dst=b, kernel_class=kc, n=len(v), mean_err=sum(v) / len(v), max_err=max(v))
             for (a, b, kc), v in sorted(acc.items())]

@@ -198,7 +198,7 @@ class Pricer:
         row = self.db.lookup(gpu.name, kc, sig, dtype, dk) if sig else None
         if row is not None:
             err = max(float(rel["measured_floor"]), row.spread_rel / 1.349)  # IQR -> sigma of a normal
-            return Price(seconds=sustained(row.time_s, kc, dtype, flops, nbytes, gpu), source="measured", rel_err=err)
+            return Price(seconds=sustained(row.estimate_s, kc, dtype, flops, nbytes, gpu), source="measured", rel_err=err)
         got = self._interpolate(gpu.name, kc, dtype, dims, flops)
         if got is not None:
             t, gap = got
@@ -218,7 +218,7 @@ class Pricer:
                 d = r.dims_dict()
                 f = _row_flops(r, d)
                 if f > 0:
-                    pts.append((tuple(float(d.get(a, 1)) for a in axes), tuple(d.get(a) for a in _MATCH_DIMS[kc]), f, r.time_s))
+                    pts.append((tuple(float(d.get(a, 1)) for a in axes), tuple(d.get(a) for a in _MATCH_DIMS[kc]), f, r.estimate_s))
             self._interp_cache[ck] = pts
         x = tuple(float(dims.get(a, 1)) for a in axes)
         match = tuple(dims.get(a) for a in _MATCH_DIMS[kc])
@@ -250,6 +250,12 @@ class Pricer:
             except KeyError:  # UnknownGPUError: a DB row for a GPU this catalogue lacks; cannot scale from it
                 continue
             if not other.is_gpu or not gpu.is_gpu:
+                continue
+            # Scaling keeps the fraction of peak a kernel reaches. Within one vendor's libraries
+            # that holds to ~10% (torch.matmul maxima: A100 SXM 87%, H100 80%, B200 78%, GB200 73%
+            # of peak), across vendors it does not (MI300X 51%; kernel_db/data/efficiency.yaml,
+            # arch.gfx942): another vendor's GPU is priced by its own curve instead.
+            if other.vendor != gpu.vendor:
                 continue
             if name in measured_on or self.db.candidates(name, kc, dtype):
                 others.append(other)

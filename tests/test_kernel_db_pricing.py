@@ -95,6 +95,27 @@ def test_nearest_gpu_is_preferred():
     assert price(op, "H800", db).source == "scaled:H100-SXM5-80GB"
 
 
+def test_another_vendors_gpu_is_priced_by_its_own_curve():
+    """Rows on H100 only: an MI300X GEMM is not scaled from them (the fraction of peak differs
+    across vendors' libraries) but priced by the gfx942 curve; an A100 GEMM still scales."""
+    op = gemm_op(8192, 8192, 8192)
+    db = KernelDB([row_for(op, H100, 1.6e-3)])
+    assert price(op, "MI300X", db) == price(op, "MI300X")
+    assert price(op, "MI300X", db).source == "roofline"
+    assert price(op, "A100-SXM4-80GB", db).source == "scaled:H100-SXM5-80GB"
+
+
+def test_disturbed_row_is_priced_by_its_fastest_repeat():
+    """A row whose interquartile range exceeds its median (repeats disturbed) prices at its
+    fastest repeat; an ordinary spread keeps the median."""
+    op = gemm_op(4096, 2048, 2048)
+    base = dict(gpu=H100, kernel_class="gemm", signature=op.signature, dtype="bf16", dims=dims_key(op.dims),
+                samples=20, min_s=4.8e-5, flops=op.flops)
+    g = get_gpu("h100").at_boost()
+    assert price(op, g, KernelDB([KernelRow(time_s=1.44e-4, spread_rel=1.25, **base)])).seconds == 4.8e-5
+    assert price(op, g, KernelDB([KernelRow(time_s=5.0e-5, spread_rel=0.04, **base)])).seconds == 5.0e-5
+
+
 def test_interpolation_between_measured_shapes_is_monotone():
     """Between measured GEMMs m=1024 and m=8192 (n=k=4096), prices rise with m and stay inside the bracket."""
     lo, hi = gemm_op(1024, 4096, 4096), gemm_op(8192, 4096, 4096)
