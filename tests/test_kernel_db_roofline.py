@@ -263,3 +263,17 @@ def test_blackwell_gemm_efficiency_hand_checked():
     assert gemm_efficiency(8192, 8192, 8192, 1, 148, p) == pytest.approx(0.813 * 8192 / 8256)
     gb = EFF.params(get_gpu("GB200"))["gemm"]
     assert (gb["eff_max"], gb["dtype"]["fp8"]["eff_max"], gb["k_half"]) == (0.752, 0.753, 64)
+
+
+@pytest.mark.parametrize("causal,published", [
+    # FlashAttention-4 forward on a B200, head dim 128, 32k tokens of 16 heads: share of 2,250 TF/s
+    # at 1k, 2k, 4k, 8k, 16k keys (Dao-AILab/flash-attention PR 2605)
+    (False, (0.433, 0.503, 0.558, 0.573, 0.591)),
+    (True, (0.293, 0.400, 0.472)),
+])
+def test_blackwell_attention_curve_reproduces_published_forward_rates(causal, published):
+    g = get_gpu("B200")
+    p = EFF.params(g)["attention"]
+    for s, share in zip((1024, 2048, 4096, 8192, 16384), published):
+        dims = {"b": 32768 // s, "h": 16, "sq": s, "sk": s, "d": 128, "causal": causal, "dir": "fwd"}
+        assert attention_efficiency(dims, g.sm_count, p) == pytest.approx(share, rel=0.03)
