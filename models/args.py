@@ -81,7 +81,9 @@ class RunConfig:
                 "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
                 "num_microbatches": self.num_microbatches, "seq_length": self.model.seq_length,
                 "recompute": t.recompute_granularity, "distributed_optimizer": p.use_distributed_optimizer,
-                "stage_layers": list(self.stage_layers)}
+                "stage_layers": list(self.stage_layers),
+                # Only when set, so that other traces stay byte-identical.
+                **({"megatron_fsdp": True} if p.use_megatron_fsdp else {})}
 
     def model_info(self) -> dict[str, Any]:
         """The model description for :meth:`heterosim.annotate.Annotator.declare`."""
@@ -113,7 +115,7 @@ _DEFAULTS: dict[str, Any] = {
     "recompute_num_layers": None, "use_distributed_optimizer": False, "overlap_grad_reduce": False,
     "no_async_tensor_model_parallel_allreduce": False, "scatter_gather_tensors_in_pipeline": False,
     "overlap_param_gather": False, "fp8_param_gather": False, "no_align_grad_reduce": False,
-    "no_align_param_gather": False,
+    "no_align_param_gather": False, "use_megatron_fsdp": False, "data_parallel_sharding_strategy": "no_shard",
     "no_bias_swiglu_fusion": False, "no_rope_fusion": False, "cross_entropy_loss_fusion": False,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False, "ddp_bucket_size": None, "bf16": False, "fp16": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
@@ -175,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         add(f)
+    add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
+        "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")
+    add("--data-parallel-sharding-strategy", str, ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+        help="with --use-megatron-fsdp: what is sharded; optim_grads_params (parameters, gradients and "
+             "optimizer state, ZeRO-3) is the one modelled")
     add("--tp-comm-overlap-aggregate", str,
         help="with --tp-comm-overlap: the ring-exchange overlaps whose GEMM takes two ring steps at "
              "a time (Transformer Engine's ub_tp_comm_overlap_cfg 'aggregate: 1'), comma-separated "
@@ -323,9 +330,17 @@ def _check_exclusive(a: dict[str, Any]) -> None:
         # Megatron's arguments.py asserts both.
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
                           "--overlap-grad-reduce")
-    if a["fp8_param_gather"] and not (a["fp8_format"] and a["use_distributed_optimizer"]):
-        raise ConfigError("--fp8-param-gather needs --fp8-format and --use-distributed-optimizer (it is "
-                          "the distributed optimizer's all-gather of fp8 weights)")
+    if a["fp8_param_gather"] and not (a["fp8_format"] and (a["use_distributed_optimizer"] or a["use_megatron_fsdp"])):
+        raise ConfigError("--fp8-param-gather needs --fp8-format and --use-distributed-optimizer or "
+                          "--use-megatron-fsdp (it is their all-gather of fp8 weights)")
+    if a["use_megatron_fsdp"] and a["data_parallel_sharding_strategy"] != "optim_grads_params":
+        raise ConfigError(f"--use-megatron-fsdp with --data-parallel-sharding-strategy "
+                          f"{a['data_parallel_sharding_strategy']} is not supported; give "
+                          "--data-parallel-sharding-strategy optim_grads_params (parameters, gradients and "
+                          "optimizer state sharded), or drop --use-megatron-fsdp for the distributed optimizer")
+    if a["use_megatron_fsdp"] and (a["pipeline_model_parallel_size"] > 1 or a["num_experts"]):
+        raise ConfigError("--use-megatron-fsdp with pipeline parallelism or MoE experts is not supported "
+                          "(models/fsdp.py); give --pipeline-model-parallel-size 1 and no --num-experts")
     if a["fp8_recipe"] != "delayed" and not a["fp8_format"]:
         raise ConfigError(f"--fp8-recipe {a['fp8_recipe']} needs --fp8-format (fp8 GEMMs to scale)")
     if a["swiglu"] and a["squared_relu"]:
@@ -369,7 +384,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         loss_slot=a["account_for_loss_in_pipeline_split"],
         use_distributed_optimizer=a["use_distributed_optimizer"],
         overlap_grad_reduce=a["overlap_grad_reduce"], overlap_param_gather=a["overlap_param_gather"],
-        fp8_param_gather=a["fp8_param_gather"],
+        fp8_param_gather=a["fp8_param_gather"], use_megatron_fsdp=a["use_megatron_fsdp"],
         amax_reduction_group=bool(a["fp8_format"]) and a["fp8_recipe"] == "delayed",
         async_tp_allreduce=not a["no_async_tensor_model_parallel_allreduce"],
         scatter_gather_p2p=a["scatter_gather_tensors_in_pipeline"] and not a["sequence_parallel"],

@@ -131,6 +131,9 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    use_megatron_fsdp: bool = False
+    """Parameters, gradients and optimizer state sharded over data parallelism, each layer gathered
+    for its forward and backward (``--use-megatron-fsdp``, :mod:`models.fsdp`)."""
     fp8_param_gather: bool = False
     """Transformer-layer weights are kept in fp8 (TE's ``fp8_model_init``, NeMo's ``fp8_params``)
     and the distributed optimizer all-gathers them in fp8 (``--fp8-param-gather``)."""

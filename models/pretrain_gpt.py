@@ -34,12 +34,13 @@ from heterosim.annotate import get_annotator
 from models.args import RunConfig, parse_args
 from models.chunks import chunk_classes
 from models.distributed import DataParallel, ModelGradSync
+from models.fsdp import FullyShardedDataParallel
 from models.gpt import GPTModel
 from models.layers import fp8 as te_fp8
 from models.optimizer import MixedPrecisionAdam, model_parallel_group
 from models.p2p import PipelineComm
 from models.schedules import forward_backward
-from models.transformer import torch_dtype
+from models.transformer import TransformerLayer, torch_dtype
 
 __all__ = ["main", "synthetic_batch", "train"]
 
@@ -70,6 +71,29 @@ def _init_distributed(world_size: int, rank: int) -> bool:
     return True
 
 
+def _data_parallel(cfg: RunConfig, ps: "parallel_state.ParallelState", chunks: list[GPTModel],
+                   shared: list[torch.nn.Parameter]) -> list[DataParallel]:
+    """One gradient-sync object per model chunk: Megatron-FSDP's units, or Megatron DDP's buckets."""
+    pcfg = cfg.parallel
+    grad_dtype = torch.float32 if cfg.optim.grad_reduce_in_fp32 else None
+    if pcfg.use_megatron_fsdp:
+        return [FullyShardedDataParallel(m, dp_group=ps.dp_cp_group, unit_types=(TransformerLayer,),
+                                         grad_dtype=grad_dtype, fp8_param_gather=pcfg.fp8_param_gather)
+                for m in chunks]
+    return [DataParallel(m, dp_group=ps.dp_cp_group, expert_dp_group=ps.expert_dp_group,
+                         overlap_grad_reduce=pcfg.overlap_grad_reduce,
+                         use_distributed_optimizer=pcfg.use_distributed_optimizer,
+                         overlap_param_gather=pcfg.overlap_param_gather,
+                         fp8_param_gather=pcfg.fp8_param_gather,
+                         bucket_size=cfg.optim.bucket_size,
+                         # Megatron buckets only chunk 0 of the first stage (DistributedDataParallel:
+                         # "DP communication on these stages is not on the critical path").
+                         disable_bucketing=c > 0 or ps.pp_rank > 0,
+                         separate_params=shared if pcfg.use_distributed_optimizer else (),
+                         grad_dtype=grad_dtype)
+            for c, m in enumerate(chunks)]
+
+
 def train(cfg: RunConfig, rank: int) -> list[float]:
     """Build this rank's model chunks and run ``cfg.train.train_iters`` iterations.
 
@@ -81,7 +105,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     ann.declare(layout=cfg.layout(), model=cfg.model_info())
     torch.manual_seed(cfg.seed)
     ps = parallel_state.initialize(pcfg, rank)
-    stats_group = dist.group.WORLD if pcfg.use_distributed_optimizer else model_parallel_group(pcfg, rank)
+    stats_group = dist.group.WORLD if pcfg.use_distributed_optimizer or pcfg.use_megatron_fsdp \
+        else model_parallel_group(pcfg, rank)
     vpp = pcfg.vpp or 1
     layers = ps.stage_layers(mcfg.num_layers, explicit=cfg.stage_layers, vpp=vpp, embed_slot=pcfg.embed_slot,
                              loss_slot=pcfg.loss_slot)[ps.pp_rank]
@@ -100,18 +125,8 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
         for m in chunks:
             m.decoder.fp8_scaling = scaling
     shared = [p for m in chunks for p in m.shared_embedding_params()]
-    dps = [DataParallel(m, dp_group=ps.dp_cp_group, expert_dp_group=ps.expert_dp_group,
-                        overlap_grad_reduce=pcfg.overlap_grad_reduce,
-                        use_distributed_optimizer=pcfg.use_distributed_optimizer,
-                        overlap_param_gather=pcfg.overlap_param_gather,
-                        fp8_param_gather=pcfg.fp8_param_gather,
-                        bucket_size=cfg.optim.bucket_size,
-                        # Megatron buckets only chunk 0 of the first stage (DistributedDataParallel:
-                        # "DP communication on these stages is not on the critical path").
-                        disable_bucketing=c > 0 or ps.pp_rank > 0,
-                        separate_params=shared if pcfg.use_distributed_optimizer else (),
-                        grad_dtype=torch.float32 if cfg.optim.grad_reduce_in_fp32 else None)
-           for c, m in enumerate(chunks)]
+    sharded = pcfg.use_distributed_optimizer or pcfg.use_megatron_fsdp
+    dps = _data_parallel(cfg, ps, chunks, shared)
     gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
                        embedding_group=ps.embedding_group, embedding_params=shared,
                        align_grad_reduce=cfg.optim.align_grad_reduce,
@@ -120,7 +135,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     opt = MixedPrecisionAdam(
         gs, lr=o.lr, weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
         clip_grad=o.clip_grad, grad_stats_group=stats_group,
-        use_distributed_optimizer=pcfg.use_distributed_optimizer, tp_rank=ps.tp_rank,
+        use_distributed_optimizer=sharded, tp_rank=ps.tp_rank,
         # The last stage's tied output weight duplicates the first stage's embedding gradient.
         exclude_from_norm=[p for m in chunks if not m.pre_process for p in m.shared_embedding_params()],
         loss_scale=o.loss_scale)

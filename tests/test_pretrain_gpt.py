@@ -137,6 +137,26 @@ def test_distributed_optimizer_reduce_scatter_plus_all_gather():
     assert [o[1] for o in log.ops if o[3] == "optimizer" and o[0] == "allreduce_"] == [tuple(range(8))]
 
 
+def test_megatron_fsdp_gathers_each_micro_batch_and_reduces_every_gradient():
+    """--use-megatron-fsdp (tp2, dp4, 2 micro-batches): each micro-batch's forward gathers every
+    local parameter in bf16 (each unit padded to a multiple of lcm(4, 128)), its backward gathers
+    each layer again and reduce-scatters every fp32 gradient; the optimizer gathers nothing."""
+    argv = TINY + ["--tensor-model-parallel-size", "2", "--global-batch-size", "16", "--use-megatron-fsdp",
+                   "--data-parallel-sharding-strategy", "optim_grads_params"]
+    ann, log, cfg = run_fake(argv, rank=1, world=8)
+    assert cfg.num_microbatches == 2 and ann.layout["megatron_fsdp"] is True
+    dp = [o for o in log.ops if o[1] == (1, 3, 5, 7)]
+    fwd = sum(o[2] for o in dp if o[0] == "_allgather_base_" and o[3] == "fwd")
+    rs = sum(o[2] for o in dp if o[0] == "_reduce_scatter_base_")
+    local = _local_params(cfg, 1, 8)
+    layers = cfg.model.num_layers
+    units = layers + 4  # at most: embeddings (word, position), final norm, output layer
+    assert 2 * 2 * local <= fwd < 2 * 2 * (local + 128 * units) and fwd % (2 * 2 * 128) == 0
+    assert rs == 2 * fwd  # fp32 gradients, the same padded elements, every micro-batch
+    assert len([o for o in dp if o[3] == "bwd"]) == 2 * layers
+    assert not [o for o in log.ops if o[3] == "optimizer" and o[0] == "_allgather_base_"]
+
+
 def test_grad_reduce_in_bf16_halves_the_gradient_bytes():
     """--grad-reduce-in-bf16 keeps bf16 gradient buffers: the reduce-scatter moves 2 bytes per
     element, as many as the parameter all-gather."""

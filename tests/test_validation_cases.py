@@ -184,21 +184,36 @@ def test_arch_words_for_bias_and_qk_norm():
             "norms a layer)") in ci.assumptions
 
 
-def test_fully_sharded_case_fails_alone_with_its_reason():
-    """A row run with Megatron-Core FSDP ("FSDP: True" in newer DGX Cloud tables) is refused, not
-    read as the distributed optimizer; validate reports it as a missing feature; false passes."""
+def test_fully_sharded_case_reads_as_megatron_fsdp():
+    """A row run with Megatron-Core FSDP ("FSDP: True" in newer DGX Cloud tables) takes
+    --use-megatron-fsdp with parameters, gradients and optimizer state sharded, said so; false
+    reads as before; with pipeline parallelism the row fails alone, named."""
     from heterosim.validation.validate import run_case
 
-    par = {**_case().parallelism, "fsdp": "True"}
-    want = ("case t: parallelism.fsdp is 'True': fully sharded data parallelism is not supported by "
-            "models/pretrain_gpt.py; capture the training script itself (python -m capture, docs/capture.md), "
-            "which records PyTorch FSDP as it runs")
+    par = {**_case().parallelism, "pp": 1, "vpp": None, "dp": 4, "fsdp": "True"}
+    ci = megatron_flags(_case(parallelism=par))
+    i = ci.flags.index("--use-megatron-fsdp")
+    assert list(ci.flags[i:i + 3]) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    assert ("parallelism.fsdp: Megatron-FSDP sharding parameters, gradients and optimizer state "
+            "(optim_grads_params, Megatron Bridge's default with use_megatron_fsdp)") in ci.assumptions
+    assert list(megatron_flags(_case(parallelism={**par, "fsdp": False})).flags) == \
+        [x for x in ci.flags if x not in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params")]
+    # Megatron Bridge's tables: a count, 0 for DDP, else the sharding group (the DP ranks).
+    assert ci.flags == megatron_flags(_case(parallelism={**par, "fsdp": "1 (0)"})).flags
+    assert ci.flags == megatron_flags(_case(parallelism={**par, "fsdp": 4})).flags
+    assert "--use-megatron-fsdp" not in megatron_flags(_case(parallelism={**par, "fsdp": 0})).flags
     with pytest.raises(ConfigError) as e:
-        megatron_flags(_case(parallelism=par))
+        megatron_flags(_case(parallelism={**par, "fsdp": 2}))
+    assert str(e.value) == ("case t: parallelism.fsdp is 2: a sharding group of 2 GPUs, not the 4 data-parallel "
+                            "ranks (hybrid sharding), is not supported")
+    piped = {**_case().parallelism, "fsdp": "True"}
+    want = ("case t: parallelism.fsdp is 'True' with pp 2, ep 1: fully sharded data parallelism with pipeline "
+            "or expert parallelism is not supported (models/fsdp.py models it without them)")
+    with pytest.raises(ConfigError) as e:
+        megatron_flags(_case(parallelism=piped))
     assert str(e.value) == want
-    res = run_case(_case(parallelism=par))
+    res = run_case(_case(parallelism=piped))
     assert (res.status, res.message) == ("missing_feature", want)
-    assert megatron_flags(_case(parallelism={**par, "fsdp": False})).flags == megatron_flags(_case()).flags
 
 
 def test_nvlink_sharp_is_nccls_default_on_sm90_nvswitch_nodes():
