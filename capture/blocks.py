@@ -213,6 +213,10 @@ class BlockRecorder:
             if t.grad_fn is not None and _skey(t) in live:  # dropped when it dies (Recorder._storage_died)
                 self.graph_allocs[_skey(t)] = held
 
+    def shard(self, tensor: Any, parts: int) -> None:
+        if isinstance(tensor, torch.Tensor) and parts > 1:
+            self.mem.resize(tensor, tensor.untyped_storage().nbytes() // parts)
+
     def discard(self, out: Any) -> None:
         for key, e in self.graph_allocs.pop(_skey(out), ()):
             if self.mem.live.get(key) is e:

@@ -85,6 +85,20 @@ class MemoryTracker:
             if self.block_allocs is not None:
                 self.block_allocs.add(key)
 
+    def resize(self, t: torch.Tensor, nbytes: int) -> None:
+        """Count ``t``'s storage as ``nbytes`` (allocator-rounded) from now on, the difference as an
+        event: a buffer the script keeps whole where the real job holds a shard of it."""
+        entry = self.live.get(_key(t))
+        if entry is None or not entry[3]:
+            return
+        new, slack = allocator_sizes(nbytes)
+        if new != entry[1]:
+            self.allocated += new - entry[1]
+            self.events.append((entry[0], new - entry[1]))
+        if slack != entry[2]:
+            self.events.append((SLACK, slack - entry[2]))
+        entry[1], entry[2] = new, slack
+
     def _died(self, key: int, _ref: Any = None) -> None:
         entry = self.live.pop(key, None)
         self._refs.pop(key, None)

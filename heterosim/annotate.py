@@ -85,6 +85,10 @@ class Annotator:
         """
         return fn(*args)
 
+    def shard(self, tensor: Any, parts: int) -> None:
+        """``tensor``'s storage stands for a buffer the real job splits over ``parts`` ranks (each
+        holding one part): a capture counts 1/``parts`` of it in the rank's memory."""
+
     def discard(self, out: Any) -> None:
         """The autograd graph behind tensor ``out`` will not be run: a block referenced in its
         place stands for its backward, and that block's memory events free what the graph saved."""

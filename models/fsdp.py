@@ -25,9 +25,13 @@ What this ignores: Megatron-FSDP's reduce-scatter queue (``suggested_RS_queue_ca
 as unbounded within a backward and drained where the backward ends (here each micro-batch's
 backward waits its own reduce-scatters, so a captured backward is self-contained and is reused for
 the other micro-batches); the fp8 weights' transpose cache rebuilt in each backward on Hopper
-(``fp8_create_transpose_cache``, one transpose per fp8 weight) is not recorded; buffers are kept
-whole on every rank, so the capture's memory timeline counts unsharded parameters and gradients;
-pipeline parallelism is not modelled with it (``models.args`` refuses the combination).
+(``fp8_create_transpose_cache``, one transpose per fp8 weight) is not recorded. Memory: the
+buffers are kept whole (the layers compute on them) but counted at 1/dp
+(:meth:`heterosim.annotate.Annotator.shard`); each gather writes a transient unsharded buffer,
+alive until the unit is released, and each unit's backward a transient unsharded gradient buffer,
+alive until its reduce-scatter is drained; both count in the phase they are allocated in
+(activations in forward and backward). Pipeline parallelism is not modelled with it
+(``models.args`` refuses the combination).
 """
 
 from __future__ import annotations
@@ -91,6 +95,16 @@ class FullyShardedDataParallel(DataParallel):
             self.layer.append(is_layer)
             self.unit_buckets.append(self.buckets[first:])
             self.unit_of.update((id(p), u) for p in params)
+        # The job holds 1/dp of every buffer (parameters and gradients; the optimizer's masters are
+        # shards already): the capture counts them so. A unit's unsharded parameters and gradients
+        # are transient buffers, allocated at its gather / backward and freed at its release / the
+        # end of its reduce-scatter (Megatron-FSDP's per-bucket allocations).
+        dp = _group_size(dp_group)
+        for b in self.buckets:
+            get_annotator().shard(b.param, dp)
+            get_annotator().shard(b.grad, dp)
+        self.unsharded: dict[int, torch.Tensor] = {}
+        self.unsharded_grad: dict[int, torch.Tensor] = {}
         self.gathered = [False] * len(self.units)
         self.ready_units: set[int] = set()
         self.in_backward = False
@@ -124,6 +138,13 @@ class FullyShardedDataParallel(DataParallel):
         self.gathered[u] = False
         for b in self.unit_buckets[u]:
             b.param_issued = False
+            self.unsharded.pop(b.index, None)
+
+    def _grad_buffers(self, u: int) -> None:
+        """The unit's unsharded gradient buffers, for its backward (freed by :meth:`_drain`)."""
+        for b in self.unit_buckets[u]:
+            if b.index not in self.unsharded_grad:
+                self.unsharded_grad[b.index] = torch.empty_like(b.grad)
 
     def _forward_post(self, u: int, out: Any) -> None:
         """A layer is resharded after its forward (not in a recomputation inside the backward) and
@@ -138,6 +159,7 @@ class FullyShardedDataParallel(DataParallel):
     def _backward_pre(self, u: int) -> None:
         self.in_backward = True
         self._gather(u, -1)
+        self._grad_buffers(u)
 
     # ---- gradients ----------------------------------------------------------------------------
     def _reduce(self, u: int) -> None:
@@ -153,6 +175,7 @@ class FullyShardedDataParallel(DataParallel):
         if u is None:
             return
         self.param_to_bucket[p].ready.add(id(p))
+        self._grad_buffers(u)  # a shallow module's, at its first gradient
         if any(len(b.ready) < len(b.params) for b in self.unit_buckets[u]):
             return
         self.ready_units.add(u)
@@ -173,6 +196,7 @@ class FullyShardedDataParallel(DataParallel):
                 b.grad_work = None
             b.grad_issued = False
         self.ready_units.clear()
+        self.unsharded_grad.clear()
         self.in_backward = False
 
     def finish_grad_sync(self) -> None:
@@ -195,5 +219,6 @@ class FullyShardedDataParallel(DataParallel):
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
+            out = self.unsharded[b.index] = torch.empty_like(b.param)
             with te_fp8.wire(b.fp8):
-                b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group, async_op=async_op)
+                b.param_work = dist.all_gather_single(out, b.shard(b.param), group=b.group, async_op=async_op)

@@ -227,3 +227,24 @@ def test_interleaved_iteration_is_steady_and_chunks_share_blocks(tmp_path, overl
             outside = [i for i, (k, d) in enumerate(zip(a["kind"], a["target"])) if k == "wait" and d > i]
             assert bool(outside) == overlap
             assert [n for i, n in enumerate(a["name"]) if i not in outside] == b["name"]
+
+
+def test_tracker_resize_counts_a_shard_of_a_kept_buffer():
+    """A 4 MiB buffer the job holds 1/8 of (Annotator.shard): counted as 512 KiB from then on (one
+    event for the difference), and its free returns 512 KiB."""
+    import gc
+
+    import torch
+
+    from capture.memory import MemoryTracker
+    from heterosim.trace.memory import PARAMETERS
+
+    tr = MemoryTracker()
+    t = torch.empty(4 << 20, dtype=torch.uint8)
+    tr.note(t, PARAMETERS)
+    assert (tr.allocated, tr.take()) == (4 << 20, [(PARAMETERS, 4 << 20)])
+    tr.resize(t, (4 << 20) // 8)
+    assert (tr.allocated, tr.take()) == (512 << 10, [(PARAMETERS, (512 << 10) - (4 << 20))])
+    del t
+    gc.collect()
+    assert (tr.allocated, tr.take()) == (0, [(PARAMETERS, -(512 << 10))])
