@@ -30,8 +30,11 @@ buffers are kept whole (the layers compute on them) but counted at 1/dp
 (:meth:`heterosim.annotate.Annotator.shard`); each gather writes a transient unsharded buffer,
 alive until the unit is released, and each unit's backward a transient unsharded gradient buffer,
 alive until its reduce-scatter is drained; both count in the phase they are allocated in
-(activations in forward and backward). Pipeline parallelism is not modelled with it
-(``models.args`` refuses the combination).
+(activations in forward and backward). In a real run (not a capture) each micro-batch's reduced
+shard is also summed into an accumulator and the unsharded gradients cleared, so that ranks train
+as one rank would (``tests/test_pretrain_gpt.py``); a capture records the reduce-scatters alone
+(Megatron-FSDP writes each micro-batch's gradients into fresh buffers and sums the reduced shards
+in place). Pipeline parallelism is not modelled with it (``models.args`` refuses the combination).
 """
 
 from __future__ import annotations
@@ -105,6 +108,11 @@ class FullyShardedDataParallel(DataParallel):
             get_annotator().shard(b.grad, dp)
         self.unsharded: dict[int, torch.Tensor] = {}
         self.unsharded_grad: dict[int, torch.Tensor] = {}
+        # A real run's numbers (not a capture's ops): each micro-batch's reduced shard is summed
+        # into an accumulator the optimizer's shard is set from (Megatron-FSDP sums reduce-scatter
+        # outputs into its sharded main gradient and writes each micro-batch's gradients afresh).
+        self.reduced: dict[int, torch.Tensor] = {}
+        self.accumulated: dict[int, torch.Tensor] = {}
         self.gathered = [False] * len(self.units)
         self.ready_units: set[int] = set()
         self.in_backward = False
@@ -195,16 +203,37 @@ class FullyShardedDataParallel(DataParallel):
                 b.grad_work.wait()
                 b.grad_work = None
             b.grad_issued = False
+            out = self.reduced.pop(b.index, None)
+            if out is not None:
+                acc = self.accumulated.get(b.index)
+                self.accumulated[b.index] = out if acc is None else acc.add_(out)
+                b.grad.zero_()
         self.ready_units.clear()
         self.unsharded_grad.clear()
         self.in_backward = False
 
     def finish_grad_sync(self) -> None:
-        """Reduce what no backward finished reducing, then wait every outstanding reduce-scatter."""
+        """Reduce what no backward finished reducing, then wait every outstanding reduce-scatter
+        (in a real run, then set each shard the optimizer reads from its micro-batches' sum)."""
         for u in range(len(self.units)):
             if any(b.ready for b in self.unit_buckets[u]):
                 self._reduce(u)
         self._drain()
+        for b in self.buckets:
+            acc = self.accumulated.pop(b.index, None)
+            if acc is not None:
+                b.shard(b.grad).copy_(acc)
+
+    def _start_bucket_grad_sync(self, b: Bucket, *, async_op: bool) -> None:
+        b.grad_issued = True
+        dp = _group_size(b.group)
+        if dp == 1:
+            return
+        b.grad.mul_(1.0 / dp)  # Megatron pre-scales by 1/dp and sums
+        out = b.shard(b.grad)
+        if not get_annotator().active:
+            out = self.reduced[b.index] = torch.empty_like(out)
+        b.grad_work = dist.reduce_scatter_single(out, b.grad, group=b.group, async_op=async_op)
 
     def start_grad_sync(self) -> None:
         """Nothing to issue from the schedule: every unit reduces from its own backward."""
@@ -219,6 +248,8 @@ class FullyShardedDataParallel(DataParallel):
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
-            out = self.unsharded[b.index] = torch.empty_like(b.param)
+            # The layers compute on the whole buffer (gathered in place); the unsharded copy the
+            # job allocates is this transient, for the memory timeline.
+            self.unsharded[b.index] = torch.empty_like(b.param)
             with te_fp8.wire(b.fp8):
-                b.param_work = dist.all_gather_single(out, b.shard(b.param), group=b.group, async_op=async_op)
+                b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group, async_op=async_op)

@@ -228,8 +228,9 @@ def _losses(stdout: str) -> list[float]:
 def test_real_runs_loss_falls_and_data_parallel_matches_single_rank():
     """Real numbers (gloo, fp32): `pretrain_gpt.py --preset tiny` at world size 1 trains (the
     loss falls over 8 iterations), and two ranks with the distributed optimizer (reduce-scatter,
-    sharded fp32 Adam, all-gather) and overlapped reduction train exactly like one rank on the
-    same global batch (first 3 losses equal to 1e-5)."""
+    sharded fp32 Adam, all-gather) and overlapped reduction, or with Megatron-FSDP (layers gathered
+    per micro-batch, gradients reduce-scattered per micro-batch and summed), train exactly like one
+    rank on the same global batch (first 3 losses equal to 1e-5)."""
     args = [sys.executable, str(SCRIPT), "--preset", "tiny"]
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
     single = subprocess.run(args + ["--train-iters", "8"], capture_output=True, text=True, timeout=120,
@@ -239,15 +240,17 @@ def test_real_runs_loss_falls_and_data_parallel_matches_single_rank():
     assert len(one) == 8
     # Synthetic batches differ per iteration, so compare the ends, not every step.
     assert sum(one[-2:]) / 2 < sum(one[:2]) / 2 - 0.15
-    port = str(_free_port())
-    procs = [subprocess.Popen(args + ["--train-iters", "3", "--use-distributed-optimizer", "--overlap-grad-reduce"],
-                              env={**base, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_PORT": port},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-    two = _losses(outs[0][0])
-    assert len(two) == 3
-    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5, (one, two)
+    for sharded in (["--use-distributed-optimizer", "--overlap-grad-reduce"],
+                    ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]):
+        port = str(_free_port())
+        procs = [subprocess.Popen(args + ["--train-iters", "3", *sharded],
+                                  env={**base, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_PORT": port},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+        two = _losses(outs[0][0])
+        assert len(two) == 3
+        assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5, (sharded, one, two)
 
 
 def test_config_error_exits_2_with_one_line(capsys):
