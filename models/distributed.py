@@ -250,10 +250,14 @@ class DataParallel:
         # Megatron pre-scales by 1/dp and sums (gradient_scaling_factor, not ReduceOp.AVG).
         b.grad.mul_(1.0 / dp)
         if self.use_distributed_optimizer:
-            b.grad_work = dist.reduce_scatter_single(b.shard(b.grad), b.grad, group=b.group,
+            b.grad_work = dist.reduce_scatter_single(self._reduced_shard(b), b.grad, group=b.group,
                                                      async_op=async_op)
         else:
             b.grad_work = dist.all_reduce(b.grad, group=b.group, async_op=async_op)
+
+    def _reduced_shard(self, b: Bucket) -> torch.Tensor:
+        """Where a bucket's reduce-scatter writes this rank's shard: in place, into the buffer."""
+        return b.shard(b.grad)
 
     def start_grad_sync(self) -> None:
         """Issue every bucket its grad hooks have not issued (async when overlapping)."""

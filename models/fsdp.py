@@ -42,12 +42,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from heterosim.annotate import get_annotator
 from models.distributed import Bucket, DataParallel, _group_size
-from models.layers import fp8 as te_fp8
 
 __all__ = ["FullyShardedDataParallel", "fsdp_units"]
 
@@ -159,10 +157,8 @@ class FullyShardedDataParallel(DataParallel):
         gathered again when its output's gradient arrives."""
         if not self.in_backward:
             self._release(u)
-        t = out if isinstance(out, torch.Tensor) else next(
-            (x for x in (out if isinstance(out, (tuple, list)) else ()) if isinstance(x, torch.Tensor)), None)
-        if t is not None and t.requires_grad:
-            t.register_hook(lambda grad, u=u: self._backward_pre(u))
+        if isinstance(out, torch.Tensor) and out.requires_grad:  # a layer returns its hidden states
+            out.register_hook(lambda grad, u=u: self._backward_pre(u))
 
     def _backward_pre(self, u: int) -> None:
         self.in_backward = True
@@ -224,16 +220,12 @@ class FullyShardedDataParallel(DataParallel):
             if acc is not None:
                 b.shard(b.grad).copy_(acc)
 
-    def _start_bucket_grad_sync(self, b: Bucket, *, async_op: bool) -> None:
-        b.grad_issued = True
-        dp = _group_size(b.group)
-        if dp == 1:
-            return
-        b.grad.mul_(1.0 / dp)  # Megatron pre-scales by 1/dp and sums
+    def _reduced_shard(self, b: Bucket) -> torch.Tensor:
+        """In place for a capture; in a real run a fresh shard, summed over micro-batches by :meth:`_drain`."""
         out = b.shard(b.grad)
         if not get_annotator().active:
             out = self.reduced[b.index] = torch.empty_like(out)
-        b.grad_work = dist.reduce_scatter_single(out, b.grad, group=b.group, async_op=async_op)
+        return out
 
     def start_grad_sync(self) -> None:
         """Nothing to issue from the schedule: every unit reduces from its own backward."""
@@ -245,11 +237,8 @@ class FullyShardedDataParallel(DataParallel):
         """No aligned gathers (Megatron-FSDP gathers from its module hooks)."""
 
     def _start_bucket_param_sync(self, b: Bucket, *, async_op: bool) -> None:
-        b.param_issued = True
+        # The layers compute on the whole buffer (gathered in place); the unsharded copy the job
+        # allocates is this transient, for the memory timeline.
         if _group_size(b.group) > 1:
-            assert b.param is not None
-            # The layers compute on the whole buffer (gathered in place); the unsharded copy the
-            # job allocates is this transient, for the memory timeline.
             self.unsharded[b.index] = torch.empty_like(b.param)
-            with te_fp8.wire(b.fp8):
-                b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group, async_op=async_op)
+        super()._start_bucket_param_sync(b, async_op=async_op)

@@ -225,34 +225,36 @@ def parallel_sizes(case: Case) -> dict[str, int]:
     return size
 
 
-def fsdp_key(case: Case) -> str | None:
-    """The parallelism key that turns fully sharded data parallelism on, or None: "FSDP: True", or
-    a count as Megatron Bridge's tables give it (0: DDP; above 0: FSDP, the sharding group size)."""
+def fsdp_setting(case: Case) -> tuple[str, int | None] | None:
+    """(key, sharding group) when the case turns fully sharded data parallelism on, else None:
+    "FSDP: True" (no group), or a count as Megatron Bridge's tables give it (0: DDP; above 0:
+    FSDP over that many GPUs)."""
     par = case.parallelism
     key = next((k for k in par if str(k).lower() in ("fsdp", "megatron_fsdp", "zero3")), None)
     if key is None:
         return None
-    if isinstance(par[key], int) and not isinstance(par[key], bool) or re.match(r"\s*\d+\b", str(par[key])):
-        return key if int(re.match(r"\s*(\d+)", str(par[key])).group(1)) > 0 else None
-    return key if flag_word(par[key], f"parallelism.{key}") else None
+    count_ = re.match(r"\s*(\d+)\b", str(par[key]))
+    if count_:
+        return (key, int(count_.group(1))) if int(count_.group(1)) > 0 else None
+    return (key, None) if flag_word(par[key], f"parallelism.{key}") else None
 
 
 def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]:
     """Sizes, interleaved pipeline, sequence parallelism and recomputation."""
     par = f.case.parallelism
-    fsdp = fsdp_key(f.case)
+    fsdp = fsdp_setting(f.case)
     flags = ["--tensor-model-parallel-size", str(size["tp"]), "--pipeline-model-parallel-size", str(size["pp"])]
     if fsdp is not None:
+        fsdp, group = fsdp
         # Megatron-core's FSDP (Megatron Bridge's use_megatron_fsdp; its recipes shard parameters,
         # gradients and optimizer state): each layer gathered for its forward and backward.
         if size["pp"] > 1 or size["ep"] > 1:
             raise ConfigError(f"case {f.case.id}: parallelism.{fsdp} is {par[fsdp]!r} with pp {size['pp']}, "
                               f"ep {size['ep']}: fully sharded data parallelism with pipeline or expert parallelism "
                               "is not supported (models/fsdp.py models it without them)")
-        group = re.match(r"\s*(\d+)", str(par[fsdp]))
-        if group and int(group.group(1)) not in (1, size["dp"] * size["cp"]):
+        if group not in (None, 1, size["dp"] * size["cp"]):
             raise ConfigError(f"case {f.case.id}: parallelism.{fsdp} is {par[fsdp]!r}: a sharding group of "
-                              f"{group.group(1)} GPUs, not the {size['dp'] * size['cp']} data-parallel ranks "
+                              f"{group} GPUs, not the {size['dp'] * size['cp']} data-parallel ranks "
                               "(hybrid sharding), is not supported")
         flags += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
         f.notes.append(f"parallelism.{fsdp}: Megatron-FSDP sharding parameters, gradients and optimizer "
@@ -395,17 +397,13 @@ def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
         return []
     if kind != "distributed":
         return []
-    if fsdp_key(f.case) is not None:
+    if fsdp_setting(f.case) is not None:
         # Megatron-FSDP reduces and gathers per layer itself (parallel_flags); the recipe still
         # says in which dtype gradients are reduced and whether fp8 weights are gathered in fp8.
         flags = ["--grad-reduce-in-bf16"] if pub.get("grad_sync_dtype") == "bf16" and bf16 else []
         if flags:
             f.notes.append(f"data parallelism: gradients reduced in bf16 (grad_sync_dtype, {script})")
-        if fp8 and pub.get("fp8_params"):
-            flags.append("--fp8-param-gather")
-            f.notes.append(f"fp8 parameters (fp8_params, {script}): the transformer layers' weights are fp8, "
-                           "all-gathered at 1 byte per element (--fp8-param-gather)")
-        return flags
+        return flags + _fp8_param_flags(f, fp8)
     flags = ["--use-distributed-optimizer"]
     text = f"data parallelism: distributed optimizer ({script}): gradients reduce-scattered"
     if pub.get("overlap_grad_reduce"):
@@ -423,11 +421,16 @@ def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
         flags.append("--grad-reduce-in-bf16")
         text += "; gradients reduced in bf16 (grad_sync_dtype)"
     f.notes.append(text)
-    if fp8 and pub.get("fp8_params"):
-        flags.append("--fp8-param-gather")
-        f.notes.append(f"fp8 parameters (fp8_params, {script}): the transformer layers' weights are fp8, "
-                       "all-gathered at 1 byte per element (--fp8-param-gather)")
-    return flags
+    return flags + _fp8_param_flags(f, fp8)
+
+
+def _fp8_param_flags(f: Fields, fp8: bool) -> list[str]:
+    """``--fp8-param-gather`` where the recipe keeps fp8 weights (``fp8_params``) in an fp8 run."""
+    if not (fp8 and f.pub.get("fp8_params")):
+        return []
+    f.notes.append(f"fp8 parameters (fp8_params, {f.script}): the transformer layers' weights are fp8, "
+                   "all-gathered at 1 byte per element (--fp8-param-gather)")
+    return ["--fp8-param-gather"]
 
 
 def era_flags(case: Case, size: Mapping[str, int], year: int | None, sp: bool, notes: list[str]) -> list[str]:
