@@ -4,10 +4,11 @@ Usage::
 
     .venv/bin/python benchmarks/bench_published_gemm.py
 
-Prints two tables from ``kernel_db/data/published_gemm.yaml`` (``kernel_db.published``): each
+Prints three tables from ``kernel_db/data/published_gemm.yaml`` (``kernel_db.published``): each
 best-shape ``torch.matmul`` rate of Bekman's "Maximum Achievable Matmul FLOPS" table beside the
-rate the roofline curve gives that shape at boost clock, and, for XLA's measured dots, the mean and
-mean absolute log error of the curve per device and size band. ``docs/kernel_db.md`` ("GEMMs beyond
+rate the roofline curve gives that shape at boost clock; the dtypes one harness timed side by side
+(NVFP4 and bf16 on a B200) as ratios, measured and by the curves; and, for XLA's measured dots, the
+mean and mean absolute log error of the curve per device and size band. ``docs/kernel_db.md`` ("GEMMs beyond
 the measured GPUs") quotes the output.
 """
 
@@ -30,6 +31,16 @@ def main() -> None:
     for r, c, _ in rows:
         if r.source == "mamf":
             print(f"{r.gpu:16s} {r.dtype:5s} {f'{r.m}x{r.n}x{r.k}':>20s} {r.tflops:9.1f} {c:7.1f} {c / r.tflops - 1:+7.1%}")
+    print()
+    print("one harness, two dtypes (pytorch/ao PR 2427, B200): fp4 / bf16 throughput ratio")
+    print(f"{'m x n x k':>20s} {'bf16':>7s} {'fp4':>7s} {'measured':>8s} {'curves':>7s} {'error':>7s}")
+    pairs: dict = {}
+    for r, c, _ in rows:
+        if r.source == "harness":
+            pairs.setdefault((r.m, r.n, r.k), {})[r.dtype] = (r.tflops, c)
+    for (m, n, k), d in pairs.items():
+        meas, curve = d["fp4"][0] / d["bf16"][0], d["fp4"][1] / d["bf16"][1]
+        print(f"{f'{m}x{n}x{k}':>20s} {d['bf16'][0]:7.0f} {d['fp4'][0]:7.0f} {meas:8.2f} {curve:7.2f} {curve / meas - 1:+7.1%}")
     print()
     print("XLA measured dots (matmul_interpolator_data.h), bf16: curve vs measured, log error")
     print(f"{'device':16s} {'gpu':16s} {'from':>10s} {'rows':>5s} {'mean':>7s} {'mean |.|':>8s}")

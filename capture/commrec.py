@@ -21,7 +21,7 @@ from capture import comm as comm_info
 from capture.opinfo import tensors_in
 from capture.streams import RecWork
 from heterosim.trace.ir import COLUMNS
-from heterosim.trace.vocab import DTYPE_BYTES
+from heterosim.trace.vocab import DTYPE_BYTES, PACKED_WIRE_BYTES
 
 __all__ = ["CommRecorder", "wire_width"]
 
@@ -30,8 +30,14 @@ _FLOAT = ("fp32", "tf32", "bf16", "fp16")
 
 def wire_width(info: comm_info.CommInfo, comm_dtype: str | None) -> comm_info.CommInfo:
     """``info`` as moved in ``comm_dtype``: a bf16 all-gather of 8 MiB in an ``fp8`` scope is
-    recorded as a 4 MiB fp8 all-gather (same elements, 1 byte each). Non-float payloads (token
-    ids, counts) and collectives already narrower keep their size."""
+    recorded as a 4 MiB fp8 all-gather (same elements, 1 byte each); in an ``nvfp4x2`` scope as a
+    4.5 MiB ``uint8`` one (:data:`~heterosim.trace.vocab.PACKED_WIRE_BYTES`). Non-float payloads
+    (token ids, counts) and collectives already narrower keep their size."""
+    if comm_dtype in PACKED_WIRE_BYTES and info.dtype in _FLOAT:
+        elems = info.nbytes // DTYPE_BYTES[info.dtype]
+        if elems % 16:  # not whole NVFP4 blocks: TE gathers such a tensor in high precision
+            return info
+        return dataclasses.replace(info, nbytes=int(elems * PACKED_WIRE_BYTES[comm_dtype]), dtype="uint8")
     if comm_dtype is None or info.dtype not in _FLOAT or DTYPE_BYTES[comm_dtype] >= DTYPE_BYTES[info.dtype]:
         return info
     nbytes = info.nbytes // DTYPE_BYTES[info.dtype] * DTYPE_BYTES[comm_dtype]

@@ -41,7 +41,8 @@ class PublishedRate:
     tflops: float
     """Measured dense math rate, 2 b m n k / time, TF/s."""
     source: str
-    """``mamf`` (best-shape torch.matmul) or ``xla:<device key>``."""
+    """``mamf`` (best-shape torch.matmul), ``harness`` (dtypes timed side by side in one harness:
+    compared as ratios) or ``xla:<device key>``."""
 
     @property
     def flops(self) -> float:
@@ -56,6 +57,8 @@ def load_published(path: str | os.PathLike | None = None) -> tuple[PublishedRate
         out = [PublishedRate(gpu=str(g), dtype=str(dt), b=1, m=int(m), n=int(n), k=int(k), tflops=float(t),
                              source="mamf")
                for g, dt, m, n, k, t, _software in doc["maximum_matmul"]["rows"]]
+        out += [PublishedRate(gpu=str(g), dtype=str(dt), b=1, m=int(m), n=int(n), k=int(k), tflops=float(t),
+                              source="harness") for g, dt, m, n, k, t, _software in doc["same_harness"]["rows"]]
         xla = doc["xla_dots"]
         for dev, rows in xla["rows"].items():
             gpu = xla["devices"][dev]
@@ -63,7 +66,7 @@ def load_published(path: str | os.PathLike | None = None) -> tuple[PublishedRate
                                   tflops=float(t), source=f"xla:{dev}") for b, m, n, k, t in rows]
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"published GEMM file {p}: malformed ({type(e).__name__}: {e}); each "
-                          "maximum_matmul row is [gpu, dtype, m, n, k, TF/s, software], each xla_dots "
+                          "maximum_matmul and same_harness row is [gpu, dtype, m, n, k, TF/s, software], each xla_dots "
                           "row [b, m, n, k, TF/s] under a device listed in xla_dots.devices") from None
     return tuple(out)
 
@@ -79,7 +82,7 @@ def curve_tflops(rate: PublishedRate, efficiency: EfficiencyModel | None = None,
     eff = efficiency or load_efficiency()
     dims = {"m": rate.m, "n": rate.n, "k": rate.k, "batch": rate.b}
     r = roofline_time("gemm", rate.dtype, dims, rate.flops, 0.0, gpu, eff.params(gpu))
-    seconds = r.compute_s if rate.source == "mamf" else r.seconds
+    seconds = r.seconds if rate.source.startswith("xla:") else r.compute_s
     return rate.flops / seconds / 1e12
 
 

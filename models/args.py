@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
-from models.layers.fp8 import RECIPES as FP8_RECIPES
+from models.layers.fp8 import FP4_RECIPES, FP8_RECIPES
 from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
 from models.parallel_state import split_stage_layers
 from models.presets import get_preset
@@ -121,7 +121,8 @@ _DEFAULTS: dict[str, Any] = {
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "tp_comm_overlap": False,
     "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None, "tp_comm_overlap_fp8_buf": None,
     "overlap_p2p_communication": False,
-    "fp8_format": None, "fp8_recipe": "delayed", "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
+    "fp8_format": None, "fp8_recipe": "delayed", "fp4_format": None, "fp4_recipe": "nvfp4",
+    "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
     "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "auto",
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
               "--context-parallel-size", "--expert-model-parallel-size", "--num-experts",
               "--moe-router-topk", "--moe-ffn-hidden-size", "--recompute-num-layers",
-              "--ddp-bucket-size", "--seed"):
+              "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
@@ -175,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
-              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+              "--first-last-layers-bf16"):
         add(f)
     add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
         "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")
@@ -202,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how fp8 scales are chosen (Megatron-core's --fp8-recipe): delayed (from an amax history, "
              "Transformer Engine's DelayedScaling) or tensorwise (current scaling: each tensor's own amax, "
              "Float8CurrentScaling, 'fp8-cs')")
+    add("--fp4-format", str, ("e2m1",),
+        help="fp4 GEMMs (Megatron-core's --fp4-format; exclusive with --fp8-format; Blackwell GPUs)")
+    add("--fp4-recipe", str, FP4_RECIPES,
+        help="how fp4 tensors are scaled: nvfp4 (Transformer Engine's NVFP4BlockScaling: e4m3 scales per "
+             "16 elements, current per-tensor scaling, both copies quantized at once)")
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
@@ -330,6 +337,11 @@ def _check_exclusive(a: dict[str, Any]) -> None:
         # Megatron's arguments.py asserts both.
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
                           "--overlap-grad-reduce")
+    if a["fp4_format"] and a["fp8_format"]:  # Megatron-core's TransformerConfig asserts it
+        raise ConfigError("--fp4-format and --fp8-format are exclusive; pick one")
+    if a["fp4_format"] and a["fp8_param_gather"]:
+        raise ConfigError("--fp8-param-gather with --fp4-format is not supported: NVFP4 runs keep bf16 "
+                          "parameters (Megatron Bridge's bf16_with_nvfp4_mixed sets fp8_param_gather False)")
     if a["fp8_param_gather"] and not (a["fp8_format"] and (a["use_distributed_optimizer"] or a["use_megatron_fsdp"])):
         raise ConfigError("--fp8-param-gather needs --fp8-format and --use-distributed-optimizer or "
                           "--use-megatron-fsdp (it is their all-gather of fp8 weights)")
@@ -341,6 +353,11 @@ def _check_exclusive(a: dict[str, Any]) -> None:
     if a["use_megatron_fsdp"] and (a["pipeline_model_parallel_size"] > 1 or a["num_experts"]):
         raise ConfigError("--use-megatron-fsdp with pipeline parallelism or MoE experts is not supported "
                           "(models/fsdp.py); give --pipeline-model-parallel-size 1 and no --num-experts")
+    if a["first_last_layers_bf16"] and not (a["fp8_format"] or a["fp4_format"]):
+        raise ConfigError("--first-last-layers-bf16 needs --fp8-format or --fp4-format (layers to keep out of it)")
+    for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        if a[k] < 0:
+            raise ConfigError(f"--{k.replace('_', '-')} must be >= 0, got {a[k]}")
     if a["fp8_recipe"] != "delayed" and not a["fp8_format"]:
         raise ConfigError(f"--fp8-recipe {a['fp8_recipe']} needs --fp8-format (fp8 GEMMs to scale)")
     if a["swiglu"] and a["squared_relu"]:
@@ -419,7 +436,10 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     tcfg = TrainConfig(
         micro_batch_size=mbs, global_batch_size=gbs, train_iters=a["train_iters"],
         params_dtype="bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32",
-        fp8=a["fp8_format"], fp8_recipe=a["fp8_recipe"], recompute_granularity=a["recompute_granularity"],
+        fp8=a["fp8_format"] or a["fp4_format"], fp8_recipe=a["fp4_recipe"] if a["fp4_format"] else a["fp8_recipe"],
+        bf16_layers=((a["num_layers_at_start_in_bf16"], a["num_layers_at_end_in_bf16"])
+                     if a["first_last_layers_bf16"] else (0, 0)),
+        recompute_granularity=a["recompute_granularity"],
         recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"])
     m = tcfg.num_microbatches(pcfg.dp)
     if vpp is not None and m % pp:

@@ -199,10 +199,14 @@ class TrainConfig:
     train_iters: int = 1
     params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: str | None = None
-    """``e4m3`` / ``hybrid``: GEMMs are marked fp8 in the trace."""
+    """``e4m3`` / ``hybrid`` (fp8) or ``e2m1`` (fp4): the transformer layers' GEMMs are marked low
+    precision in the trace."""
     fp8_recipe: str = "delayed"
-    """How fp8 scales are chosen: ``delayed`` or ``tensorwise`` (current scaling;
-    :mod:`models.layers.fp8`)."""
+    """How the low-precision tensors are scaled: ``delayed`` or ``tensorwise`` (fp8; current
+    scaling), ``nvfp4`` (fp4; :mod:`models.layers.fp8`)."""
+    bf16_layers: tuple[int, int] = (0, 0)
+    """Transformer layers kept out of fp8 / fp4 at the start and at the end of the model
+    (Megatron-core's ``--first-last-layers-bf16`` with ``--num-layers-at-{start,end}-in-bf16``)."""
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: int | None = None

@@ -71,7 +71,8 @@ class TransformerLayer(nn.Module):
         super().__init__()
         dtype = torch_dtype(tcfg.params_dtype)
         sp = pstate.sequence_parallel
-        fp8 = tcfg.fp8 is not None
+        start, end = tcfg.bf16_layers  # fp8 / fp4 context per layer (Megatron-core's get_fp8_context)
+        fp8 = tcfg.fp8 is not None and start <= layer_number < mcfg.num_layers - end
         self.layer_number = layer_number
         self.hidden_dropout = mcfg.hidden_dropout
         std = mcfg.init_method_std

@@ -111,6 +111,22 @@ def test_wire_width_records_fp8_userbuffer_bytes():
     assert wire_width(info("bf16"), None).nbytes == 8 << 20
 
 
+def test_wire_width_records_nvfp4_packed_bytes():
+    """An 8 MiB bf16 all-gather (4 Mi elements) in an ``nvfp4x2`` scope moves both NVFP4 copies,
+    (0.5 + 1/16) x 2 bytes per element = 4.5 MiB of uint8; in ``nvfp4`` one copy, 2.25 MiB; a
+    tensor of partial 16-blocks keeps its bf16 size (TE gathers it in high precision)."""
+    from capture.comm import CommInfo
+    from capture.commrec import wire_width
+
+    def info(nbytes: int) -> CommInfo:
+        return CommInfo("collective", "all_gather", nbytes, "bf16", -1, ())
+
+    both = wire_width(info(8 << 20), "nvfp4x2")
+    assert (both.nbytes, both.dtype) == (9 << 19, "uint8")
+    assert wire_width(info(8 << 20), "nvfp4").nbytes == 9 << 18
+    assert wire_width(info(2 * 24), "nvfp4").nbytes == 2 * 24
+
+
 def test_overlapped_exchanges_are_recorded_once_and_every_request_is_waited(tmp_path):
     """An interleaved pipeline with --overlap-p2p-communication: each exchange block hands its open
     requests back and is recorded once per kind, then replayed; the replayed requests are waited on

@@ -3,7 +3,7 @@
 import pytest
 
 from heterosim.errors import ConfigError, UnknownGPUError
-from heterosim.cluster.gpus import DTYPES, canonical_key, get_gpu, load_catalogue
+from heterosim.cluster.gpus import OPTIONAL_DTYPES, DTYPES, canonical_key, get_gpu, load_catalogue
 
 REQUIRED = ["V100", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB", "A800", "H100",
             "H100-PCIe", "H800", "H20", "H200", "B200", "GB200", "L40S", "MI300X"]
@@ -13,7 +13,7 @@ def test_required_gpus_present():
     """Every GPU the issue lists resolves, with all five dtype peaks and a source."""
     for name in REQUIRED:
         g = get_gpu(name)
-        assert set(g.peak_flops) == set(DTYPES)
+        assert set(DTYPES) <= set(g.peak_flops) <= set(DTYPES + OPTIONAL_DTYPES)
         assert g.sources
         assert g.hbm_bw > 0 and g.hbm_bytes > 0 and g.sm_count > 0 and g.l2_bytes > 0
 
@@ -74,6 +74,28 @@ def test_bad_catalogue_rejected(tmp_path):
     p.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [entry]}))
     with pytest.raises(ConfigError, match=r"X: sustained_clock_ratio must be a fraction in \(0, 1\] of the boost "
                                           r"clock's tensor throughput, got 1.5"):
+        load_catalogue(p)
+
+
+def test_fp4_peak_is_optional_and_only_fp4(tmp_path):
+    """peak_TFLOPs gives the five dtypes, plus fp4 only where the GPU has fp4 tensor cores (the
+    Blackwell entries: B200 9,000 = 144 PF sparse / 8 / 2; B300 13,500 = its 108 PF dense / 8)."""
+    import yaml
+
+    assert get_gpu("B200").peak_flops["fp4"] == 9000e12 and get_gpu("B300").peak_flops["fp4"] == 13500e12
+    assert get_gpu("GB200").peak_flops["fp4"] == 10000e12 and get_gpu("GB300").peak_flops["fp4"] == 15000e12
+    assert "fp4" not in get_gpu("H100").peak_flops
+    entry = {"name": "X", "vendor": "nvidia", "arch": "blackwell", "compute_capability": 100,
+             "peak_TFLOPs": {"fp32": 8, "tf32": 8, "bf16": 8, "fp16": 8, "fp8": 16, "fp4": 32}, "hbm_bw_GBps": 320,
+             "memory_GiB": 16, "sm_count": 40, "l2_MiB": 4, "nvlink_bw_GBps": 0, "pcie_bw_GBps": 16,
+             "tdp_W": 70, "sources": "test"}
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [entry]}))
+    assert load_catalogue(p).get("X").peak("fp4") == 32e12
+    entry["peak_TFLOPs"] = {**entry["peak_TFLOPs"], "fp6": 32}
+    p.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [entry]}))
+    with pytest.raises(ConfigError, match=r"X: peak_TFLOPs must give exactly \('fp32', 'tf32', 'bf16', 'fp16', "
+                                          r"'fp8'\), and \('fp4',\) where the GPU has tensor cores for it"):
         load_catalogue(p)
 
 

@@ -249,10 +249,28 @@ def test_gemm_curves_follow_xla_measured_dots(device, max_mean, max_abs):
     assert sum(map(abs, errs)) / len(errs) <= max_abs
 
 
+@pytest.mark.parametrize("n", [6144, 8192])
+def test_blackwell_fp4_curve_keeps_the_harness_ratio_to_bf16(n):
+    """NVFP4 and bf16 GEMMs timed side by side on one B200 (pytorch/ao PR 2427): the curves' fp4 /
+    bf16 throughput ratio at n^3 is the harness's within 5% (5,500 / 1,450 = 3.79 at 6144^3,
+    5,370 / 1,420 = 3.78 at 8192^3); the curves give 3.67 and 3.70."""
+    rates = {r.dtype: (r, c) for r, c, _ in _PUBLISHED if r.source == "harness" and r.m == n}
+    measured = rates["fp4"][0].tflops / rates["bf16"][0].tflops
+    assert rates["fp4"][1] / rates["bf16"][1] == pytest.approx(measured, rel=0.05)
+
+
+def test_fp4_gemm_on_a_gpu_without_fp4_tensor_cores_is_refused():
+    g = get_gpu("H100")
+    with pytest.raises(ConfigError, match=r"^H100-SXM5-80GB has no fp4 tensor cores \(sm_90; fp4 GEMMs such as "
+                                          r"NVFP4 need Blackwell, sm_100 or later\): run the job in fp8 or bf16"):
+        roofline_time("gemm", "fp4", {"m": 4096, "n": 4096, "k": 4096}, 2.0 * 4096**3, 0, g, EFF.params(g))
+
+
 def test_published_gemm_file_errors_name_the_row_format(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text("schema_version: 1\nmaximum_matmul: {rows: [[H100, bf16, 1]]}\nxla_dots: {rows: {}, devices: {}}\n")
-    with pytest.raises(ConfigError, match=r"malformed .*each maximum_matmul row is \[gpu, dtype, m, n, k, TF/s, software\]"):
+    with pytest.raises(ConfigError, match=r"malformed .*each maximum_matmul and same_harness row is "
+                                          r"\[gpu, dtype, m, n, k, TF/s, software\]"):
         load_published(bad)
 
 

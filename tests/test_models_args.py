@@ -156,6 +156,13 @@ def test_layout_and_model_keys_for_declare():
      "--num-query-groups 3 must divide --num-attention-heads 4"),
     (["--preset", "tiny", "--fp8-recipe", "tensorwise"], 1, "--fp8-recipe tensorwise needs --fp8-format"),
     (["--preset", "tiny", "--fp8-recipe", "mxfp8"], 1, "argument --fp8-recipe: invalid choice: 'mxfp8'"),
+    (["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--fp4-format", "e2m1"], 1,
+     "--fp4-format and --fp8-format are exclusive; pick one"),
+    (["--preset", "tiny", "--bf16", "--fp4-format", "e2m1", "--fp8-param-gather", "--use-distributed-optimizer"], 1,
+     "--fp8-param-gather with --fp4-format is not supported: NVFP4 runs keep bf16 parameters"),
+    (["--preset", "tiny", "--bf16", "--first-last-layers-bf16"], 1,
+     "--first-last-layers-bf16 needs --fp8-format or --fp4-format"),
+    (["--preset", "tiny", "--bf16", "--fp4-format", "mxfp4"], 1, "argument --fp4-format: invalid choice: 'mxfp4'"),
 ])
 def test_config_errors_name_the_values(argv, world, message):
     """Each mistake raises one ConfigError whose message names the offending values."""
@@ -217,6 +224,19 @@ def test_fp8_recipe_reaches_the_train_config():
     assert parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid"], 1).train.fp8_recipe == "delayed"
     cfg = parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], 1)
     assert (cfg.train.fp8, cfg.train.fp8_recipe) == ("hybrid", "tensorwise")
+
+
+def test_fp4_format_runs_the_nvfp4_recipe_and_bf16_layers_reach_the_config():
+    """--fp4-format e2m1 turns the low-precision GEMMs on with the nvfp4 recipe (Megatron-core's
+    --fp4-recipe default); --first-last-layers-bf16 keeps 1 + 1 layers out unless counts are given."""
+    cfg = parse_args(["--preset", "tiny", "--bf16", "--fp4-format", "e2m1"], 1)
+    assert (cfg.train.fp8, cfg.train.fp8_recipe, cfg.train.bf16_layers) == ("e2m1", "nvfp4", (0, 0))
+    assert cfg.parallel.amax_reduction_group is False  # current scaling: no amax history to reduce
+    cfg = parse_args(["--preset", "tiny", "--bf16", "--fp4-format", "e2m1", "--first-last-layers-bf16"], 1)
+    assert cfg.train.bf16_layers == (1, 1)
+    cfg = parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--first-last-layers-bf16",
+                      "--num-layers-at-start-in-bf16", "0", "--num-layers-at-end-in-bf16", "2"], 1)
+    assert cfg.train.bf16_layers == (0, 2)
 
 
 def test_amax_reduction_group_for_delayed_fp8_only():

@@ -237,9 +237,30 @@ def test_fp8_current_scaling_takes_each_amax_before_its_cast():
                                     ["_reduce_scatter_base_", [32, 2, 64], None]])
 
 
+NVFP4 = (FP8_ORDER.replace("with log:", "with log, te_fp8.recipe('nvfp4'):")
+         .replace('keep = ("_to_copy",', 'keep = ("linalg_vector_norm", "reciprocal", "allreduce_", "nvfp4_quantize", '
+                  '"_to_copy",')
+         .replace("from models.layers.linear import", "from models.layers import fp8 as te_fp8\nfrom models.layers.linear import"))
+
+
+def test_nvfp4_quantizes_both_copies_after_an_amax_pass():
+    """The same layers under --fp4-format e2m1 (TE's NVFP4BlockScaling). Every cast is an amax pass
+    (no fused-norm amax, no scale kernel) then one quantize writing both copies, so no transpose
+    runs; a sequence-parallel shard's amax is all-reduced over TP first. The ring exchanges move
+    both packed copies (nvfp4x2), the column layer's backward re-gather only the column-wise one
+    (nvfp4); reduces and the reduce-scatter stay bf16."""
+    res = run_fake(NVFP4, rank=1, world=4)
+    ring = [["broadcast_", [32, 2, 64], "nvfp4x2"]] * 4
+    shard = [["linalg_vector_norm", [32, 2, 64], None], ["allreduce_", [1], None], ["nvfp4_quantize", [32, 2, 64], None]]
+    full = [["linalg_vector_norm", [128, 2, 32], None], ["nvfp4_quantize", [128, 2, 32], None]]
+    assert res["fwd"] == shard + ring + full + [["reduce_", [32, 2, 64], None]] * 4
+    assert res["bwd"] == shard + ring + full + [["_allgather_base_", [128, 2, 64], "nvfp4"],
+                                                 ["_reduce_scatter_base_", [32, 2, 64], None]]
+
+
 def test_fp8_recipe_names_are_checked():
     from models.layers import fp8 as te_fp8
-    with pytest.raises(ValueError, match="unknown fp8 recipe 'mxfp8'; valid recipes: delayed, tensorwise"):
+    with pytest.raises(ValueError, match="unknown fp8 recipe 'mxfp8'; valid recipes: delayed, tensorwise, nvfp4"):
         with te_fp8.recipe("mxfp8"):
             pass
     assert not te_fp8.current_scaling()

@@ -171,3 +171,34 @@ def test_delayed_scaling_reduces_amaxes_at_each_region_exit():
                                           ["aten.amax.default", [[1024, 16]]]]
     assert r["delayed"]["gemms_after_update"] == 0  # after the region's last GEMM
     assert r["tensorwise"]["max_reductions"] == 0
+
+
+NVFP4_LAYERS = """
+from models import parallel_state
+from models.config import ModelConfig, ParallelConfig, TrainConfig
+from models.layers import fp8 as te_fp8
+from models.transformer import TransformerBlock
+ann = PhaseAnnotator(); set_annotator(ann)
+ps = parallel_state.initialize(ParallelConfig(world_size=2, tp=2, sequence_parallel=True), 1)
+mcfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, add_bias_linear=False)
+block = TransformerBlock(mcfg, TrainConfig(fp8="e2m1", fp8_recipe="nvfp4", bf16_layers=(1, 1)), ps,
+                         layers=range(4), post_process=False)
+x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+log = OpLog(ann)
+with te_fp8.recipe("nvfp4"), log:
+    y = block(x)
+    n_fwd = len(log.ops)
+    y.backward(torch.ones_like(y))
+result = dict(fwd=[str(o["gemm_dtype"]) for o in log.ops[:n_fwd] if o["name"].startswith("aten.mm")],
+              quantizes=sum(o["name"] == "heterosim.nvfp4_quantize.default" for o in log.ops),
+              transposes=sum(o["name"] == "aten.clone.default" for o in log.ops))
+"""
+
+
+def test_nvfp4_gemms_with_the_first_and_last_layers_in_bf16():
+    """--fp4-format e2m1 --first-last-layers-bf16 on 4 layers: layer 0 and 3 run their 4 forward
+    GEMMs in bf16, layers 1 and 2 in fp4. The two fp4 layers quantize each GEMM's input and output
+    gradient once (2 layers x 4 GEMMs x 2 = 16 quantizes) and transpose nothing."""
+    r = run_fake(NVFP4_LAYERS, rank=0, world=2)
+    assert r["fwd"] == ["None"] * 4 + ["fp4"] * 8 + ["None"] * 4
+    assert (r["quantizes"], r["transposes"]) == (16, 0)

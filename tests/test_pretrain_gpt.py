@@ -290,3 +290,25 @@ def test_real_scatter_gather_p2p_trains_like_plain_p2p():
         assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
         losses.append([l for o in outs for l in _losses(o[0])])
     assert len(losses[0]) == 4 and losses[0] == losses[1], losses  # 2 iterations x 2 last-stage TP ranks
+
+
+def test_nvfp4_job_replays_on_blackwell_and_is_refused_before_it(tmp_path):
+    """--fp4-format e2m1 through the capture: the layers' GEMMs are recorded as fp4 and price on a
+    B200 (9,000 TF/s fp4 peak); an H100 has no fp4 tensor cores, so its replay fails naming that."""
+    import pytest
+
+    from capture import capture
+    from heterosim.errors import ConfigError
+    from heterosim.trace import load_trace
+    from replay import simulate
+
+    argv = ["--preset", "tiny", "--bf16", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--fp4-format", "e2m1", "--global-batch-size", "8"]
+    out = capture(str(ROOT / "models" / "pretrain_gpt.py"), argv, tmp_path / "t", world_size=8)
+    gemms = Counter(o.dtype for o in load_trace(out).roles[0].ops() if o.kernel_class == "gemm")
+    assert gemms["fp4"] > 0 and set(gemms) == {"fp4", "bf16"}  # bf16: the output layer, outside TE's autocast
+    r = simulate(out, "dgx-b200")
+    assert r.iteration_time_s > 0
+    with pytest.raises(ConfigError, match=r"H100-SXM5-80GB has no fp4 tensor cores \(sm_90; fp4 GEMMs such as NVFP4 "
+                                          r"need Blackwell, sm_100 or later\)"):
+        simulate(out, "dgx-h100")

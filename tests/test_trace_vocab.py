@@ -46,7 +46,8 @@ def test_torch_names_agree_with_torch():
     for torch_name, name in DTYPE_OF_TORCH.items():
         if hasattr(torch, torch_name):
             assert getattr(torch, torch_name).itemsize == DTYPE_BYTES[name], torch_name
-    assert set(TORCH_DTYPE_OF) == set(DTYPE_BYTES)
+    # fp4 has no unpacked torch dtype (torch.float4_e2m1fn_x2 holds two per byte): no profiling path.
+    assert set(TORCH_DTYPE_OF) == set(DTYPE_BYTES) - {"fp4"}
     for name, torch_name in TORCH_DTYPE_OF.items():
         assert getattr(torch, torch_name).itemsize == DTYPE_BYTES[name], name
         assert DTYPE_OF_TORCH[torch_name] in (name, "fp8", "fp32")  # fp8_e4m3 -> fp8, tf32 -> fp32

@@ -178,9 +178,21 @@ def test_precision_without_a_type_is_an_error():
         precision_flags("tf32", 80, 2024)
 
 
-@pytest.mark.parametrize("text", ["NVFP4", "FP4", "mxfp4 (MoE experts)", "nvfp4 with bf16"])
-def test_fp4_is_a_missing_feature(text):
-    """fp4 runs are refused with words validate reports as a missing feature ("not supported")."""
-    with pytest.raises(ConfigError, match=re.escape(f"precision {text!r}: fp4 GEMMs (NVFP4 / MXFP4) are not "
-                                                    "supported; the fp8 and bf16 paths are")):
-        precision_flags(text, 100, 2025)
+@pytest.mark.parametrize("text", ["NVFP4", "FP4", "nvfp4 with bf16", "BF16 + NV-FP4", "fp4 (nvfp4 recipe)"])
+def test_fp4_reads_as_nvfp4_on_blackwell(text):
+    """NVFP4 is the one fp4 training recipe of Transformer Engine and Megatron-core; a bare fp4 reads as it."""
+    assert precision_flags(text, 100, 2025) == (
+        ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
+        "fp4 GEMMs (NVFP4: e2m1, e4m3 scales per 16 elements, current per-tensor scaling), bf16 elsewhere")
+
+
+def test_mxfp4_is_a_missing_feature_and_fp4_needs_blackwell():
+    """MXFP4 is refused with words validate reports as a missing feature ("not supported"); fp4 on
+    a GPU before Blackwell is an error naming the GPU's generation."""
+    with pytest.raises(ConfigError, match=re.escape("precision 'mxfp4 (MoE experts)': MXFP4 training is not "
+                                                    "supported (Transformer Engine and Megatron-core train fp4 "
+                                                    "as NVFP4 only); NVFP4, fp8 and bf16 are")):
+        precision_flags("mxfp4 (MoE experts)", 100, 2025)
+    with pytest.raises(ConfigError, match=re.escape("precision 'NVFP4': fp4 GEMMs need Blackwell (sm_100 or "
+                                                    "later); this GPU is sm_90")):
+        precision_flags("NVFP4", 90, 2025)

@@ -50,3 +50,20 @@ def test_fp8_only_flags_do_not_keep_a_pair_apart():
     fp8 = ["--fp8-format", "hybrid", "--fp8-param-gather", "--tp-comm-overlap-fp8-buf", "proj_fprop,fc2_fprop"]
     assert [p["fp8"] for p in Report(cases=(run("b", []), run("f", fp8))).fp8_pairs()] == ["f"]
     assert Report(cases=(run("b", []), run("f", [*fp8, "--sequence-parallel"]))).fp8_pairs() == []
+
+
+def test_fp4_runs_pair_with_their_bf16_twin_and_summarise_apart():
+    """An NVFP4 run (--fp4-format e2m1 --fp4-recipe nvfp4) pairs with the bf16 run of its
+    configuration as fp8 runs do, and its error is summarised under fp4: ratio 5/10 measured,
+    5.5/10 predicted, +10%."""
+    def run(cid, extra, meas, pred):
+        return CaseResult(id=cid, category="end_to_end", status="ok",
+                          detail={"flags": ["--num-layers", "2", "--bf16", *extra], "world_size": 8},
+                          comparisons=(Comparison(metric="iteration_time_s", measured=meas, predicted=pred,
+                                                  error=pred / meas - 1),))
+
+    rep = Report(cases=(run("b", [], 10.0, 10.0), run("f8", ["--fp8-format", "hybrid"], 7.0, 7.0),
+                        run("f4", ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"], 5.0, 5.5)))
+    assert [(p["fp8"], p["bf16"]) for p in rep.fp8_pairs()] == [("f8", "b"), ("f4", "b")]
+    assert rep.fp8_pairs()[1]["error"] == pytest.approx(0.1)
+    assert "fp4 runs: MAPE 10.0% over 1; worst f4 +10.0%" in rep.table()

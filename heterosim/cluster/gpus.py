@@ -26,12 +26,15 @@ from typing import Any, Mapping
 from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.yamlfile import read_yaml
 
-__all__ = ["DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key", "spec_from_entry",
+__all__ = ["DTYPES", "OPTIONAL_DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key", "spec_from_entry",
            "extend_catalogue"]
 
 SCHEMA_VERSION = 1
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
-"""Dtype keys of :attr:`GpuSpec.peak_flops`."""
+"""Dtype keys every entry's ``peak_TFLOPs`` gives (:attr:`GpuSpec.peak_flops`)."""
+OPTIONAL_DTYPES: tuple[str, ...] = ("fp4",)
+"""Dtype keys only GPUs with tensor cores for them give: ``fp4`` (NVFP4 / MXFP4 GEMMs, Blackwell
+on). A GPU without the key has no such GEMMs (:meth:`GpuSpec.peak` refuses them)."""
 
 _DEFAULT_PATH = Path(__file__).with_name("data") / "gpus.yaml"
 _ENTRY_KEYS = {
@@ -60,7 +63,7 @@ class GpuSpec:
     compute_capability: int
     """CUDA compute capability times ten (80, 90, 100); 0 for non-NVIDIA devices."""
     peak_flops: Mapping[str, float]
-    """Dense peak FLOP/s per dtype key of :data:`DTYPES`."""
+    """Dense peak FLOP/s per dtype key of :data:`DTYPES` (and of :data:`OPTIONAL_DTYPES` it has)."""
     hbm_bw: float
     """Device-memory bandwidth, bytes/s."""
     hbm_bytes: float
@@ -90,7 +93,15 @@ class GpuSpec:
     """Caveats (dtype fallbacks, bridges, ...)."""
 
     def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for a trace dtype; non-float dtypes (int64 ...) use the fp32 rate."""
+        """Peak FLOP/s for a trace dtype; non-float dtypes (int64 ...) use the fp32 rate.
+
+        Raises:
+            ConfigError: ``dtype`` is an optional one (``fp4``) this GPU has no tensor cores for.
+        """
+        if dtype in OPTIONAL_DTYPES and dtype not in self.peak_flops:
+            raise ConfigError(f"{self.name} has no {dtype} tensor cores (sm_{self.compute_capability}; fp4 "
+                              "GEMMs such as NVFP4 need Blackwell, sm_100 or later): run the job in fp8 or "
+                              f"bf16 on it, or give the GPU a peak_TFLOPs.{dtype}")
         return self.peak_flops.get(dtype, self.peak_flops["fp32"])
 
     @property
@@ -208,8 +219,9 @@ def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: a GPU entry's name must be a non-empty string, got {name!r:.60}")
     peaks = e["peak_TFLOPs"]
-    if not isinstance(peaks, Mapping) or set(peaks) != set(DTYPES):
-        raise ConfigError(f"{where}: {name}: peak_TFLOPs must give exactly {DTYPES}, got {peaks!r:.80}")
+    if not isinstance(peaks, Mapping) or not set(DTYPES) <= set(peaks) <= set(DTYPES + OPTIONAL_DTYPES):
+        raise ConfigError(f"{where}: {name}: peak_TFLOPs must give exactly {DTYPES}, and {OPTIONAL_DTYPES} "
+                          f"where the GPU has tensor cores for it; got {peaks!r:.80}")
     for k, v in peaks.items():
         _positive(v, f"{where}: {name}: peak_TFLOPs.{k}", "TFLOP/s")
     for k, unit in (("hbm_bw_GBps", "GB/s"), ("memory_GiB", "GiB"), ("sm_count", "SMs"), ("l2_MiB", "MiB")):
@@ -233,7 +245,7 @@ def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
         vendor=str(e["vendor"]),
         arch=str(e["arch"]),
         compute_capability=int(e["compute_capability"]),
-        peak_flops={k: float(peaks[k]) * 1e12 for k in DTYPES},
+        peak_flops={k: float(peaks[k]) * 1e12 for k in DTYPES + OPTIONAL_DTYPES if k in peaks},
         hbm_bw=float(e["hbm_bw_GBps"]) * 1e9,
         hbm_bytes=float(e["memory_GiB"]) * 2**30,
         sm_count=int(e["sm_count"]),

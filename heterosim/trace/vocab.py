@@ -43,6 +43,7 @@ from heterosim.errors import ConfigError
 
 __all__ = [
     "DTYPE_BYTES",
+    "PACKED_WIRE_BYTES",
     "DTYPE_OF_TORCH",
     "TORCH_DTYPE_OF",
     "NCCL_COLLECTIVES",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------------ dtypes
-DTYPE_BYTES: dict[str, int] = {
+DTYPE_BYTES: dict[str, float] = {
     "fp64": 8,
     "fp32": 4,
     "tf32": 4,  # fp32 storage; tf32 is how a GEMM multiplies it
@@ -66,6 +67,7 @@ DTYPE_BYTES: dict[str, int] = {
     "fp8": 1,  # any 8-bit float: capture records every torch float8 type as fp8
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
+    "fp4": 0.5,  # e2m1, two per byte (NVFP4 / MXFP4 GEMMs; their block scales are not counted here)
     "int64": 8,
     "int32": 4,
     "int8": 1,
@@ -74,6 +76,13 @@ DTYPE_BYTES: dict[str, int] = {
 }
 """Bytes per element of each dtype name. A trace op's ``dtype`` is one of these, or torch's own
 name (``int16``, ``complex64``) for a dtype this vocabulary does not name."""
+
+PACKED_WIRE_BYTES: dict[str, float] = {"nvfp4": 0.5 + 1 / 16, "nvfp4x2": 2 * (0.5 + 1 / 16)}
+"""Block-scaled formats a collective moves as plain bytes (recorded as ``uint8``), in bytes per
+element of the high-precision tensor: ``nvfp4`` is one NVFP4 copy (e2m1 data, half a byte, and an
+e4m3 scale per 16 elements), ``nvfp4x2`` its row-wise and column-wise copies together (what
+Transformer Engine's ``_all_gather_nvfp4`` moves for a GEMM input that its weight gradient also
+reads). Names of a capture's ``scope(comm_dtype=...)``, not of any op's dtype."""
 
 DTYPE_OF_TORCH: dict[str, str] = {
     "float32": "fp32",
@@ -246,6 +255,8 @@ register_kernel_class(
     "select_backward", "slice_backward",
     # a value read back to the host (.item(), bool(t)): a one-element device-to-host copy
     "_local_scalar_dense",
+    # models/: Transformer Engine's NVFP4 quantize, both copies in one pass (heterosim:: custom op)
+    "nvfp4_quantize",
     # fills and factories: they write, and read nothing
     "fill_", "zero_", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones",
     "new_full", "arange", "empty", "randint",

@@ -226,8 +226,10 @@ blockwise``). Read as current scaling, its nearest recipe here: scales come from
 cast and no amax crosses ranks. NB: ignores that block scaling finds its scales in the cast
 itself, where current scaling reads the tensor once more for its amax."""
 
-FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?fp4(?![0-9])")
-"""A 4-bit floating-point run (NVFP4, MXFP4): no fp4 GEMM path is modelled."""
+FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?[\s_-]*fp4(?![0-9])")
+"""A 4-bit floating-point run: NVFP4 (Transformer Engine's ``NVFP4BlockScaling``, Megatron-core's
+``--fp4-format e2m1 --fp4-recipe nvfp4``, the one fp4 training recipe of TE and Megatron-core; a
+bare "fp4" reads as it) or MXFP4 (not a training recipe there: refused)."""
 
 
 def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], str]:
@@ -239,9 +241,16 @@ def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], st
     before :data:`BF16_MIXED_YEAR`, bf16 otherwise.
     """
     low = text.lower()
-    if FP4.search(low):
-        raise ConfigError(f"precision {text!r}: fp4 GEMMs (NVFP4 / MXFP4) are not supported; "
-                          "the fp8 and bf16 paths are")
+    m = FP4.search(low)
+    if m:
+        if "mx" in m.group(0):
+            raise ConfigError(f"precision {text!r}: MXFP4 training is not supported (Transformer Engine and "
+                              "Megatron-core train fp4 as NVFP4 only); NVFP4, fp8 and bf16 are")
+        if 0 < cc < 100:
+            raise ConfigError(f"precision {text!r}: fp4 GEMMs need Blackwell (sm_100 or later); this GPU is "
+                              f"sm_{cc}")
+        return (["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
+                "fp4 GEMMs (NVFP4: e2m1, e4m3 scales per 16 elements, current per-tensor scaling), bf16 elsewhere")
     found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
     if any(w == "fp8" for _, w in found):
         if BLOCK_SCALING.search(low):

@@ -26,9 +26,15 @@ def _signed_pct(x: float) -> str:
     return "+0.0%" if text == "-0.0%" else text
 
 
-FP8_FLAGS = {"--fp8-format": 1, "--fp8-recipe": 1, "--fp8-param-gather": 0, "--tp-comm-overlap-fp8-buf": 1}
-"""Flags an fp8 run has and its 16-bit twin lacks (flag -> values after it): what
+FP8_FLAGS = {"--fp8-format": 1, "--fp8-recipe": 1, "--fp8-param-gather": 0, "--tp-comm-overlap-fp8-buf": 1,
+             "--fp4-format": 1, "--fp4-recipe": 1}
+"""Flags an fp8 or fp4 run has and its 16-bit twin lacks (flag -> values after it): what
 :meth:`Report.fp8_pairs` ignores when it pairs them."""
+
+
+def _precision_kind(flags: Any) -> str:
+    """``fp8``, ``fp4`` or ``16`` (bf16 / fp16 GEMMs) for a case's flags."""
+    return "fp8" if "--fp8-format" in flags else "fp4" if "--fp4-format" in flags else "16"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,28 +102,29 @@ class Report:
         return out
 
     def fp8_pairs(self) -> list[dict[str, Any]]:
-        """fp8 and 16-bit runs of one configuration (flags equal but for the fp8 ones,
-        :data:`FP8_FLAGS`): the measured and predicted fp8/16-bit iteration-time ratios, in the file
-        order of the fp8 runs."""
+        """fp8 (or fp4) and 16-bit runs of one configuration (flags equal but for the low-precision
+        ones, :data:`FP8_FLAGS`): the measured and predicted low-precision / 16-bit iteration-time
+        ratios, in the file order of the low-precision runs (the ``fp8`` field names either)."""
         runs: dict[tuple, dict[str, CaseResult]] = {}
         for r in self.cases:
             p = r.primary
             if r.status != "ok" or p is None or p.metric != "iteration_time_s" or "flags" not in r.detail:
                 continue
             f = list(r.detail["flags"])
-            fp8 = "--fp8-format" in f
+            kind = _precision_kind(f)
             for flag, values in FP8_FLAGS.items():
                 if flag in f:
                     i = f.index(flag)
                     del f[i:i + 1 + values]
-            runs.setdefault((r.detail["world_size"], *f), {})["fp8" if fp8 else "16"] = r
+            runs.setdefault((r.detail["world_size"], *f), {})[kind] = r
         out = []
         for pair in runs.values():
-            if len(pair) == 2:
-                a, b = pair["fp8"].primary, pair["16"].primary
-                meas, pred = a.measured / b.measured, a.predicted / b.predicted
-                out.append({"fp8": pair["fp8"].id, "bf16": pair["16"].id, "measured": meas, "predicted": pred,
-                            "error": pred / meas - 1})
+            for kind in ("fp8", "fp4"):
+                if kind in pair and "16" in pair:
+                    a, b = pair[kind].primary, pair["16"].primary
+                    meas, pred = a.measured / b.measured, a.predicted / b.predicted
+                    out.append({"fp8": pair[kind].id, "bf16": pair["16"].id, "measured": meas, "predicted": pred,
+                                "error": pred / meas - 1})
         order = {r.id: i for i, r in enumerate(self.cases)}
         return sorted(out, key=lambda x: order[x["fp8"]])
 
@@ -166,14 +173,14 @@ class Report:
         return "\n".join(lines + self._precision_lines(markdown))
 
     def _precision_lines(self, markdown: bool) -> list[str]:
-        """Iteration-time MAPE of the fp8 and the 16-bit runs apart, and the fp8/16-bit pairs."""
+        """Iteration-time MAPE of the 16-bit, fp8 and fp4 runs apart, and the low-precision / 16-bit pairs."""
         pairs = self.fp8_pairs()
         if not pairs:
             return []
         lines = [""]
-        for name, fp8 in (("16-bit", False), ("fp8", True)):
+        for name, kind in (("16-bit", "16"), ("fp8", "fp8"), ("fp4", "fp4")):
             errs = [(r.id, r.primary.error) for r in self.cases if r.status == "ok" and r.primary is not None
-                    and r.primary.metric == "iteration_time_s" and ("--fp8-format" in r.detail.get("flags", ())) == fp8]
+                    and r.primary.metric == "iteration_time_s" and _precision_kind(r.detail.get("flags", ())) == kind]
             if errs:
                 w = max(errs, key=lambda x: abs(x[1]))
                 lines.append(f"{name} runs: MAPE {sum(abs(e) for _, e in errs) / len(errs):.1%} over {len(errs)}; "

@@ -1,4 +1,5 @@
-"""What Transformer Engine runs around an fp8 GEMM besides the GEMM itself (``--fp8-format``).
+"""What Transformer Engine runs around an fp8 or fp4 GEMM besides the GEMM itself (``--fp8-format``,
+``--fp4-format``).
 
 The GEMMs of a transformer layer are marked fp8 for pricing (:func:`models.layers.linear.gemm_scope`)
 while their tensors stay in the activation dtype here. Transformer Engine 1.x (NeMo 24.09 ships TE
@@ -41,6 +42,11 @@ step as TE's ``fp8_autocast(fp8_recipe=...)`` does):
   the ranks must agree on one scale: the amax is all-reduced (MAX) over the TP group first
   (``Linear._customize_quantizers_float8_current_scaling``, ``module/linear.py``).
 
+- ``nvfp4`` (``NVFP4BlockScaling``, ``--fp4-format e2m1 --fp4-recipe nvfp4``): the GEMMs run in
+  fp4 and every cast is an NVFP4 quantize of both copies at once after an amax pass
+  (:mod:`models.layers.nvfp4`): current scaling's amax and TP agreement, no separate transposes,
+  no fused-norm shortcut; all-gathers of quantized tensors move the packed bytes and scales.
+
 Delayed scaling's bookkeeping (:class:`DelayedScaling`): TE registers every fp8 module's amaxes in
 one global buffer per ``fp8_autocast`` (recipe and group), and at each exit of the outermost
 ``fp8_autocast`` (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``, TE 1.x ``pytorch/fp8.py``)
@@ -71,22 +77,36 @@ import torch
 import torch.distributed as dist
 
 from heterosim.annotate import get_annotator
+from models.layers import nvfp4
 
-__all__ = ["FP8", "RECIPES", "AMAX_HISTORY_LEN", "recipe", "current_scaling", "cast", "transpose", "fp8_like",
-           "wire", "DelayedScaling"]
+__all__ = ["FP8", "RECIPES", "FP8_RECIPES", "FP4_RECIPES", "AMAX_HISTORY_LEN", "recipe", "current_scaling", "fp4",
+           "gemm_dtype", "cast", "transpose", "fp8_like", "wire", "DelayedScaling"]
 
 FP8 = torch.float8_e4m3fn
 """The storage type of the casts (e4m3 and e5m2 both take one byte; pricing needs no more)."""
 
 
-def wire(fp8: bool):
-    """Context in which collectives move one byte per element (TE's fp8 userbuffers); a no-op
-    without ``fp8``."""
-    return get_annotator().scope(comm_dtype="fp8") if fp8 else nullcontext()
+def wire(fp8: bool, usage: str = "both"):
+    """Context in which collectives move quantized tensors (TE's fp8 userbuffers, its quantized
+    all-gathers); a no-op without ``fp8``. fp8 recipes: one byte per element. ``nvfp4``: the packed
+    copies and their scales, per ``usage``: ``both`` (row- and column-wise, a GEMM input and its
+    weight-gradient operand), ``columnwise`` (the weight-gradient copy alone) or ``output`` (a GEMM
+    output written narrow for a reduction, TE's ``fp8_buf``: NVFP4 has none, so no narrowing)."""
+    if not fp8:
+        return nullcontext()
+    if not fp4():
+        return get_annotator().scope(comm_dtype="fp8")
+    if usage == "output":
+        return nullcontext()
+    return get_annotator().scope(comm_dtype="nvfp4x2" if usage == "both" else "nvfp4")
 
 
-RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
-"""The scaling recipes modelled (Megatron-core's ``--fp8-recipe`` names)."""
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
+"""Megatron-core's ``--fp8-recipe`` names modelled."""
+FP4_RECIPES: tuple[str, ...] = ("nvfp4",)
+"""Megatron-core's ``--fp4-recipe`` names modelled."""
+RECIPES: tuple[str, ...] = FP8_RECIPES + FP4_RECIPES
+"""Every scaling recipe modelled."""
 
 _RECIPE = ["delayed"]
 
@@ -108,15 +128,32 @@ def recipe(name: str) -> Iterator[None]:
 
 
 def current_scaling() -> bool:
-    """Whether casts take each tensor's own amax first (``tensorwise``)."""
-    return _RECIPE[0] == "tensorwise"
+    """Whether casts take each tensor's own amax first (``tensorwise``, ``nvfp4``)."""
+    return _RECIPE[0] in ("tensorwise", "nvfp4")
+
+
+def fp4() -> bool:
+    """Whether the low-precision GEMMs are NVFP4 (``nvfp4``)."""
+    return _RECIPE[0] == "nvfp4"
+
+
+def gemm_dtype() -> str:
+    """The dtype a low-precision GEMM is recorded in under the current recipe: ``fp4`` or ``fp8``."""
+    return "fp4" if fp4() else "fp8"
 
 
 def cast(x: torch.Tensor, *, amax_taken: bool = False, amax_group: Any = None) -> torch.Tensor:
     """``cast_to_fp8``: ``x`` read in its dtype, written in fp8 (same shape). Under current scaling
     the scale is computed first: the amax of ``x`` (one reduction over it, unless ``amax_taken``:
     the kernel that wrote ``x`` took it), all-reduced (MAX) over ``amax_group`` if one is given,
-    then turned into the scale (module docstring)."""
+    then turned into the scale (module docstring). Under ``nvfp4`` the amax is always a pass of
+    its own (TE fuses no NVFP4 amax into a norm or an activation) and the cast is one quantize
+    writing both copies (:func:`models.layers.nvfp4.quantize`; it returns the row-wise data)."""
+    if fp4():
+        amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
+        if amax_group is not None:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=amax_group)
+        return nvfp4.quantize(x)[0]
     if current_scaling():
         amax = (x.new_empty((1,), dtype=torch.float32) if amax_taken
                 else torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1))
@@ -127,7 +164,10 @@ def cast(x: torch.Tensor, *, amax_taken: bool = False, amax_group: Any = None) -
 
 
 def transpose(x8: torch.Tensor) -> torch.Tensor:
-    """``fp8_transpose`` of ``x8`` seen as a matrix ``[rows, last dim]``: ``[last dim, rows]``."""
+    """``fp8_transpose`` of ``x8`` seen as a matrix ``[rows, last dim]``: ``[last dim, rows]``.
+    Under ``nvfp4`` nothing runs: the quantize wrote the column-wise copy (``x8`` is returned)."""
+    if fp4():
+        return x8
     return x8.reshape(-1, x8.shape[-1]).t().contiguous()
 
 

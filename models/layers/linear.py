@@ -54,8 +54,9 @@ __all__ = [
 
 
 def gemm_scope(fp8: bool):
-    """Context marking the GEMMs inside as fp8 for the capture (a no-op without ``fp8``)."""
-    return get_annotator().scope(gemm_dtype="fp8") if fp8 else nullcontext()
+    """Context marking the GEMMs inside as low precision for the capture: fp8, or fp4 under the
+    ``nvfp4`` recipe (:func:`models.layers.fp8.gemm_dtype`); a no-op without ``fp8``."""
+    return get_annotator().scope(gemm_dtype=te_fp8.gemm_dtype()) if fp8 else nullcontext()
 
 
 def scaled_init_std(std: float, num_layers: int) -> float:
@@ -109,7 +110,8 @@ class LinearWithAsyncComm(torch.autograd.Function):
         if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
             out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8, aggregate=aggregate)
         else:
-            total = all_gather_dim0(x, group) if sequence_parallel else x
+            with te_fp8.wire(fp8 and te_fp8.fp4()):  # TE 2.x gathers an NVFP4 input quantized
+                total = all_gather_dim0(x, group) if sequence_parallel else x
             with gemm_scope(fp8):
                 out = torch.matmul(total, weight.t())
         if bias is not None:
@@ -126,8 +128,9 @@ class LinearWithAsyncComm(torch.autograd.Function):
             te_fp8.transpose(te_fp8.cast(grad_out, amax_taken=True))
         if ctx.sp:
             # Re-gather the input for wgrad while the dgrad GEMM runs (TE's bulk overlap moves the
-            # fp8 copy the norm wrote: qkv_dgrad / fc1_dgrad are fp8 userbuffers).
-            with te_fp8.wire(ctx.fp8 and ctx.tp_overlap):
+            # fp8 copy the norm wrote: qkv_dgrad / fc1_dgrad are fp8 userbuffers; NVFP4 gathers the
+            # column-wise copy in either path).
+            with te_fp8.wire(ctx.fp8 and (ctx.tp_overlap or te_fp8.fp4()), usage="columnwise"):
                 total, gather = all_gather_dim0(x, group, async_op=True)
         else:
             total = x

@@ -131,7 +131,7 @@ class RowGemmReduceScatter(torch.autograd.Function):
             lo, hi = chunk.start, chunk.stop
             with scope_fn(fp8), get_annotator().scope(sm_margin=sm_margin or None):
                 torch.mm(x[lo * rows:hi * rows].view(-1, f), weight.t(), out=y[lo:hi].view(-1, h))
-            with te_fp8.wire(fp8 and fp8_buf):
+            with te_fp8.wire(fp8 and fp8_buf, usage="output"):
                 works += [dist.reduce(y[i], dst=_src(group, i), group=group, async_op=True) for i in chunk]
         for work in works:
             work.wait()
