@@ -202,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fp8-format", str, ("e4m3", "hybrid"))
     add("--fp8-recipe", str, FP8_RECIPES,
         help="how fp8 scales are chosen (Megatron-core's --fp8-recipe): delayed (from an amax history, "
-             "Transformer Engine's DelayedScaling) or tensorwise (current scaling: each tensor's own amax, "
-             "Float8CurrentScaling, 'fp8-cs')")
+             "Transformer Engine's DelayedScaling), tensorwise (current scaling: each tensor's own amax, "
+             "Float8CurrentScaling, 'fp8-cs'), mxfp8 (an e8m0 scale per 32 values, MXFP8BlockScaling, "
+             "Blackwell) or blockwise (an fp32 scale per 128-value block, Float8BlockScaling)")
     add("--fp4-format", str, ("e2m1",),
         help="fp4 GEMMs (Megatron-core's --fp4-format; exclusive with --fp8-format; Blackwell GPUs)")
     add("--fp4-recipe", str, FP4_RECIPES,

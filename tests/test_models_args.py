@@ -155,7 +155,7 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--group-query-attention", "--num-query-groups", "3"], 1,
      "--num-query-groups 3 must divide --num-attention-heads 4"),
     (["--preset", "tiny", "--fp8-recipe", "tensorwise"], 1, "--fp8-recipe tensorwise needs --fp8-format"),
-    (["--preset", "tiny", "--fp8-recipe", "mxfp8"], 1, "argument --fp8-recipe: invalid choice: 'mxfp8'"),
+    (["--preset", "tiny", "--fp8-recipe", "nvfp4"], 1, "argument --fp8-recipe: invalid choice: 'nvfp4'"),
     (["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--fp4-format", "e2m1"], 1,
      "--fp4-format and --fp8-format are exclusive; pick one"),
     (["--preset", "tiny", "--bf16", "--fp4-format", "e2m1", "--fp8-param-gather", "--use-distributed-optimizer"], 1,

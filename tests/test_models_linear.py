@@ -258,10 +258,29 @@ def test_nvfp4_quantizes_both_copies_after_an_amax_pass():
                                                  ["_reduce_scatter_base_", [32, 2, 64], None]]
 
 
+MXFP8 = NVFP4.replace("recipe('nvfp4')", "recipe('mxfp8')").replace('"nvfp4_quantize"', '"mxfp8_quantize"')
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "blockwise"])
+def test_block_scaled_fp8_quantizes_both_copies_without_an_amax(name):
+    """The same layers under --fp8-recipe mxfp8 (or blockwise): each block's scale comes from the
+    block, so every cast is one quantize writing both copies, with no amax pass, no TP amax
+    all-reduce and no transpose; the ring exchanges move both copies with their scales (mxfp8x2),
+    the column layer's backward re-gather the column-wise one (mxfp8)."""
+    res = run_fake(MXFP8.replace("recipe('mxfp8')", f"recipe('{name}')"), rank=1, world=4)
+    ring = [["broadcast_", [32, 2, 64], "mxfp8x2"]] * 4
+    assert res["fwd"] == [["mxfp8_quantize", [32, 2, 64], None]] + ring + [["mxfp8_quantize", [128, 2, 32], None]] \
+        + [["reduce_", [32, 2, 64], None]] * 4
+    assert res["bwd"] == [["mxfp8_quantize", [32, 2, 64], None]] + ring + [
+        ["mxfp8_quantize", [128, 2, 32], None], ["_allgather_base_", [128, 2, 64], "mxfp8"],
+        ["_reduce_scatter_base_", [32, 2, 64], None]]
+
+
 def test_fp8_recipe_names_are_checked():
     from models.layers import fp8 as te_fp8
-    with pytest.raises(ValueError, match="unknown fp8 recipe 'mxfp8'; valid recipes: delayed, tensorwise, nvfp4"):
-        with te_fp8.recipe("mxfp8"):
+    with pytest.raises(ValueError, match="unknown fp8 recipe 'mxfp4'; valid recipes: delayed, tensorwise, mxfp8, "
+                                         "blockwise, nvfp4"):
+        with te_fp8.recipe("mxfp4"):
             pass
     assert not te_fp8.current_scaling()
 

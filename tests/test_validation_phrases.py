@@ -155,10 +155,12 @@ def test_arch_unknown_words_are_errors(text, message):
        "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")
       for t in ("FP8-CS", "fp8_cs", "fp8 (current scaling)", "FP8 current-scaling", "fp8, tensorwise recipe")],
     ("fp8 (see docs)", 90, 2025, ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
-    *[(t, 100, 2025, ["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
-       "fp8 GEMMs (hybrid e4m3/e5m2) with block scaling (MX / sub-channel), read as current scaling (scales "
-       "from the tensor cast, no amax reduction across ranks), bf16 elsewhere")
-      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx", "fp8_sc", "FP8 sub-channel", "fp8 blockwise")],
+    *[(t, 100, 2025, ["--bf16", "--fp8-recipe", "mxfp8", "--fp8-format", "e4m3"],
+       "fp8 GEMMs (MXFP8: e4m3, an e8m0 scale per 32 values), bf16 elsewhere")
+      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx", "fp8_mx")],
+    *[(t, 90, 2025, ["--bf16", "--fp8-recipe", "blockwise", "--fp8-format", "hybrid"],
+       "fp8 GEMMs (hybrid e4m3/e5m2, blockwise: an fp32 scale per 128-value block), bf16 elsewhere")
+      for t in ("fp8_sc", "FP8 sub-channel", "fp8 blockwise")],
     ("mixed precision (fp16/bf16 autocast)", 80, 2021, ["--fp16"], "precision fp16 (first of several named)"),
     ("mixed precision (A100)", 80, 2020, ["--fp16"],
      "precision 'mixed precision (A100)': fp16 (Megatron mixed precision in 2020; bf16 recipes from 2022)"),
@@ -184,6 +186,12 @@ def test_fp4_reads_as_nvfp4_on_blackwell(text):
     assert precision_flags(text, 100, 2025) == (
         ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
         "fp4 GEMMs (NVFP4: e2m1, e4m3 scales per 16 elements, current per-tensor scaling), bf16 elsewhere")
+
+
+def test_mxfp8_needs_blackwell():
+    with pytest.raises(ConfigError, match=re.escape("precision 'MXFP8': MXFP8 needs Blackwell (sm_100 or later); "
+                                                    "this GPU is sm_90")):
+        precision_flags("MXFP8", 90, 2025)
 
 
 def test_mxfp4_is_a_missing_feature_and_fp4_needs_blackwell():

@@ -44,6 +44,7 @@ from heterosim.errors import ConfigError
 __all__ = [
     "DTYPE_BYTES",
     "PACKED_WIRE_BYTES",
+    "PACKED_BLOCK",
     "DTYPE_OF_TORCH",
     "TORCH_DTYPE_OF",
     "NCCL_COLLECTIVES",
@@ -77,12 +78,17 @@ DTYPE_BYTES: dict[str, float] = {
 """Bytes per element of each dtype name. A trace op's ``dtype`` is one of these, or torch's own
 name (``int16``, ``complex64``) for a dtype this vocabulary does not name."""
 
-PACKED_WIRE_BYTES: dict[str, float] = {"nvfp4": 0.5 + 1 / 16, "nvfp4x2": 2 * (0.5 + 1 / 16)}
+PACKED_WIRE_BYTES: dict[str, float] = {"nvfp4": 0.5 + 1 / 16, "nvfp4x2": 2 * (0.5 + 1 / 16),
+                                      "mxfp8": 1 + 1 / 32, "mxfp8x2": 2 * (1 + 1 / 32)}
 """Block-scaled formats a collective moves as plain bytes (recorded as ``uint8``), in bytes per
 element of the high-precision tensor: ``nvfp4`` is one NVFP4 copy (e2m1 data, half a byte, and an
-e4m3 scale per 16 elements), ``nvfp4x2`` its row-wise and column-wise copies together (what
-Transformer Engine's ``_all_gather_nvfp4`` moves for a GEMM input that its weight gradient also
-reads). Names of a capture's ``scope(comm_dtype=...)``, not of any op's dtype."""
+e4m3 scale per 16 elements), ``mxfp8`` one MXFP8 copy (e4m3 data and an e8m0 scale per 32; fp8
+blockwise's fp32 scale per 128 is the same 1/32 byte); ``...x2`` the row-wise and column-wise
+copies together (what Transformer Engine's quantized all-gathers move for a GEMM input that its
+weight gradient also reads). Names of a capture's ``scope(comm_dtype=...)``, not of any op's dtype."""
+PACKED_BLOCK: dict[str, int] = {"nvfp4": 16, "nvfp4x2": 16, "mxfp8": 32, "mxfp8x2": 32}
+"""Elements per scaling block of each packed format: a tensor of partial blocks is not quantized
+for the wire (Transformer Engine gathers it in high precision)."""
 
 DTYPE_OF_TORCH: dict[str, str] = {
     "float32": "fp32",
@@ -255,8 +261,8 @@ register_kernel_class(
     "select_backward", "slice_backward",
     # a value read back to the host (.item(), bool(t)): a one-element device-to-host copy
     "_local_scalar_dense",
-    # models/: Transformer Engine's NVFP4 quantize, both copies in one pass (heterosim:: custom op)
-    "nvfp4_quantize",
+    # models/: Transformer Engine's block-scaled quantizes, both copies in one pass (heterosim:: custom ops)
+    "nvfp4_quantize", "mxfp8_quantize",
     # fills and factories: they write, and read nothing
     "fill_", "zero_", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones",
     "new_full", "arange", "empty", "randint",

@@ -219,12 +219,13 @@ Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8Curren
 DELAYED_SCALING = re.compile(r"delayed|(?<![a-z])ds(?![a-z])")
 """An fp8 precision that names delayed scaling (TE's ``DelayedScaling``, NeMo's "fp8 ds")."""
 
-BLOCK_SCALING = re.compile(r"mxfp8|fp8[\s_-]*(?:mx|sc)(?![a-z])|mx[\s_-]*fp8|sub[\s_-]*channel|block[\s_-]*wise")
-"""fp8 with block scales: MX (Blackwell's MXFP8, one scale per 32 elements, Megatron-core's
-``--fp8-recipe mxfp8``) or sub-channel / blockwise (Megatron Bridge's fp8_sc, ``--fp8-recipe
-blockwise``). Read as current scaling, its nearest recipe here: scales come from the tensor being
-cast and no amax crosses ranks. NB: ignores that block scaling finds its scales in the cast
-itself, where current scaling reads the tensor once more for its amax."""
+MX_SCALING = re.compile(r"mxfp8|fp8[\s_-]*mx(?![a-z])|mx[\s_-]*fp8")
+"""fp8 with MX block scales (Blackwell's MXFP8: an e8m0 scale per 32 values, Megatron-core's
+``--fp8-recipe mxfp8``, Megatron Bridge's fp8_mx)."""
+
+BLOCKWISE_SCALING = re.compile(r"fp8[\s_-]*sc(?![a-z])|sub[\s_-]*channel|block[\s_-]*wise")
+"""fp8 with sub-channel block scales (an fp32 scale per 1 x 128 / 128 x 128 block, the DeepSeek-V3
+scheme: Megatron-core's ``--fp8-recipe blockwise``, Megatron Bridge's fp8_sc)."""
 
 FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?[\s_-]*fp4(?![0-9])")
 """A 4-bit floating-point run: NVFP4 (Transformer Engine's ``NVFP4BlockScaling``, Megatron-core's
@@ -253,10 +254,14 @@ def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], st
                 "fp4 GEMMs (NVFP4: e2m1, e4m3 scales per 16 elements, current per-tensor scaling), bf16 elsewhere")
     found = [(low.find(w), w) for w in ("fp16", "bf16", "fp8") if w in low]
     if any(w == "fp8" for _, w in found):
-        if BLOCK_SCALING.search(low):
-            return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
-                    "fp8 GEMMs (hybrid e4m3/e5m2) with block scaling (MX / sub-channel), read as current scaling "
-                    "(scales from the tensor cast, no amax reduction across ranks), bf16 elsewhere")
+        if MX_SCALING.search(low):
+            if 0 < cc < 100:
+                raise ConfigError(f"precision {text!r}: MXFP8 needs Blackwell (sm_100 or later); this GPU is sm_{cc}")
+            return (["--bf16", "--fp8-recipe", "mxfp8", "--fp8-format", "e4m3"],
+                    "fp8 GEMMs (MXFP8: e4m3, an e8m0 scale per 32 values), bf16 elsewhere")
+        if BLOCKWISE_SCALING.search(low):
+            return (["--bf16", "--fp8-recipe", "blockwise", "--fp8-format", "hybrid"],
+                    "fp8 GEMMs (hybrid e4m3/e5m2, blockwise: an fp32 scale per 128-value block), bf16 elsewhere")
         if CURRENT_SCALING.search(low):
             return (["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
                     "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")

@@ -42,10 +42,12 @@ step as TE's ``fp8_autocast(fp8_recipe=...)`` does):
   the ranks must agree on one scale: the amax is all-reduced (MAX) over the TP group first
   (``Linear._customize_quantizers_float8_current_scaling``, ``module/linear.py``).
 
-- ``nvfp4`` (``NVFP4BlockScaling``, ``--fp4-format e2m1 --fp4-recipe nvfp4``): the GEMMs run in
-  fp4 and every cast is an NVFP4 quantize of both copies at once after an amax pass
-  (:mod:`models.layers.nvfp4`): current scaling's amax and TP agreement, no separate transposes,
-  no fused-norm shortcut; all-gathers of quantized tensors move the packed bytes and scales.
+- ``mxfp8`` / ``blockwise`` (``MXFP8BlockScaling``, ``Float8BlockScaling``) and ``nvfp4``
+  (``NVFP4BlockScaling``, ``--fp4-format e2m1 --fp4-recipe nvfp4``, fp4 GEMMs): block scales, so
+  every cast is one quantize writing both copies (:mod:`models.layers.block_scaling`): no separate
+  transposes and no fused-norm shortcut; ``nvfp4`` takes an amax pass first (with current
+  scaling's TP agreement), the fp8 ones none; all-gathers of quantized tensors move the copies and
+  their scales.
 
 Delayed scaling's bookkeeping (:class:`DelayedScaling`): TE registers every fp8 module's amaxes in
 one global buffer per ``fp8_autocast`` (recipe and group), and at each exit of the outermost
@@ -77,10 +79,10 @@ import torch
 import torch.distributed as dist
 
 from heterosim.annotate import get_annotator
-from models.layers import nvfp4
+from models.layers import block_scaling
 
-__all__ = ["FP8", "RECIPES", "FP8_RECIPES", "FP4_RECIPES", "AMAX_HISTORY_LEN", "recipe", "current_scaling", "fp4",
-           "gemm_dtype", "cast", "transpose", "fp8_like", "wire", "DelayedScaling"]
+__all__ = ["FP8", "RECIPES", "FP8_RECIPES", "FP4_RECIPES", "AMAX_HISTORY_LEN", "recipe", "delayed", "current_scaling",
+           "block_scaled", "gemm_dtype", "cast", "transpose", "fp8_like", "wire", "DelayedScaling"]
 
 FP8 = torch.float8_e4m3fn
 """The storage type of the casts (e4m3 and e5m2 both take one byte; pricing needs no more)."""
@@ -88,25 +90,31 @@ FP8 = torch.float8_e4m3fn
 
 def wire(fp8: bool, usage: str = "both"):
     """Context in which collectives move quantized tensors (TE's fp8 userbuffers, its quantized
-    all-gathers); a no-op without ``fp8``. fp8 recipes: one byte per element. ``nvfp4``: the packed
-    copies and their scales, per ``usage``: ``both`` (row- and column-wise, a GEMM input and its
-    weight-gradient operand), ``columnwise`` (the weight-gradient copy alone) or ``output`` (a GEMM
-    output written narrow for a reduction, TE's ``fp8_buf``: NVFP4 has none, so no narrowing)."""
+    all-gathers); a no-op without ``fp8``. ``delayed`` / ``tensorwise``: one byte per element.
+    Block-scaled recipes: the copies and their scales (:mod:`models.layers.block_scaling`) per
+    ``usage``: ``both`` (row- and column-wise: a GEMM input and its weight-gradient operand),
+    ``columnwise`` (the weight-gradient copy alone) or ``output`` (a GEMM output written narrow for
+    a reduction, TE's ``fp8_buf``: the block-scaled recipes have none, so no narrowing)."""
     if not fp8:
         return nullcontext()
-    if not fp4():
+    packed = _WIRE[_RECIPE[0]]
+    if packed is None:
         return get_annotator().scope(comm_dtype="fp8")
     if usage == "output":
         return nullcontext()
-    return get_annotator().scope(comm_dtype="nvfp4x2" if usage == "both" else "nvfp4")
+    return get_annotator().scope(comm_dtype=packed + "x2" if usage == "both" else packed)
 
 
-FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise")
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """Megatron-core's ``--fp8-recipe`` names modelled."""
 FP4_RECIPES: tuple[str, ...] = ("nvfp4",)
 """Megatron-core's ``--fp4-recipe`` names modelled."""
 RECIPES: tuple[str, ...] = FP8_RECIPES + FP4_RECIPES
 """Every scaling recipe modelled."""
+_WIRE: dict[str, str | None] = {"delayed": None, "tensorwise": None, "mxfp8": "mxfp8", "blockwise": "mxfp8",
+                                "nvfp4": "nvfp4"}
+"""Recipe -> the packed wire format of its quantized all-gathers (``PACKED_WIRE_BYTES``; the
+blockwise recipe's fp32 scale per 128 values is MX's 1/32 byte per value too); None: plain fp8."""
 
 _RECIPE = ["delayed"]
 
@@ -127,33 +135,42 @@ def recipe(name: str) -> Iterator[None]:
         _RECIPE[0] = old
 
 
+def delayed() -> bool:
+    """Whether scales come from an amax history (``delayed``): the norms and activations before the
+    GEMMs write fp8 themselves, and :class:`DelayedScaling` reduces the amaxes."""
+    return _RECIPE[0] == "delayed"
+
+
 def current_scaling() -> bool:
     """Whether casts take each tensor's own amax first (``tensorwise``, ``nvfp4``)."""
     return _RECIPE[0] in ("tensorwise", "nvfp4")
 
 
-def fp4() -> bool:
-    """Whether the low-precision GEMMs are NVFP4 (``nvfp4``)."""
-    return _RECIPE[0] == "nvfp4"
+def block_scaled() -> bool:
+    """Whether one quantize writes both copies (``mxfp8``, ``blockwise``, ``nvfp4``): no transposes."""
+    return _WIRE[_RECIPE[0]] is not None
 
 
 def gemm_dtype() -> str:
     """The dtype a low-precision GEMM is recorded in under the current recipe: ``fp4`` or ``fp8``."""
-    return "fp4" if fp4() else "fp8"
+    return "fp4" if _RECIPE[0] == "nvfp4" else "fp8"
 
 
 def cast(x: torch.Tensor, *, amax_taken: bool = False, amax_group: Any = None) -> torch.Tensor:
     """``cast_to_fp8``: ``x`` read in its dtype, written in fp8 (same shape). Under current scaling
     the scale is computed first: the amax of ``x`` (one reduction over it, unless ``amax_taken``:
     the kernel that wrote ``x`` took it), all-reduced (MAX) over ``amax_group`` if one is given,
-    then turned into the scale (module docstring). Under ``nvfp4`` the amax is always a pass of
-    its own (TE fuses no NVFP4 amax into a norm or an activation) and the cast is one quantize
-    writing both copies (:func:`models.layers.nvfp4.quantize`; it returns the row-wise data)."""
-    if fp4():
+    then turned into the scale (module docstring). Block-scaled recipes write both copies in one
+    quantize (:mod:`models.layers.block_scaling`; the row-wise data is returned): ``nvfp4`` after an
+    amax pass of its own (TE fuses no NVFP4 amax into a norm or an activation), ``mxfp8`` and
+    ``blockwise`` with no amax at all (each block's scale comes from the block)."""
+    if _RECIPE[0] == "nvfp4":
         amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
         if amax_group is not None:
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=amax_group)
-        return nvfp4.quantize(x)[0]
+        return block_scaling.nvfp4_quantize(x)[0]
+    if block_scaled():
+        return block_scaling.mxfp8_quantize(x)[0]
     if current_scaling():
         amax = (x.new_empty((1,), dtype=torch.float32) if amax_taken
                 else torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1))
@@ -165,8 +182,9 @@ def cast(x: torch.Tensor, *, amax_taken: bool = False, amax_group: Any = None) -
 
 def transpose(x8: torch.Tensor) -> torch.Tensor:
     """``fp8_transpose`` of ``x8`` seen as a matrix ``[rows, last dim]``: ``[last dim, rows]``.
-    Under ``nvfp4`` nothing runs: the quantize wrote the column-wise copy (``x8`` is returned)."""
-    if fp4():
+    Under a block-scaled recipe nothing runs: the quantize wrote the column-wise copy (``x8`` is
+    returned)."""
+    if block_scaled():
         return x8
     return x8.reshape(-1, x8.shape[-1]).t().contiguous()
 
@@ -210,7 +228,7 @@ class DelayedScaling:
     def reduce_and_update(self, forward: bool) -> None:
         """``reduce_and_update_fp8_tensors``: concatenate the current amaxes, all-reduce them (MAX)
         over the group when it has more than one rank, update histories and scales."""
-        if current_scaling() or not self.num_gemms:
+        if not delayed() or not self.num_gemms:
             return
         hist = self.history[forward]
         amax = hist[0].clone()  # torch.cat of the registered modules' current amaxes

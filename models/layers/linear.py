@@ -103,14 +103,14 @@ class LinearWithAsyncComm(torch.autograd.Function):
         ctx.use_bias = bias is not None
         ctx.group, ctx.allreduce_dgrad, ctx.sp, ctx.fp8 = group, allreduce_dgrad, sequence_parallel, fp8
         ctx.tp_overlap, ctx.fp8_grad_cast = tp_overlap, fp8_grad_cast
-        if fp8 and (fp8_input_cast or te_fp8.current_scaling()):
-            # Current scaling: a fused norm / activation wrote x in bf16 with its amax (not fp8), and
-            # a sequence-parallel shard's amax is agreed over TP before its fp8 all-gather.
+        if fp8 and (fp8_input_cast or not te_fp8.delayed()):
+            # Beyond delayed scaling a fused norm / activation wrote x in bf16 (current scaling: with
+            # its amax), and a sequence-parallel shard's amax is agreed over TP before its all-gather.
             te_fp8.cast(x, amax_taken=not fp8_input_cast, amax_group=group if sequence_parallel else None)
         if sequence_parallel and tp_overlap:  # ring-exchange all-gather under the GEMM (tp_overlap.py)
             out = ag_gemm(x.contiguous(), weight.t(), group, gemm_scope, fp8, aggregate=aggregate)
         else:
-            with te_fp8.wire(fp8 and te_fp8.fp4()):  # TE 2.x gathers an NVFP4 input quantized
+            with te_fp8.wire(fp8 and te_fp8.block_scaled()):  # TE 2.x gathers these inputs quantized
                 total = all_gather_dim0(x, group) if sequence_parallel else x
             with gemm_scope(fp8):
                 out = torch.matmul(total, weight.t())
@@ -124,13 +124,13 @@ class LinearWithAsyncComm(torch.autograd.Function):
         group = ctx.group
         if ctx.fp8 and ctx.fp8_grad_cast:  # TE's fp8_cast_transpose_fused (grad_output_preprocess)
             te_fp8.transpose(te_fp8.cast(grad_out))
-        elif ctx.fp8 and te_fp8.current_scaling():  # the fused dgelu wrote bf16 and its amax
+        elif ctx.fp8 and not te_fp8.delayed():  # the fused dgelu wrote bf16 (and its amax)
             te_fp8.transpose(te_fp8.cast(grad_out, amax_taken=True))
         if ctx.sp:
             # Re-gather the input for wgrad while the dgrad GEMM runs (TE's bulk overlap moves the
-            # fp8 copy the norm wrote: qkv_dgrad / fc1_dgrad are fp8 userbuffers; NVFP4 gathers the
-            # column-wise copy in either path).
-            with te_fp8.wire(ctx.fp8 and (ctx.tp_overlap or te_fp8.fp4()), usage="columnwise"):
+            # fp8 copy the norm wrote: qkv_dgrad / fc1_dgrad are fp8 userbuffers; block-scaled
+            # recipes gather the column-wise copy in either path).
+            with te_fp8.wire(ctx.fp8 and (ctx.tp_overlap or te_fp8.block_scaled()), usage="columnwise"):
                 total, gather = all_gather_dim0(x, group, async_op=True)
         else:
             total = x

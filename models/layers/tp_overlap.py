@@ -120,7 +120,7 @@ class RowGemmReduceScatter(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.fp8, ctx.scope_fn, ctx.wgrad_fn = group, fp8, scope_fn, wgrad_fn
         ctx.aggregate = aggregate_dgrad
-        if fp8 and (fp8_input_cast or te_fp8.current_scaling()):  # current scaling: see LinearWithAsyncComm
+        if fp8 and (fp8_input_cast or not te_fp8.delayed()):  # see LinearWithAsyncComm
             te_fp8.cast(x, amax_taken=not fp8_input_cast)
         tp = group_size(group)
         s, b, f = x.shape
