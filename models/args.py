@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -122,7 +123,9 @@ _DEFAULTS: dict[str, Any] = {
     "tp_comm_overlap_aggregate": None, "tp_comm_overlap_sm_margin": None, "tp_comm_overlap_fp8_buf": None,
     "overlap_p2p_communication": False,
     "fp8_format": None, "fp8_recipe": "delayed", "fp4_format": None, "fp4_recipe": "nvfp4",
-    "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
+    "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1,
+    "multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": 512, "qk_head_dim": 128,
+    "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "moe_layer_freq": None, "moe_shared_expert_intermediate_size": None, "swiglu": False, "squared_relu": False, "normalization": "LayerNorm",
     "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": False,
     "disable_bias_linear": False, "hidden_dropout": 0.1, "norm_epsilon": 1e-5,
     "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "auto",
@@ -162,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
               "--context-parallel-size", "--expert-model-parallel-size", "--num-experts",
               "--moe-router-topk", "--moe-ffn-hidden-size", "--recompute-num-layers",
-              "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"):
+              "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
+              "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+              "--moe-shared-expert-intermediate-size"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
@@ -177,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-              "--first-last-layers-bf16"):
+              "--first-last-layers-bf16", "--multi-latent-attention"):
         add(f)
     add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
         "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")
@@ -205,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
              "Transformer Engine's DelayedScaling), tensorwise (current scaling: each tensor's own amax, "
              "Float8CurrentScaling, 'fp8-cs'), mxfp8 (an e8m0 scale per 32 values, MXFP8BlockScaling, "
              "Blackwell) or blockwise (an fp32 scale per 128-value block, Float8BlockScaling)")
+    add("--moe-layer-freq", str,
+        help="which layers are MoE (Megatron-core's --moe-layer-freq): N (every N-th, from the first) or "
+             "a 0/1 list expression such as '[0]*3+[1]*58'")
     add("--fp4-format", str, ("e2m1",),
         help="fp4 GEMMs (Megatron-core's --fp4-format; exclusive with --fp8-format; Blackwell GPUs)")
     add("--fp4-recipe", str, FP4_RECIPES,
@@ -365,6 +373,35 @@ def _check_exclusive(a: dict[str, Any]) -> None:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
 
 
+_MOE_FREQ = re.compile(r"^[\d\s\[\]()*+,]+$")
+
+
+def _moe_pattern(a: dict[str, Any]) -> tuple[int, ...] | None:
+    """Per-layer 0/1 (dense / MoE) from ``--moe-layer-freq``: an int N makes layer i MoE when
+    i % N == 0 (Megatron-core), a list expression of 0s and 1s gives each layer (its length must be
+    --num-layers)."""
+    text, n = a["moe_layer_freq"], a["num_layers"]
+    if text is None:
+        return None
+    if text.strip().isdigit():
+        k = int(text)
+        if k < 1:
+            raise ConfigError(f"--moe-layer-freq {text} must be >= 1")
+        return tuple(int(i % k == 0) for i in range(n))
+    try:
+        if not _MOE_FREQ.match(text):
+            raise ValueError
+        pattern = eval(text, {"__builtins__": {}}, {})  # digits, brackets, *, + and commas only
+        pattern = tuple(int(v) for v in pattern)
+    except Exception:
+        raise ConfigError(f"--moe-layer-freq {text!r}: give an integer or a list expression of 0s and 1s "
+                          "such as '[0]*3+[1]*58'") from None
+    if len(pattern) != n or set(pattern) - {0, 1}:
+        raise ConfigError(f"--moe-layer-freq {text!r} gives {len(pattern)} layers of "
+                          f"{sorted(set(pattern))}; need {n} (--num-layers) values of 0 or 1")
+    return pattern
+
+
 def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     """Parse Megatron flags and validate them for ``world_size`` ranks.
 
@@ -430,7 +467,11 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         init_method_std=a["init_method_std"], rotary_base=a["rotary_base"],
         bias_swiglu_fusion=not a["no_bias_swiglu_fusion"], rope_fusion=not a["no_rope_fusion"],
         cross_entropy_loss_fusion=a["cross_entropy_loss_fusion"],
-        attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"])
+        attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"],
+        multi_latent_attention=a["multi_latent_attention"], q_lora_rank=a["q_lora_rank"],
+        kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
+        v_head_dim=a["v_head_dim"], moe_layer_pattern=_moe_pattern(a),
+        moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"])
     mcfg.check_attention(pcfg.cp)
     mbs = a["micro_batch_size"]
     gbs = a["global_batch_size"] if a["global_batch_size"] is not None else mbs * pcfg.dp

@@ -49,6 +49,12 @@ class ModelConfig:
     """MoE experts per MoE layer (None: dense)."""
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None
+    moe_layer_pattern: tuple[int, ...] | None = None
+    """Per layer, 1 for an MoE layer and 0 for a dense one (``--moe-layer-freq``; DeepSeek-V3's
+    first three layers are dense); None: every layer is MoE when ``num_experts`` is set."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """Width of the shared experts' MLP every MoE layer runs beside its routed experts on all
+    tokens (``--moe-shared-expert-intermediate-size``; DeepSeek-V3: one expert, 2048)."""
     hidden_dropout: float = 0.1
     """Dropout after attention / MLP (bias-dropout-add) and on embeddings (``--hidden-dropout``)."""
     norm_epsilon: float = 1e-5
@@ -72,6 +78,19 @@ class ModelConfig:
     uses that implementation's curve), ``auto`` leaving the choice open (priced by the GPU's
     default curve); ``unfused`` is Megatron-LM 2020-21's baddbmm, fused scale-mask-softmax,
     dropout, bmm over all s^2 scores (:mod:`models.layers.unfused_attention`)."""
+    multi_latent_attention: bool = False
+    """DeepSeek-V2/V3's multi-head latent attention instead of (G)QA (``--multi-latent-attention``;
+    :mod:`models.layers.mla`), with the ranks and head dims below."""
+    q_lora_rank: int | None = None
+    """Width of the compressed query (``--q-lora-rank``); None: queries projected directly."""
+    kv_lora_rank: int = 512
+    """Width of the compressed key/value latent (``--kv-lora-rank``)."""
+    qk_head_dim: int = 128
+    """Query/key head dim without the rotary part (``--qk-head-dim``)."""
+    qk_pos_emb_head_dim: int = 64
+    """Rotary part of the query/key head dim, the key's shared by all heads (``--qk-pos-emb-head-dim``)."""
+    v_head_dim: int = 128
+    """Value head dim (``--v-head-dim``)."""
     attention_dropout: float = 0.0
     """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
     Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
@@ -84,6 +103,17 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, layer_number: int) -> bool:
+        """Whether layer ``layer_number`` (0-based, global) routes its MLP through experts."""
+        if not self.num_experts:
+            return False
+        return self.moe_layer_pattern is None or bool(self.moe_layer_pattern[layer_number])
+
+    @property
+    def rotary_dim(self) -> int:
+        """Head dims RoPE rotates: the whole head, or MLA's rotary part."""
+        return self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
 
     @property
     def ffn_size(self) -> int:

@@ -131,7 +131,7 @@ class GPTModel(nn.Module):
     def _rotary(self, device: torch.device) -> torch.Tensor | None:
         if self.mcfg.position_embedding_type != "rope":
             return None
-        return rotary_freqs(self.mcfg.seq_length, self.mcfg.head_dim, base=self.mcfg.rotary_base,
+        return rotary_freqs(self.mcfg.seq_length, self.mcfg.rotary_dim, base=self.mcfg.rotary_base,
                             cp_size=self.pstate.cp_size, cp_rank=self.pstate.cp_rank).to(device)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch.nn as nn
 from heterosim.errors import ConfigError
 from models.config import ModelConfig, TrainConfig
 from models.layers.attention import SelfAttention
+from models.layers.mla import MultiLatentAttention
 from models.layers.linear import scaled_init_std
 from models.layers.mlp import MLP
 from models.layers.moe import MoELayer
@@ -78,11 +79,15 @@ class TransformerLayer(nn.Module):
         std = mcfg.init_method_std
         norm = dict(eps=mcfg.norm_epsilon, dtype=dtype, sequence_parallel=sp)
         self.input_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
-        self.self_attention = SelfAttention(
-            mcfg, pstate, dtype=dtype, init_std=std, fp8=fp8,
-            selective_recompute=tcfg.recompute_granularity == "selective")
+        attention = dict(dtype=dtype, init_std=std, fp8=fp8, selective_recompute=tcfg.recompute_granularity == "selective")
+        if mcfg.multi_latent_attention:
+            self.self_attention = MultiLatentAttention(
+                mcfg, pstate, **attention,
+                replicated_seed=None if replicated_seed is None else replicated_seed + 7919 + 2 * layer_number)
+        else:
+            self.self_attention = SelfAttention(mcfg, pstate, **attention)
         self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
-        if mcfg.num_experts:
+        if mcfg.is_moe_layer(layer_number):
             self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8,
                                 replicated_seed=None if replicated_seed is None else replicated_seed + 1 + layer_number)
         else:

@@ -163,6 +163,11 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--bf16", "--first-last-layers-bf16"], 1,
      "--first-last-layers-bf16 needs --fp8-format or --fp4-format"),
     (["--preset", "tiny", "--bf16", "--fp4-format", "mxfp4"], 1, "argument --fp4-format: invalid choice: 'mxfp4'"),
+    (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "[0]*3"], 1,
+     "--moe-layer-freq '[0]*3' gives 3 layers of [0]; need 8 (--num-layers) values of 0 or 1"),
+    (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "__import__('os')"], 1,
+     "--moe-layer-freq \"__import__('os')\": give an integer or a list expression of 0s and 1s such as "
+     "'[0]*3+[1]*58'"),
 ])
 def test_config_errors_name_the_values(argv, world, message):
     """Each mistake raises one ConfigError whose message names the offending values."""
@@ -237,6 +242,21 @@ def test_fp4_format_runs_the_nvfp4_recipe_and_bf16_layers_reach_the_config():
     cfg = parse_args(["--preset", "tiny", "--bf16", "--fp8-format", "hybrid", "--first-last-layers-bf16",
                       "--num-layers-at-start-in-bf16", "0", "--num-layers-at-end-in-bf16", "2"], 1)
     assert cfg.train.bf16_layers == (0, 2)
+
+
+def test_deepseek_flags_reach_the_model_config():
+    """MLA ranks and head dims, shared experts and --moe-layer-freq (an int: every N-th layer from the
+    first; a list expression: layer by layer) as Megatron-core names them."""
+    cfg = parse_args(["--preset", "tiny", "--multi-latent-attention", "--q-lora-rank", "64", "--kv-lora-rank", "32",
+                      "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--num-experts", "4",
+                      "--moe-shared-expert-intermediate-size", "96", "--moe-layer-freq", "[0]*2+[1]*6"], 1)
+    m = cfg.model
+    assert (m.multi_latent_attention, m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim,
+            m.v_head_dim, m.rotary_dim) == (True, 64, 32, 16, 8, 16, 8)
+    assert m.moe_shared_expert_intermediate_size == 96 and m.moe_layer_pattern == (0, 0, 1, 1, 1, 1, 1, 1)
+    assert [m.is_moe_layer(i) for i in (0, 2)] == [False, True]
+    every2 = parse_args(["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "2"], 1).model
+    assert every2.moe_layer_pattern == (1, 0, 1, 0, 1, 0, 1, 0)
 
 
 def test_amax_reduction_group_for_delayed_fp8_only():

@@ -139,3 +139,26 @@ def test_expert_parallel_equals_all_experts_on_one_rank(tmp_path):
     res = run_gloo(EP_BODY, world=2, tmp_path=tmp_path)
     for key, err in res.items():
         assert err < 1e-12, (key, err)
+
+
+def test_shared_experts_add_a_dense_mlp_on_every_token():
+    """--moe-shared-expert-intermediate-size 6: the layer's output is the routed experts' plus a
+    SwiGLU MLP of width 6 applied to every token (Megatron-core's SharedExpertMLP)."""
+    from types import SimpleNamespace
+
+    from models.config import ModelConfig
+    from models.layers.moe import MoELayer
+
+    torch.manual_seed(0)
+    solo = SimpleNamespace(ep_size=1, tp_size=1, sequence_parallel=False, ep_group=None, tp_group=None,
+                           async_tp_allreduce=True)
+    mcfg = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=2, ffn_hidden_size=12, num_experts=4,
+                       moe_router_topk=2, activation="swiglu", moe_shared_expert_intermediate_size=6)
+    moe = MoELayer(mcfg, solo, dtype=torch.float64, fp8=False)
+    x = torch.randn(4, 2, 8, dtype=torch.float64)
+    y, _ = moe(x)
+    shared = moe.shared_experts
+    moe.shared_experts = None
+    routed, _ = moe(x)
+    a, g = torch.chunk(x @ shared.linear_fc1.weight.t(), 2, dim=-1)
+    assert torch.allclose(y, routed + (torch.nn.functional.silu(a) * g) @ shared.linear_fc2.weight.t(), atol=1e-12)

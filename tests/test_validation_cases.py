@@ -706,6 +706,34 @@ def test_moe_words_and_fields():
         megatron_flags(_case(model={**moe, "arch": "MoE (SwiGLU, RMSNorm, RoPE)"}))
 
 
+def test_deepseek_reads_mla_shared_experts_and_dense_layers():
+    """A DeepSeek-V3 row: MLA with the released ranks and head dims, one shared expert of the expert
+    width, the first 3 of its layers dense, SwiGLU / RMSNorm / RoPE, each default said so; fields
+    win (a V2 row's 2 shared experts from its name); 'MLA' alone in an arch phrase reads as MLA."""
+    v3 = {"name": "DeepSeek-V3", "layers": 61, "hidden": 7168, "heads": 128, "ffn": 18432, "seq_len": 4096,
+          "vocab": 129280, "experts": 256, "topk": 8, "moe_ffn": 2048, "arch": "MoE, MLA, MTP"}
+    ci = megatron_flags(_case(model=v3, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8}))
+    f = list(ci.flags)
+    i = f.index("--multi-latent-attention")
+    assert f[i:i + 11] == ["--multi-latent-attention", "--q-lora-rank", "1536", "--kv-lora-rank", "512",
+                           "--qk-head-dim", "128", "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128"]
+    i = f.index("--moe-shared-expert-intermediate-size")
+    assert f[i:i + 4] == ["--moe-shared-expert-intermediate-size", "2048", "--moe-layer-freq", "[0]*3+[1]*58"]
+    assert "--swiglu" in f and f[f.index("--normalization") + 1] == "RMSNorm"
+    assert ("multi-head latent attention, not stated: q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, "
+            "qk_pos_emb_head_dim 64, v_head_dim 128 (DeepSeek-V3's released configuration (config.json))") in ci.assumptions
+    assert "dense layers not stated: 3 (DeepSeek-V3's released configuration (config.json))" in ci.assumptions
+    assert any(a.startswith("model.arch names multi-token prediction: not modelled") for a in ci.assumptions)
+    v2 = {**v3, "name": "DeepSeek-V2", "layers": 60, "kv_lora_rank": 256, "dense_layers": 2}
+    f = list(megatron_flags(_case(model=v2, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8})).flags)
+    assert f[f.index("--kv-lora-rank") + 1] == "256"
+    i = f.index("--moe-shared-expert-intermediate-size")
+    assert f[i:i + 4] == ["--moe-shared-expert-intermediate-size", "4096", "--moe-layer-freq", "[0]*2+[1]*58"]
+    plain = {**_case().model, "arch": "GPT (MLA, SwiGLU, RMSNorm, RoPE)"}
+    f = list(megatron_flags(_case(model=plain, parallelism={"tp": 4, "pp": 1, "dp": 4})).flags)
+    assert "--multi-latent-attention" in f and "--moe-layer-freq" not in f
+
+
 def test_model_family_configuration_and_absent_keys():
     """A Llama without a recipe: no bias, untied output layer, dropout 0 (its released config); an absent
     sequence_parallel key is as unstated as 'not stated'."""

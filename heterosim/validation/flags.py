@@ -141,7 +141,7 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         f.notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
-    flags += _moe_flags(f)
+    flags += _mla_flags(f, feats) + _moe_flags(f)
 
     def pick(key: str) -> tuple[Any, str | None]:  # the recipe's value, else the model family's
         return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)
@@ -207,7 +207,88 @@ def _moe_flags(f: Fields) -> list[str]:
         f.notes.append(f"router top-k not stated: {topk} (Megatron-LM's --moe-router-topk default)")
     flags = ["--num-experts", str(experts), "--moe-router-topk", str(topk)]
     ffn = field("ffn")
-    return flags + (["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else [])
+    flags += ["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else []
+    return flags + _deepseek_moe_flags(f, ffn)
+
+
+def _deepseek_moe_flags(f: Fields, moe_ffn: int | None) -> list[str]:
+    """Shared experts and leading dense layers (``model.shared_experts``, ``model.dense_layers`` /
+    ``first_k_dense``), else DeepSeek's released counts for a DeepSeek model (noted)."""
+    ds = _deepseek(f)
+    shared = _model_field(f, ("shared_experts", "n_shared_experts"))
+    dense = _model_field(f, ("dense_layers", "first_k_dense", "first_k_dense_replace"))
+    if ds is not None:
+        defaults, src = ds
+        for what, got in (("shared_experts", shared), ("dense_layers", dense)):
+            if got is None:
+                f.notes.append(f"{what.replace('_', ' ')} not stated: {defaults[what]} ({src})")
+        shared = defaults["shared_experts"] if shared is None else shared
+        dense = defaults["dense_layers"] if dense is None else dense
+    flags: list[str] = []
+    if shared:
+        if moe_ffn is None:
+            raise ConfigError(f"case {f.case.id}: shared experts need the expert width; give model.moe_ffn")
+        flags += ["--moe-shared-expert-intermediate-size", str(shared * moe_ffn)]
+    if dense:
+        layers = f.count("model", "layers")
+        if dense >= layers:
+            raise ConfigError(f"case {f.case.id}: {dense} dense layers leave no MoE layer of {layers}")
+        flags += ["--moe-layer-freq", f"[0]*{dense}+[1]*{layers - dense}"]
+    return flags
+
+
+# DeepSeek's released configurations (deepseek-ai/DeepSeek-V3 and DeepSeek-V2 config.json; arXiv
+# 2412.19437 / 2405.04434): multi-head latent attention ranks and head dims, shared experts, the
+# dense layers before the first MoE layer. V3: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim
+# 128, qk_rope_head_dim 64, v_head_dim 128, n_shared_experts 1, first_k_dense_replace 3; V2 the same
+# MLA with n_shared_experts 2 and first_k_dense_replace 1.
+DEEPSEEK: dict[str, dict[str, int]] = {
+    "v3": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+           "v_head_dim": 128, "shared_experts": 1, "dense_layers": 3},
+    "v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+           "v_head_dim": 128, "shared_experts": 2, "dense_layers": 1},
+}
+_MLA_KEYS = {"q_lora_rank": ("q_lora_rank",), "kv_lora_rank": ("kv_lora_rank",),
+             "qk_head_dim": ("qk_head_dim", "qk_nope_head_dim"),
+             "qk_pos_emb_head_dim": ("qk_pos_emb_head_dim", "qk_rope_head_dim"), "v_head_dim": ("v_head_dim",)}
+
+
+def _deepseek(f: Fields) -> tuple[dict[str, int], str] | None:
+    """DeepSeek's released settings when ``model.name`` / ``model.arch`` names DeepSeek (V2 where it
+    says so, else V3), with where they come from."""
+    text = f"{f.case.model.get('name', '')} {f.case.model.get('arch', '')}".lower()
+    if "deepseek" not in text:
+        return None
+    v = "v2" if re.search(r"deepseek[\s_-]*v2", text) else "v3"
+    return DEEPSEEK[v], f"DeepSeek-{v.upper()}'s released configuration (config.json)"
+
+
+def _model_field(f: Fields, names: tuple[str, ...]) -> int | None:
+    key = next((k for k in names if k in f.case.model), None)
+    return f.count("model", key, required=False) if key else None
+
+
+def _mla_flags(f: Fields, feats: dict[str, str]) -> list[str]:
+    """``--multi-latent-attention`` and its ranks where ``model.arch`` names MLA or the model is
+    DeepSeek's: the model's fields, else DeepSeek's released values (noted)."""
+    ds = _deepseek(f)
+    if feats.get("attn") != "mla" and ds is None:
+        return []
+    if feats.get("mtp"):
+        f.notes.append("model.arch names multi-token prediction: not modelled (one more layer and output "
+                       "head on the last pipeline stage)")
+    defaults, src = ds or (DEEPSEEK["v3"], "DeepSeek-V3's released configuration (config.json)")
+    flags = ["--multi-latent-attention"]
+    stated = []
+    for key, names in _MLA_KEYS.items():
+        value = _model_field(f, names)
+        if value is None:
+            value = defaults[key]
+            stated.append(f"{key} {value}")
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    if stated:
+        f.notes.append(f"multi-head latent attention, not stated: {', '.join(stated)} ({src})")
+    return flags
 
 
 # ----------------------------------------------------------------------------------- parallelism

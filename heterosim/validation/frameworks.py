@@ -160,11 +160,14 @@ FAMILY_WORDS = ("llama", "mistral", "mixtral", "nemotron", "qwen", "deepseek")
 # Their layers where ``model.arch`` does not say (the same configurations): Llama, Mistral /
 # Mixtral and Qwen are SwiGLU, RMSNorm, RoPE (config.json: hidden_act "silu" in a gated MLP,
 # rms_norm_eps, rope_theta); Nemotron-4 is squared ReLU, LayerNorm (layernorm1p), RoPE (arXiv
-# 2402.16819 section 2). DeepSeek's MLA and MoE layers are not read from a name.
+# 2402.16819 section 2).
 FAMILY_LAYERS: dict[str, dict[str, str]] = {
     **{w: {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope"}
        for w in ("llama", "mistral", "mixtral", "qwen")},
     "nemotron": {"activation": "squared_relu", "normalization": "LayerNorm", "position_embedding": "rope"},
+    # DeepSeek-V2/V3 (config.json: hidden_act "silu" in gated MLPs, rms_norm_eps, rope_theta); their
+    # MLA and MoE settings: heterosim.validation.flags (DEEPSEEK).
+    "deepseek": {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope"},
 }
 
 

@@ -150,6 +150,10 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
     "bias": ("bias", "yes"), "biases": ("bias", "yes"),
     # Qwen3's RMSNorm of each head's query and key: named, not modelled (two head-dim norms a layer).
     "qk norm": ("qk_norm", "yes"), "qk layernorm": ("qk_norm", "yes"), "qknorm": ("qk_norm", "yes"),
+    # DeepSeek-V2/V3's multi-head latent attention (flags._mla_flags), and their multi-token
+    # prediction head (named, not modelled).
+    "mla": ("attn", "mla"), "latent": ("attn", "mla"), "multi head latent": ("attn", "mla"),
+    "mtp": ("mtp", "yes"), "multi token prediction": ("mtp", "yes"),
 }
 # Words that name no feature (families, parts, connectives).
 ARCH_FILLERS = frozenset((
@@ -158,7 +162,8 @@ ARCH_FILLERS = frozenset((
     "positional", "positions", "embedding", "embeddings", "attention", "pre", "post", "norm", "ln", "and", "with",
     "a", "the", "of", "in", "groups", "group", "heads", "head", "kv", "layers", "layer", "linear",
     # mixture-of-experts words: the counts beside them are read by the flag builder (flags._moe_flags)
-    "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral"))
+    "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral", "shared",
+    "deepseek"))
 _PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
 
 
@@ -167,6 +172,7 @@ def _arch_tokens(part: str) -> list[str]:
     # "llama"; digits alone are not words).
     t = re.sub(r"\b\d+x\d+(?:\.\d+)?[bm]\b|\b\d+(?:\.\d+)?[bm]\b", " ", part.lower())
     t = re.sub(r"\b(gpt|llama|qwen|gemma|falcon|olmo|mistral|mixtral|nemotron)\d+(?:\.\d+)?\b", r"\1", t)
+    t = re.sub(r"\bv\d+(?:\.\d+)?\b", " ", t)  # "DeepSeek-V3"
     t = re.sub(r"[-_/=.+]", " ", t)
     for p in _PHRASES:
         t = re.sub(rf"\b{p}\b", p.replace(" ", "\0"), t)

@@ -36,11 +36,12 @@ __all__ = ["SelfAttention", "core_attention"]
 
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of ``q [s, b, np, d]`` over ``k, v [s, b, ng, d]`` -> ``[s, b, np*d]``."""
-    s, b, np_, d = q.shape
+    """Causal attention of ``q [s, b, np, d]`` over ``k [s, b, ng, d]``, ``v [s, b, ng, dv]`` ->
+    ``[s, b, np*dv]`` (``dv`` = ``d`` but for MLA)."""
+    s, b, np_ = q.shape[:3]
     qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
     out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=kh.shape[1] != np_)
-    return out.permute(2, 0, 1, 3).reshape(s, b, np_ * d)
+    return out.permute(2, 0, 1, 3).reshape(s, b, np_ * v.shape[-1])
 
 
 class SelfAttention(nn.Module):

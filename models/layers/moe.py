@@ -38,7 +38,7 @@ from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, group_size, reduce_scatter_to_sp
-from models.layers.mlp import activation_fn
+from models.layers.mlp import MLP, activation_fn
 
 __all__ = ["MoELayer", "balanced_permutation"]
 
@@ -126,6 +126,13 @@ class MoELayer(nn.Module):
         for p in (self.fc1, self.fc2):
             p.allreduce = False
             p.tensor_model_parallel = tp > 1
+        self.shared_experts = None
+        if mcfg.moe_shared_expert_intermediate_size:  # Megatron-core's SharedExpertMLP: a TP-split MLP
+            self.shared_experts = MLP(
+                h, mcfg.moe_shared_expert_intermediate_size, activation=mcfg.activation, tp_group=pstate.tp_group,
+                sequence_parallel=pstate.sequence_parallel, bias=False, dtype=dtype, init_std=std,
+                out_init_std=scaled_init_std(std, mcfg.num_layers), fp8=fp8,
+                async_allreduce=pstate.async_tp_allreduce, fused_activation=mcfg.bias_swiglu_fusion)
 
     def forward(self, x: torch.Tensor):
         s, b, h = x.shape
@@ -154,6 +161,9 @@ class MoELayer(nn.Module):
         out = reduce_scatter_to_sp(out, ps.tp_group)
         out = _AllToAll.apply(out, ps.ep_group)  # back in this rank's expert-major order
         weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
-        combined = torch.zeros_like(tokens).index_add(0, rows, weighted)
-        return combined.view(s, b, h), None
+        combined = torch.zeros_like(tokens).index_add(0, rows, weighted).view(s, b, h)
+        if self.shared_experts is not None:  # every token, beside the routed experts
+            shared, _ = self.shared_experts(x)
+            combined = combined + shared
+        return combined, None
 
