@@ -296,7 +296,7 @@ class DataParallel:
         b.param_issued = True
         if _group_size(b.group) > 1:
             assert b.param is not None
-            with te_fp8.wire(b.fp8), get_annotator().scope(region="param_gather"):
+            with te_fp8.wire(b.fp8, usage="param"), get_annotator().scope(region="param_gather"):
                 b.param_work = dist.all_gather_single(b.param, b.shard(b.param), group=b.group,
                                                       async_op=async_op)
 

@@ -62,3 +62,34 @@ def test_update_without_a_group_and_under_current_scaling():
     assert torch.equal(x.grad, torch.ones(3))
     t = torch.ones(3)  # no gradient will reach it: returned as is, no autograd node
     assert s.on_backward_end(t) is t
+
+
+def test_wire_widths_per_recipe_and_usage():
+    """The comm dtype a collective inside ``wire`` is recorded at: plain fp8 for delayed / tensorwise
+    (any usage); both packed copies, the column-wise one, or no narrowing (a GEMM output for a
+    reduction, the optimizer's weight gather) for the block-scaled recipes."""
+    from contextlib import contextmanager
+
+    from heterosim.annotate import Annotator, set_annotator
+
+    seen = []
+
+    class Recording(Annotator):
+        @contextmanager
+        def scope(self, **tags):
+            seen.append(tags.get("comm_dtype"))
+            yield
+
+    def tag(name, usage):
+        seen.clear()
+        with te_fp8.recipe(name), te_fp8.wire(True, usage):
+            return seen[0] if seen else None
+
+    old = set_annotator(Recording())
+    try:
+        assert [tag("delayed", u) for u in ("both", "param")] == ["fp8", "fp8"]
+        assert [tag("mxfp8", u) for u in ("both", "columnwise", "output", "param")] == ["mxfp8x2", "mxfp8", None, None]
+        assert [tag("nvfp4", u) for u in ("both", "columnwise")] == ["nvfp4x2", "nvfp4"]
+        assert tag("delayed", "both") == "fp8" and te_fp8.wire(False) is not None and seen == ["fp8"]
+    finally:
+        set_annotator(old)

@@ -93,14 +93,17 @@ def wire(fp8: bool, usage: str = "both"):
     all-gathers); a no-op without ``fp8``. ``delayed`` / ``tensorwise``: one byte per element.
     Block-scaled recipes: the copies and their scales (:mod:`models.layers.block_scaling`) per
     ``usage``: ``both`` (row- and column-wise: a GEMM input and its weight-gradient operand),
-    ``columnwise`` (the weight-gradient copy alone) or ``output`` (a GEMM output written narrow for
-    a reduction, TE's ``fp8_buf``: the block-scaled recipes have none, so no narrowing)."""
+    ``columnwise`` (the weight-gradient copy alone), ``output`` (a GEMM output written narrow for
+    a reduction, TE's ``fp8_buf``: the block-scaled recipes have none, so no narrowing) or ``param``
+    (the distributed optimizer's gather of fp8 weights: Megatron-core gathers MXFP8 weights through
+    the bf16 gradient buffer and quantizes them after, ``reuse_grad_buf_for_mxfp8_param_ag``, so the
+    block-scaled recipes move the buffer's own width)."""
     if not fp8:
         return nullcontext()
     packed = _WIRE[_RECIPE[0]]
     if packed is None:
         return get_annotator().scope(comm_dtype="fp8")
-    if usage == "output":
+    if usage in ("output", "param"):
         return nullcontext()
     return get_annotator().scope(comm_dtype=packed + "x2" if usage == "both" else packed)
 
