@@ -75,5 +75,9 @@ class TraceMismatchError(ReplayError):
     """Collectives or p2p ops do not match across ranks (order, size or partner)."""
 
 
+class TimeLimitError(HeteroSimError):
+    """Work ran past the time limit it was given (``validate --case-timeout``)."""
+
+
 class OutputPathError(HeteroSimError):
     """An output path holds something HeteroSim must not replace, or cannot be written."""

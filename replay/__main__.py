@@ -3,7 +3,8 @@
     python -m replay simulate TRACE --cluster PRESET|FILE [--kernel-db DB] [--backend numpy|cupy]
                               [--placement FILE] [--no-link-sharing] [--fail-on-oom] [--json] [--timeline F] [--plot F]
     python -m replay clusters [--json]
-    python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--jobs N] [--json] [--markdown] [--plot F]
+    python -m replay validate CASES.yaml [--only ID...] [--cache-dir D] [--jobs N] [--case-timeout S] [--json]
+        [--markdown] [--plot F]
 
 Thin over :func:`replay.simulate.simulate` and :func:`heterosim.cluster.list_presets`. Errors print
 one line (``error: ...``) and exit 2.
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="cases run at a time, each in its own process (default 2: a replay is single-"
                         "threaded, so a second case uses the other CPU; timings in docs/calibration.md, "
                         "'Cost')")
+    v.add_argument("--case-timeout", type=float, default=None, metavar="S",
+                   help="seconds one case may take, capture and replay (default 900; 0: no limit); a "
+                        "case past it fails alone and the run goes on")
     return ap
 
 
@@ -95,9 +99,12 @@ def _validate(a: argparse.Namespace) -> int:
 
     if a.jobs < 1:
         raise ConfigError(f"--jobs {a.jobs}: give 1 or more")
+    from heterosim.validation.validate import CASE_TIMEOUT_S
+
     rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
                    progress=None if a.json else progress, jobs=a.jobs, finished=finished,
-                   nccl_env=_nccl_env(a.nccl_env) or None)
+                   nccl_env=_nccl_env(a.nccl_env) or None,
+                   case_timeout=CASE_TIMEOUT_S if a.case_timeout is None else a.case_timeout)
     if a.plot:
         rep.write_plot(a.plot)
     if a.json:

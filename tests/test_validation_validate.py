@@ -304,3 +304,32 @@ def test_the_launch_scripts_nccl_env_reaches_the_replay_under_the_callers(monkey
         with pytest.raises(Stop):
             v._e2e(case, None, caller, None)
         assert seen.pop() == want
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_case_past_its_time_limit_fails_alone(tmp_path, monkeypatch, jobs):
+    """case_timeout 0.5 s: a case that takes 3 s is stopped and reported as an error naming the
+    limit and the ways round it; the other case runs (in this process and in forked workers)."""
+    import time
+
+    import heterosim.validation.validate as v
+
+    real = v.run_case
+
+    def slow(case, **kw):
+        if case.id == "coll-slow":
+            time.sleep(3)
+        return real(case, **kw)
+
+    monkeypatch.setattr(v, "run_case", slow)
+    t0 = time.perf_counter()
+    rep = v.validate(_write(tmp_path, [{**COLL, "id": "coll-slow"}, COLL]), cache_dir=tmp_path / "cache",
+                     jobs=jobs, case_timeout=0.5)
+    by = {c.id: c for c in rep.cases}
+    assert by["coll-8"].status == "ok" and time.perf_counter() - t0 < 2.5
+    assert by["coll-slow"].status == "error"
+    assert by["coll-slow"].message == (
+        "TimeLimitError: case coll-slow ran past its 0.5 s limit and was stopped; run it alone with a larger "
+        "--case-timeout (0: no limit), or replay its cached trace with python -m replay simulate")
+    with pytest.raises(ConfigError, match=r"case timeout -1: give seconds >= 0 \(0: no limit\)"):
+        v.validate(_write(tmp_path, [COLL]), case_timeout=-1)

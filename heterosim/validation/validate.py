@@ -17,6 +17,7 @@ Nothing here reads a measured number to set a prediction: calibration lives in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -25,12 +26,14 @@ import math
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from heterosim.errors import ConfigError, HeteroSimError
+from heterosim.errors import ConfigError, HeteroSimError, TimeLimitError
 
 from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
 from .report import SCHEMA_VERSION, CaseResult, Comparison, Report
@@ -293,14 +296,22 @@ def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env
     return None
 
 
+CASE_TIMEOUT_S = 900.0
+"""Default wall-time limit of one case (capture and replay), seconds: the 70 DGX H100 rows take
+under 3 minutes each cold on two CPUs; a case past it fails alone (:class:`TimeLimitError`)."""
+
+
 def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
              cache_dir: str | os.PathLike | None = None, nccl_env: Any = None, kernel_db: Any = None,
              progress: Callable[[str], None] | None = None, jobs: int = 1,
-             finished: Callable[[str, float], None] | None = None) -> Report:
+             finished: Callable[[str, float], None] | None = None,
+             case_timeout: float | None = CASE_TIMEOUT_S) -> Report:
     """Run every end-to-end and collective case of ``path`` (or those in ``only``).
 
     ``jobs`` > 1 runs that many cases at a time, each in a process forked from this one, largest
     world first (the report keeps the file's order and is the same as with ``jobs=1``).
+    ``case_timeout``: seconds a case may take (None or 0: no limit); one that runs past it is
+    stopped and reported as an error, and the run goes on.
     ``progress(id)`` is called when a case starts, ``finished(id, seconds)`` when it ends (wall
     seconds, capture included); neither enters the report, which stays the same run to run.
     """
@@ -312,7 +323,9 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
             raise ConfigError(f"--only {bad[0]!r}: no such case in {path}; ids: {', '.join(sorted(ids))}")
         cases = [c for c in cases if c.id in set(only)]
     todo = [c for c in cases if c.category in ("end_to_end", "collective")]
-    kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db}
+    if case_timeout is not None and not (math.isfinite(case_timeout) and case_timeout >= 0):
+        raise ConfigError(f"case timeout {case_timeout!r}: give seconds >= 0 (0: no limit)")
+    kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db, "timeout": case_timeout or None}
     started: dict[int, float] = {}
 
     def start(i: int) -> None:
@@ -372,10 +385,36 @@ def _learnt(i: int, value: tuple[CaseResult | None, list]) -> CaseResult | None:
 
 
 def _run_one(case: Case, kw: dict) -> CaseResult | None:
+    kw = dict(kw)
+    timeout = kw.pop("timeout", None)
     try:
-        return run_case(case, **kw)
+        with _time_limit(timeout, case.id):
+            return run_case(case, **kw)
     except HeteroSimError as e:
         return CaseResult(id=case.id, category=case.category, status="error", message=f"{type(e).__name__}: {e}")
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None, case_id: str) -> Iterator[None]:
+    """Raise :class:`TimeLimitError` in this thread ``seconds`` after entering (a real-time
+    interval timer; a no-op without a limit or off the main thread, where signals cannot land).
+    What the case had started (forked capture workers) is stopped as the exception unwinds it."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeLimitError(f"case {case_id} ran past its {seconds:g} s limit and was stopped; run it "
+                             f"alone with a larger --case-timeout (0: no limit), or replay its cached "
+                             f"trace with python -m replay simulate")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _size_hint(case: Case) -> int:

@@ -23,11 +23,12 @@ NB: the attention kernel is recorded with the value heads zero-padded to the que
 (PyTorch's fused CPU kernel takes one head dim; cuDNN's and FlashAttention-3's take two), so its
 FLOPs count ``2 (dqk + dqk)`` instead of ``2 (dqk + dv)`` per score: +20% of the attention
 kernel's for DeepSeek-V3's 192 / 128 (~1-2% of a layer's time), plus the pad and slice copies.
-NB: the down projections' weights are not quantized to fp8 under Megatron-core's fp8 (they run
-inside its ``fp8_autocast`` like the other linear layers: marked fp8 here as well); the
-q/kv norms run unfused with the up projections (TE fuses them into ``LayerNormColumnParallelLinear``:
-one kernel either way, the same bytes). Context parallelism and the unfused attention backend
-are not modelled with MLA.
+NB: the down projections run inside Megatron-core's ``fp8_autocast`` like the other linear layers
+and are marked fp8 here, without the casts TE runs around them (their inputs are the rank's own
+tokens, 1/tp of a column-parallel layer's); the q/kv norms are kernels of their own before the up
+projections, as in TE's ``LayerNormColumnParallelLinear`` (a norm kernel, then the GEMM); the
+TP userbuffer overlap (``--tp-comm-overlap``) is not applied to MLA's projections. Context
+parallelism and the unfused attention backend are not modelled with MLA.
 """
 
 from __future__ import annotations
