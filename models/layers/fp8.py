@@ -98,6 +98,8 @@ def wire(fp8: bool, usage: str = "both"):
     (the distributed optimizer's gather of fp8 weights: Megatron-core gathers MXFP8 weights through
     the bf16 gradient buffer and quantizes them after, ``reuse_grad_buf_for_mxfp8_param_ag``, so the
     block-scaled recipes move the buffer's own width)."""
+    if usage not in WIRE_USAGES:
+        raise ValueError(f"unknown wire usage {usage!r}; valid: {', '.join(WIRE_USAGES)}")
     if not fp8:
         return nullcontext()
     packed = _WIRE[_RECIPE[0]]
@@ -108,6 +110,8 @@ def wire(fp8: bool, usage: str = "both"):
     return get_annotator().scope(comm_dtype=packed + "x2" if usage == "both" else packed)
 
 
+WIRE_USAGES: tuple[str, ...] = ("both", "columnwise", "output", "param")
+"""What a collective in :func:`wire` moves of a quantized tensor."""
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 """Megatron-core's ``--fp8-recipe`` names modelled."""
 FP4_RECIPES: tuple[str, ...] = ("nvfp4",)
