@@ -155,6 +155,21 @@ def test_nvlink_alone_on_eight_sxm_gpus_is_an_nvswitch_board(gpu, intra, gpn, la
             "(HGX / DGX A100 and later), taken as one") in notes
 
 
+@pytest.mark.parametrize("gpu,gpn,lanes", [("NVIDIA H100 80GB HBM3", 8, 18), ("NVIDIA B200", 8, 18),
+                                           ("NVIDIA A100-PCIe-80GB", 8, None), ("NVIDIA H100 80GB HBM3", 4, None)])
+def test_unstated_intra_node_on_eight_sxm_gpus_is_an_nvswitch_board(gpu, gpn, lanes):
+    """No intra_node and no preset system: 8 SM80+ SXM GPUs per node still sit on an NVSwitch
+    baseboard at the GPU's datasheet NVLink rate (said so); PCIe cards and 4-GPU nodes get none."""
+    spec, _, notes = cluster_for({"gpu": gpu, "gpus_per_node": gpn}, 16)
+    nv = spec["node_types"]["node"].get("nvlink")
+    if lanes is None:
+        assert nv is None
+        return
+    assert (nv["kind"], nv["lanes"]) == ("nvswitch", lanes)
+    assert ("intra_node not stated: an NVSwitch baseboard at the GPU's datasheet NVLink rate (8 SM80+ SXM GPUs "
+            "per node: HGX / DGX A100 and later)") in notes
+
+
 def test_family_layers_where_arch_is_silent():
     """A row naming its family but no architecture words gets the family's layers, noted: Llama
     SwiGLU / RMSNorm / RoPE, Nemotron-4 squared ReLU / LayerNorm / RoPE; words still win."""

@@ -198,13 +198,17 @@ def _preset_node(system: str, gpn: int) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def _switch_board(spec: Any, gpus_per_node: Any) -> bool:
+    """Whether a node of ``gpus_per_node`` of ``spec`` sits on an NVSwitch baseboard: HGX / DGX A100
+    and later join 8 SXM GPUs through NVSwitch chips (an 8-GPU mesh exists only before them: DGX-1's
+    hybrid cube-mesh of V100s), so "NVLink" alone, or nothing, on such a node means them."""
+    return (spec.vendor == "nvidia" and spec.compute_capability >= 80 and spec.nvlink_bw > 0
+            and "pcie" not in spec.name.lower() and gpus_per_node == 8)
+
+
 def _set_nvlink(node: dict[str, Any], intra: str, spec: Any, notes: list[str]) -> None:
     """The node's ``nvlink:`` section from the intra-node text (removed for a PCIe-only node)."""
-    # HGX / DGX A100 and later join 8 SXM GPUs through NVSwitch chips (an 8-GPU mesh exists only
-    # before them: DGX-1's hybrid cube-mesh of V100s), so "NVLink" alone on such a node means them.
-    board = (spec.vendor == "nvidia" and spec.compute_capability >= 80 and "pcie" not in spec.name.lower()
-             and node.get("gpus_per_node") == 8)
-    nv = _nvlink(intra, spec.nvlink_bw / 1e9, board)
+    nv = _nvlink(intra, spec.nvlink_bw / 1e9, _switch_board(spec, node.get("gpus_per_node")))
     if nv is None:
         node.pop("nvlink", None)
         return
@@ -259,6 +263,11 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
                      "rail-optimized fabric, 32 nodes per leaf")
     if intra:
         _set_nvlink(node, intra, spec, notes)
+    elif base is None and _switch_board(spec, gpn):
+        notes.append("intra_node not stated: an NVSwitch baseboard at the GPU's datasheet NVLink rate "
+                     "(8 SM80+ SXM GPUs per node: HGX / DGX A100 and later)")
+        gen = 5 if spec.compute_capability >= 100 else 4 if spec.compute_capability >= 90 else 3
+        _set_nvlink(node, f"NVLink{gen} NVSwitch", spec, notes)
     domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
     if domain is not None and domain > gpn and base is None:
         # One NVSwitch fabric joins the trays of a rack (NVIDIA GB200 NVL72: 18 trays of 4 GPUs, 72
