@@ -1,6 +1,7 @@
 """models.layers.fp8.DelayedScaling without a process group: which modules count as fp8 GEMMs,
 the amax histories' shapes, and the op sequence of one update (hand-counted)."""
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -90,6 +91,10 @@ def test_wire_widths_per_recipe_and_usage():
         assert [tag("delayed", u) for u in ("both", "param")] == ["fp8", "fp8"]
         assert [tag("mxfp8", u) for u in ("both", "columnwise", "output", "param")] == ["mxfp8x2", "mxfp8", None, None]
         assert [tag("nvfp4", u) for u in ("both", "columnwise")] == ["nvfp4x2", "nvfp4"]
-        assert tag("delayed", "both") == "fp8" and te_fp8.wire(False) is not None and seen == ["fp8"]
+        seen.clear()
+        with te_fp8.wire(False):
+            assert seen == []  # no scope opened without fp8
+        with pytest.raises(ValueError, match="unknown wire usage 'column'; valid: both, columnwise, output, param"):
+            te_fp8.wire(True, "column")
     finally:
         set_annotator(old)

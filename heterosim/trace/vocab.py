@@ -86,9 +86,9 @@ e4m3 scale per 16 elements), ``mxfp8`` one MXFP8 copy (e4m3 data and an e8m0 sca
 blockwise's fp32 scale per 128 is the same 1/32 byte); ``...x2`` the row-wise and column-wise
 copies together (what Transformer Engine's quantized all-gathers move for a GEMM input that its
 weight gradient also reads). Names of a capture's ``scope(comm_dtype=...)``, not of any op's dtype."""
-PACKED_BLOCK: dict[str, int] = {"nvfp4": 16, "nvfp4x2": 16, "mxfp8": 32, "mxfp8x2": 32}
-"""Elements per scaling block of each packed format: a tensor of partial blocks is not quantized
-for the wire (Transformer Engine gathers it in high precision)."""
+PACKED_BLOCK: dict[str, int] = {"nvfp4": 16, "mxfp8": 32}
+"""Elements per scaling block of each packed format (its ``x2`` form too): a tensor of partial
+blocks is not quantized for the wire (Transformer Engine gathers it in high precision)."""
 
 DTYPE_OF_TORCH: dict[str, str] = {
     "float32": "fp32",
