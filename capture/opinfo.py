@@ -21,6 +21,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from capture import ssd_cost
 from heterosim.trace import vocab
 from heterosim.trace.vocab import DTYPE_OF_TORCH
 
@@ -305,11 +306,15 @@ def describe(
         dtype = gemm_dtype or dtype_name((ins[1] if packet in _BETA_GEMM else ins[0]).dtype)
     elif kc == "attention":
         dims, _ = _attention_dims(packet, args, kwargs)
+    elif kc == "ssm":
+        dims = {}
     else:
         dims = {"numel": int(numel)}
     full = 0.0
     if packet in _UPPER_TRIANG_READS and func.namespace == "heterosim":
         bytes_read, bytes_written, full = _upper_triang_softmax_cost(packet, ins[0])
+    elif packet in ssd_cost.PACKETS and func.namespace == "heterosim":
+        bytes_read, bytes_written, full, dims = ssd_cost.ssd_cost(packet, args)
     elif kc == "gemm":
         # 2mnk per batch, torch's formula for mm / addmm / bmm / baddbmm, taken from the dims so
         # that overloads its registry does not parse (addmm.dtype_out's out_dtype) count too.

@@ -43,7 +43,7 @@ __all__ = ["Price", "Pricer", "price", "SOURCES", "fusion_groups", "scale_factor
 SOURCES = ("measured", "interpolated", "scaled", "roofline")
 """Source kinds; a scaled price's source reads ``scaled:<gpu name>``."""
 
-_TENSOR_CLASSES = ("gemm", "attention")
+_TENSOR_CLASSES = ("gemm", "attention", "ssm")
 _BRACKET_DIMS = {"gemm": ("m", "n", "k", "batch"), "attention": ("b", "h", "sq", "sk", "d")}
 _MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal", "impl")}
 

@@ -14,6 +14,8 @@ The efficiency curves are named parameters in ``kernel_db/data/efficiency.yaml``
   split-K factor when even the smallest tile leaves SMs idle. ``k_half`` is the prologue/epilogue cost in K steps.
 - Attention (flash kernels): ``eff_max[dir] * wave_eff(b*h*ceil(sq/block_m)) * sk/(sk+sk_half) *
   (min(d, 128)/128) ** head_dim_exp``; ``flops`` are the executed ones (causal halves them).
+- SSM scan (Mamba-2's fused conv + SSD): ``eff_fwd`` / ``eff_bwd`` of the dtype's peak, against its
+  memory traffic (states and chunk scores go through HBM).
 - Every other class is priced by its memory traffic; its math (on CUDA cores) rarely binds.
 
 Known limitations: no L2 residency (a kernel whose inputs sit in L2 runs faster than this says),
@@ -253,6 +255,11 @@ def roofline_time(
         else:  # NB: no shape: assume a long-sequence kernel (eff_max of its direction only)
             a = attention_params(dims, params["attention"])
             eff = float(a["eff_max_bwd"] if dims.get("dir") == "bwd" else a["eff_max_fwd"])
+        compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0
+    elif kernel_class == "ssm":
+        # Mamba-2's conv + chunked SSD (capture/ssd_cost.py): its bmm pieces on tensor cores at one
+        # fraction of the dtype's peak per direction, its states and C B^T through HBM.
+        eff = float(params["ssm"]["eff_bwd" if dims.get("dir") == "bwd" else "eff_fwd"])
         compute_s = flops / (gpu.peak(dtype) * eff * ratio) if flops else 0.0
     else:
         # NB: non-GEMM math runs on CUDA cores, not tensor cores: fp32 vector rate x vector_eff.

@@ -131,7 +131,8 @@ _DEFAULTS: dict[str, Any] = {
     "init_method_std": 0.02, "rotary_base": 10000.0, "attention_backend": "auto",
     "attention_dropout": 0.0, "lr": 1e-4, "weight_decay": 0.01,
     "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
-    "loss_scale": None, "seed": 1234,
+    "loss_scale": None, "seed": 1234, "hybrid_override_pattern": None, "mamba_state_dim": 128,
+    "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None,
 }
 
 
@@ -167,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--moe-router-topk", "--moe-ffn-hidden-size", "--recompute-num-layers",
               "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
               "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-              "--moe-shared-expert-intermediate-size"):
+              "--moe-shared-expert-intermediate-size", "--mamba-state-dim", "--mamba-head-dim",
+              "--mamba-num-groups", "--mamba-num-heads"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
@@ -218,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fp4-recipe", str, FP4_RECIPES,
         help="how fp4 tensors are scaled: nvfp4 (Transformer Engine's NVFP4BlockScaling: e4m3 scales per "
              "16 elements, current per-tensor scaling, both copies quantized at once)")
+    add("--hybrid-override-pattern", str,
+        help="a hybrid Mamba / transformer model (Megatron-core's MambaModel; Nemotron-H): one symbol per "
+             "layer, M a Mamba-2 mixer, * self-attention, - an MLP, E an MoE MLP (--num-layers defaults "
+             "to its length)")
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
@@ -402,6 +408,38 @@ def _moe_pattern(a: dict[str, Any]) -> tuple[int, ...] | None:
     return pattern
 
 
+def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig:
+    """The :class:`ModelConfig` of the merged flags ``a``."""
+    h, heads = a["hidden_size"], a["num_attention_heads"]
+    ffn = a["ffn_hidden_size"]
+    if ffn is None and a["swiglu"]:
+        # Megatron keeps swiglu's 3 matrices near 4h x h params, rounded down to a multiple of 64.
+        ffn = int((4 * h * 2 / 3) / 64) * 64
+    activation = "swiglu" if a["swiglu"] else "squared_relu" if a["squared_relu"] else "gelu"
+    return ModelConfig(
+        num_layers=a["num_layers"], hidden_size=h, num_attention_heads=heads,
+        num_query_groups=groups, ffn_hidden_size=ffn, kv_channels=a["kv_channels"],
+        seq_length=a["seq_length"], max_position_embeddings=a["max_position_embeddings"],
+        vocab_size=pad_vocab_size(a["vocab_size"], a["make_vocab_size_divisible_by"], tp),
+        activation=activation, normalization=a["normalization"],
+        position_embedding_type=a["position_embedding_type"],
+        untie_embeddings_and_output_weights=a["untie_embeddings_and_output_weights"],
+        add_bias_linear=not a["disable_bias_linear"], num_experts=a["num_experts"],
+        moe_router_topk=a["moe_router_topk"], moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
+        hidden_dropout=a["hidden_dropout"], norm_epsilon=a["norm_epsilon"],
+        init_method_std=a["init_method_std"], rotary_base=a["rotary_base"],
+        bias_swiglu_fusion=not a["no_bias_swiglu_fusion"], rope_fusion=not a["no_rope_fusion"],
+        cross_entropy_loss_fusion=a["cross_entropy_loss_fusion"],
+        attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"],
+        multi_latent_attention=a["multi_latent_attention"], q_lora_rank=a["q_lora_rank"],
+        kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
+        v_head_dim=a["v_head_dim"], moe_layer_pattern=_moe_pattern(a),
+        moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
+        hybrid_layer_pattern=a["hybrid_override_pattern"], mamba_state_dim=a["mamba_state_dim"],
+        mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
+        mamba_num_heads=a["mamba_num_heads"])
+
+
 def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     """Parse Megatron flags and validate them for ``world_size`` ranks.
 
@@ -410,6 +448,8 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     """
     ns = build_parser().parse_args(argv)
     a = _merged(ns)
+    if a["num_layers"] is None and a["hybrid_override_pattern"]:
+        a["num_layers"] = len(a["hybrid_override_pattern"])
     missing = [f"--{k.replace('_', '-')}" for k in ("num_layers", "hidden_size", "num_attention_heads",
                                                     "seq_length", "vocab_size") if a[k] is None]
     if missing:
@@ -448,31 +488,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
         overlap_p2p_comm=a["overlap_p2p_communication"])
     pcfg.check()
-    ffn = a["ffn_hidden_size"]
-    if ffn is None and a["swiglu"]:
-        # Megatron keeps swiglu's 3 matrices near 4h x h params, rounded down to a multiple of 64.
-        ffn = int((4 * h * 2 / 3) / 64) * 64
-    activation = "swiglu" if a["swiglu"] else "squared_relu" if a["squared_relu"] else "gelu"
-    mcfg = ModelConfig(
-        num_layers=a["num_layers"], hidden_size=h, num_attention_heads=heads,
-        num_query_groups=groups, ffn_hidden_size=ffn, kv_channels=a["kv_channels"],
-        seq_length=a["seq_length"], max_position_embeddings=a["max_position_embeddings"],
-        vocab_size=pad_vocab_size(a["vocab_size"], a["make_vocab_size_divisible_by"], tp),
-        activation=activation, normalization=a["normalization"],
-        position_embedding_type=a["position_embedding_type"],
-        untie_embeddings_and_output_weights=a["untie_embeddings_and_output_weights"],
-        add_bias_linear=not a["disable_bias_linear"], num_experts=a["num_experts"],
-        moe_router_topk=a["moe_router_topk"], moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
-        hidden_dropout=a["hidden_dropout"], norm_epsilon=a["norm_epsilon"],
-        init_method_std=a["init_method_std"], rotary_base=a["rotary_base"],
-        bias_swiglu_fusion=not a["no_bias_swiglu_fusion"], rope_fusion=not a["no_rope_fusion"],
-        cross_entropy_loss_fusion=a["cross_entropy_loss_fusion"],
-        attention_backend=a["attention_backend"], attention_dropout=a["attention_dropout"],
-        multi_latent_attention=a["multi_latent_attention"], q_lora_rank=a["q_lora_rank"],
-        kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
-        v_head_dim=a["v_head_dim"], moe_layer_pattern=_moe_pattern(a),
-        moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"])
+    mcfg = _model_config(a, groups, tp)
     mcfg.check_attention(pcfg.cp)
+    mcfg.check_hybrid()
     mbs = a["micro_batch_size"]
     gbs = a["global_batch_size"] if a["global_batch_size"] is not None else mbs * pcfg.dp
     tcfg = TrainConfig(

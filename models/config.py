@@ -11,10 +11,12 @@ from typing import Literal
 
 from heterosim.errors import ConfigError
 
-__all__ = ["ModelConfig", "ParallelConfig", "TrainConfig", "ATTENTION_BACKENDS"]
+__all__ = ["ModelConfig", "ParallelConfig", "TrainConfig", "ATTENTION_BACKENDS", "HYBRID_SYMBOLS"]
 
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused")
 """Core-attention backends (Megatron-core ``--attention-backend`` names; ``local`` is ``unfused``)."""
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+"""Layer symbols of a hybrid pattern (Megatron-core ``ssm/mamba_hybrid_layer_allocation.Symbols``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +97,20 @@ class ModelConfig:
     """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
     Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
     set 0, which is the default here."""
+    hybrid_layer_pattern: str | None = None
+    """One symbol per layer, Megatron-core's hybrid models (``--hybrid-override-pattern``; Nemotron-H):
+    ``M`` a Mamba-2 mixer (:mod:`models.layers.mamba`), ``*`` self-attention, ``-`` an MLP, ``E`` an
+    MoE MLP, each with its own norm and residual; None: every layer is attention + MLP."""
+    mamba_state_dim: int = 128
+    """SSM state size N (``--mamba-state-dim``)."""
+    mamba_head_dim: int = 64
+    """SSM head dim P (``--mamba-head-dim``)."""
+    mamba_num_groups: int = 8
+    """Groups sharing B and C (``--mamba-num-groups``)."""
+    mamba_num_heads: int | None = None
+    """SSM heads (``--mamba-num-heads``); None: 2 h / P (Megatron-core's ``expand = 2``)."""
+    mamba_chunk_size: int = 128
+    """Tokens per chunk of the SSD scan (Megatron-core's ``MambaMixer`` default)."""
 
     @property
     def num_kv_heads(self) -> int:
@@ -108,7 +124,38 @@ class ModelConfig:
         """Whether layer ``layer_number`` (0-based, global) routes its MLP through experts."""
         if not self.num_experts:
             return False
+        if self.hybrid_layer_pattern is not None:
+            return self.hybrid_layer_pattern[layer_number] == "E"
         return self.moe_layer_pattern is None or bool(self.moe_layer_pattern[layer_number])
+
+    def layer_kind(self, layer_number: int) -> str:
+        """``transformer`` (attention + MLP), or in a hybrid model ``mamba``, ``attention``, ``mlp``
+        or ``moe`` (:data:`HYBRID_SYMBOLS`)."""
+        if self.hybrid_layer_pattern is None:
+            return "transformer"
+        return HYBRID_SYMBOLS[self.hybrid_layer_pattern[layer_number]]
+
+    @property
+    def mamba_heads(self) -> int:
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    def check_hybrid(self) -> None:
+        """Raise :class:`ConfigError` when the hybrid pattern does not describe ``num_layers`` layers."""
+        pat = self.hybrid_layer_pattern
+        if pat is None:
+            return
+        bad = sorted(set(pat) - set(HYBRID_SYMBOLS))
+        if bad:
+            raise ConfigError(f"--hybrid-override-pattern {pat!r}: unknown symbol {bad[0]!r}; valid: "
+                              + ", ".join(f"{k} ({v})" for k, v in HYBRID_SYMBOLS.items()))
+        if len(pat) != self.num_layers:
+            raise ConfigError(f"--hybrid-override-pattern has {len(pat)} symbols but --num-layers is "
+                              f"{self.num_layers}; give one symbol per layer")
+        if "E" in pat and not self.num_experts:
+            raise ConfigError("--hybrid-override-pattern has MoE layers (E) but --num-experts is not set")
+        if self.moe_layer_pattern is not None:
+            raise ConfigError("--moe-layer-freq does not apply to a hybrid model: its pattern's E layers "
+                              "are the MoE ones")
 
     @property
     def rotary_dim(self) -> int:

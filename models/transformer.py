@@ -6,6 +6,10 @@ A layer is::
     x = x + dropout(attn(norm1(x)) + b_proj)     # bias-dropout-add
     x = x + dropout(mlp(norm2(x)) + b_fc2)
 
+In a hybrid model (``ModelConfig.hybrid_layer_pattern``, Megatron-core's ``MambaBlock``) each layer
+is one of the two halves (``*`` attention, ``-`` MLP, ``E`` MoE) or a Mamba-2 mixer (``M``,
+:mod:`models.layers.mamba`), each with its own norm and residual.
+
 Activation recomputation follows Megatron's ``--recompute-granularity``:
 
 - ``full`` + ``uniform``: the chunk's layers are grouped ``recompute_num_layers`` at a time and
@@ -30,6 +34,7 @@ from models.config import ModelConfig, TrainConfig
 from models.layers.attention import SelfAttention
 from models.layers.mla import MultiLatentAttention
 from models.layers.linear import scaled_init_std
+from models.layers.mamba import MambaMixer
 from models.layers.mlp import MLP
 from models.layers.moe import MoELayer
 from models.layers.norms import build_norm
@@ -78,14 +83,24 @@ class TransformerLayer(nn.Module):
         self.hidden_dropout = mcfg.hidden_dropout
         std = mcfg.init_method_std
         norm = dict(eps=mcfg.norm_epsilon, dtype=dtype, sequence_parallel=sp)
-        self.input_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
+        kind = mcfg.layer_kind(layer_number)
+        self.self_attention = self.mixer = self.mlp = None
+        if kind in ("transformer", "attention", "mamba"):
+            self.input_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
         attention = dict(dtype=dtype, init_std=std, fp8=fp8, selective_recompute=tcfg.recompute_granularity == "selective")
-        if mcfg.multi_latent_attention:
+        if kind == "mamba":
+            self.mixer = MambaMixer(mcfg, pstate, dtype=dtype, fp8=fp8,
+                                    seed=None if replicated_seed is None else replicated_seed + 104729 + layer_number)
+        elif kind not in ("transformer", "attention"):
+            pass
+        elif mcfg.multi_latent_attention:
             self.self_attention = MultiLatentAttention(
                 mcfg, pstate, **attention,
                 replicated_seed=None if replicated_seed is None else replicated_seed + 7919 + 2 * layer_number)
         else:
             self.self_attention = SelfAttention(mcfg, pstate, **attention)
+        if kind in ("attention", "mamba"):
+            return
         self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
         if mcfg.is_moe_layer(layer_number):
             self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8,
@@ -100,8 +115,12 @@ class TransformerLayer(nn.Module):
                 tp_comm_sm_margin=pstate.tp_comm_sm_margin, tp_comm_fp8_buf=pstate.tp_comm_fp8_buf)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
-        out, bias = self.self_attention(self.input_layernorm(x), rotary)
-        x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+        mixer = self.self_attention or self.mixer
+        if mixer is not None:
+            out, bias = mixer(self.input_layernorm(x), rotary)
+            x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+        if self.mlp is None:
+            return x
         out, bias = self.mlp(self.pre_mlp_layernorm(x))
         return bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
 

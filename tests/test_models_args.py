@@ -266,3 +266,18 @@ def test_amax_reduction_group_for_delayed_fp8_only():
     assert flag("--fp8-format", "hybrid") is True
     assert flag("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise") is False
     assert flag() is False
+
+
+def test_hybrid_pattern_and_mamba_sizes_reach_the_model_config():
+    """--hybrid-override-pattern gives each layer's kind (and --num-layers when it is not given); the
+    --mamba-* sizes as Megatron-core names them, the head count defaulting to 2 h / head dim."""
+    base = ["--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--vocab-size", "128"]
+    m = parse_args(base + ["--hybrid-override-pattern", "M-M*-", "--mamba-state-dim", "16", "--mamba-head-dim", "8",
+                           "--mamba-num-groups", "4"], 1).model
+    assert (m.num_layers, m.hybrid_layer_pattern, m.mamba_state_dim, m.mamba_head_dim, m.mamba_num_groups,
+            m.mamba_heads) == (5, "M-M*-", 16, 8, 4, 16)
+    assert [m.layer_kind(i) for i in range(5)] == ["mamba", "mlp", "mamba", "attention", "mlp"]
+    assert parse_args(base + ["--hybrid-override-pattern", "M*", "--mamba-num-heads", "6", "--mamba-num-groups", "2"],
+                      1).model.mamba_heads == 6
+    with pytest.raises(ConfigError, match=r"--hybrid-override-pattern has 2 symbols but --num-layers is 3"):
+        parse_args(base + ["--num-layers", "3", "--hybrid-override-pattern", "M*"], 1)

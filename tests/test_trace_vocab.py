@@ -149,7 +149,7 @@ def test_unknown_class_error_lists_the_classes():
     """A class outside the vocabulary is refused with the exact list of valid ones."""
     with pytest.raises(ConfigError) as e:
         register_kernel_class("matmul", "my_op")
-    assert str(e.value) == ("unknown kernel class 'matmul'; valid: gemm, attention, norm, softmax, elementwise, "
+    assert str(e.value) == ("unknown kernel class 'matmul'; valid: gemm, attention, ssm, norm, softmax, elementwise, "
                             "reduction, embedding, cross_entropy, copy, optimizer, comm")
     assert kernel_class_of("my_op") is None  # nothing was registered
 

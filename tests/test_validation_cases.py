@@ -309,8 +309,8 @@ def test_megatron_flags_defaults_are_reported():
 
 def test_unknown_arch_word_is_an_error():
     """An architecture word the reader does not know is one clear error naming it."""
-    c = _case(model={**_case().model, "arch": "GPT (MHA, Mamba, LayerNorm)"})
-    with pytest.raises(ConfigError, match=r"unknown word 'mamba'; known words: .*swiglu"):
+    c = _case(model={**_case().model, "arch": "GPT (MHA, RWKV, LayerNorm)"})
+    with pytest.raises(ConfigError, match=r"unknown word 'rwkv'; known words: .*swiglu"):
         megatron_flags(c)
 
 

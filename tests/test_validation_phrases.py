@@ -135,10 +135,9 @@ def test_arch_remark_is_left_out_and_said():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("GPT (MHA, Mamba, LayerNorm)", r"unknown word 'mamba'; known words: absolute, bias, .*swiglu"),
+    ("GPT (MHA, RWKV, LayerNorm)", r"unknown word 'rwkv'; known words: absolute, bias, .*swiglu"),
     ("Transformer decoder with ALiBi", r"unknown word 'alibi'"),
-    ("Nemotron-H (hybrid Mamba2-Transformer)", r"unknown word 'h'"),
-    ("Mamba hybrid (SSM)", r"unknown word 'mamba'"),
+    ("Jamba (hybrid Mamba2-Transformer, RetNet)", r"unknown word 'jamba'"),
     ("GPT (GeLU MLP, SwiGLU)", r"both 'gelu' and 'swiglu' for act"),
     ("GPT (MHA with sliding window)", r"unknown word 'sliding'"),  # a remark with a known word is read
 ])

@@ -333,7 +333,7 @@ def flop_totals(trace: Trace) -> dict[str, float]:
             es, hs, ms = [], [], []
             for kc, ph, f, ff in zip(cols["kernel_class"], cols["phase"], cols["flops"], cols["flops_full"]):
                 es.append(f)
-                if kc in ("gemm", "attention"):
+                if kc in ("gemm", "attention", "ssm"):
                     hs.append(ff)
                     if ph != "recompute":
                         ms.append(ff)

@@ -26,7 +26,7 @@ Names in the table are overload-packet names, without namespace or overload: ``m
 ``aten.mm.default``, ``scaled_upper_triang_masked_softmax`` for
 ``heterosim::scaled_upper_triang_masked_softmax``. :func:`kernel_class_of` applies, in order:
 
-1. ``gemm`` and ``attention`` names keep their class in every phase (tensor-core kernels);
+1. ``gemm``, ``attention`` and ``ssm`` names keep their class in every phase (tensor-core kernels);
 2. in the ``optimizer`` phase every other op is ``optimizer``;
 3. the table: the name, else the name without its trailing ``_`` (``clamp_`` is ``clamp``);
 4. other ``_foreach_*`` (multi-tensor apply) ops are ``elementwise``;
@@ -152,6 +152,7 @@ def as_planned(collective: str, nbytes: int, dtype: str) -> tuple[str, int, str]
 KERNEL_CLASSES: tuple[str, ...] = (
     "gemm",  # mm / addmm / bmm / linear, fp8 GEMMs included (dtype says fp8)
     "attention",  # fused (flash / efficient / cuDNN) scaled-dot-product attention, fwd or bwd
+    "ssm",  # Mamba-2's fused conv + chunked SSD scan, fwd or bwd (tensor-core bmm pieces and states)
     "norm",  # layer norm / RMS norm, fwd or bwd
     "softmax",  # standalone softmax (and its backward)
     "elementwise",  # pointwise math, activations, dropout, masked fill, RoPE pieces
@@ -164,7 +165,7 @@ KERNEL_CLASSES: tuple[str, ...] = (
 )
 """Kernel classes: what prices an op in ``kernel_db``."""
 
-_TENSOR_CORE = ("gemm", "attention")
+_TENSOR_CORE = ("gemm", "attention", "ssm")
 _OPTIMIZER_PHASE = "optimizer"  # heterosim.trace.ir.PHASES
 
 _CLASS_OF: dict[str, str] = {}
@@ -234,6 +235,8 @@ register_kernel_class(
     "_efficient_attention_forward", "_efficient_attention_backward", "scaled_dot_product_attention",
     "flex_attention", "flex_attention_backward",  # FlexAttention's higher-order ops (capture/flexattn.py)
 )
+# models/: Mamba-2's fused conv1d + SSD scan (mamba_ssm's mamba_split_conv1d_scan_combined; heterosim:: custom ops)
+register_kernel_class("ssm", "mamba_split_conv1d_scan", "mamba_split_conv1d_scan_backward")
 register_kernel_class(
     "norm", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
     "native_group_norm", "native_batch_norm", "layer_norm", "rms_norm",

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Protocol
 from heterosim.errors import ConfigError
 
 from .frameworks import family_settings
+from .hybrid import hybrid_flags, released
 from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
 
 
@@ -99,6 +100,10 @@ def model_flags(f: Fields) -> list[str]:
     value = dict(zip(flags[::2], flags[1::2]))
     flags += ["--max-position-embeddings", value["--seq-length"]]
     ffn = f.count("model", "ffn", required=False)
+    rel = released(f.case.model)
+    if ffn is None and rel is not None:
+        ffn = rel[0]["ffn"]
+        f.notes.append(f"model.ffn not stated: {ffn} ({rel[1]})")
     if ffn is not None:
         flags += ["--ffn-hidden-size", str(ffn)]
     return flags + _arch_flags(f, int(value["--num-attention-heads"])) + _loss_flags(f)
@@ -116,6 +121,9 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         kv = 1
     if kv is None and feats.get("attn") != "mha":
         kv = f.recipe("kv_heads", "model.kv_heads")
+    if kv is None and feats.get("attn") != "mha" and (rel := released(m)) is not None:
+        kv = rel[0]["kv_heads"]
+        f.notes.append(f"model.kv_heads not stated: {kv} ({rel[1]})")
     if feats.get("attn") == "gqa" and kv is None:
         raise ConfigError(f"case {f.case.id}: GQA named but model.kv_heads not given")
     if kv is not None and kv != heads:
@@ -142,6 +150,10 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
     flags += _mla_flags(f, feats) + _moe_flags(f)
+    flags += hybrid_flags(f.case.id, m, feats.get("mixer") == "mamba", f.notes)
+    if "--hybrid-override-pattern" in flags and released(m) and "fp8" in str(f.case.precision).lower():
+        flags.append("--first-last-layers-bf16")
+        f.notes.append("fp8: first and last layer in bf16 (Megatron Bridge's hybrid recipes, first_last_layers_bf16)")
 
     def pick(key: str) -> tuple[Any, str | None]:  # the recipe's value, else the model family's
         return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)
@@ -193,6 +205,9 @@ def _moe_flags(f: Fields) -> list[str]:
     experts = field("experts")
     if experts is None and (hit := re.search(r"(\d+)\s*(?:routed\s+)?experts?\b", arch, re.I)):
         experts = int(hit.group(1))
+    rel = released(m)
+    if experts is None and rel is not None and "experts" in rel[0]:
+        return _released_moe_flags(f, *rel)
     named = bool(re.search(r"\bmoe\b|mixture[\s-]+of[\s-]+experts", arch, re.I))
     if experts is None:
         if named:
@@ -209,6 +224,15 @@ def _moe_flags(f: Fields) -> list[str]:
     ffn = field("ffn")
     flags += ["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else []
     return flags + _deepseek_moe_flags(f, ffn)
+
+
+def _released_moe_flags(f: Fields, config: Mapping[str, Any], src: str) -> list[str]:
+    """The experts of a released hybrid MoE model (:data:`heterosim.validation.hybrid.RELEASED`), noted."""
+    f.notes.append(f"experts not stated: {config['experts']} of width {config['moe_ffn']}, top-{config['topk']}, "
+                   f"shared experts of width {config['shared_ffn']} ({src})")
+    return ["--num-experts", str(config["experts"]), "--moe-router-topk", str(config["topk"]),
+            "--moe-ffn-hidden-size", str(config["moe_ffn"]),
+            "--moe-shared-expert-intermediate-size", str(config["shared_ffn"])]
 
 
 def _deepseek_moe_flags(f: Fields, moe_ffn: int | None) -> list[str]:

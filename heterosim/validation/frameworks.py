@@ -171,10 +171,20 @@ FAMILY_LAYERS: dict[str, dict[str, str]] = {
 }
 
 
+# NVIDIA's hybrid Mamba models (Nemotron-H, Nemotron Nano v2, Nemotron 3; Megatron Bridge's
+# HybridModelProvider and their recipes): squared ReLU, RMSNorm, no position embedding (the Mamba
+# layers carry position), no bias, untied output layer, no dropout.
+HYBRID_FAMILY = re.compile(r"nemotron[\s_-]*(?:h\b|nano[\s_-]*(?:v2|\d+b[\s_-]*v2)|(?:3|v3)[\s_-]*(?:nano|super|ultra))")
+"""Names of the family (Nemotron-3 8B of 2023 is a transformer: only Nemotron 3 Nano / Super / Ultra match)."""
+HYBRID_LAYERS: dict[str, str] = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none"}
+
+
 def family_settings(model: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """(settings, where from) of the model family that ``model.name`` or ``model.arch`` names: bias,
     output layer, dropout and (:data:`FAMILY_LAYERS`) activation, normalization, position embedding."""
     text = f"{model.get('name', '')} {model.get('arch', '')}".lower()
+    if HYBRID_FAMILY.search(text):
+        return {**FAMILY_SETTINGS, **HYBRID_LAYERS}, "Nemotron-H's released configuration"
     for word in FAMILY_WORDS:
         if re.search(rf"\b{word}", text):
             return {**FAMILY_SETTINGS, **FAMILY_LAYERS.get(word, {})}, f"{word.capitalize()}'s released configuration"

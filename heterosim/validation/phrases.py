@@ -154,6 +154,9 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
     # prediction head (named, not modelled).
     "mla": ("attn", "mla"), "latent": ("attn", "mla"), "multi head latent": ("attn", "mla"),
     "mtp": ("mtp", "yes"), "multi token prediction": ("mtp", "yes"),
+    # Mamba-2 mixer layers of a hybrid model (heterosim.validation.hybrid): Nemotron-H, Nemotron 3
+    "mamba": ("mixer", "mamba"), "mamba2": ("mixer", "mamba"), "ssm": ("mixer", "mamba"),
+    "state space": ("mixer", "mamba"), "ssd": ("mixer", "mamba"),
 }
 # Words that name no feature (families, parts, connectives).
 ARCH_FILLERS = frozenset((
@@ -163,7 +166,9 @@ ARCH_FILLERS = frozenset((
     "a", "the", "of", "in", "groups", "group", "heads", "head", "kv", "layers", "layer", "linear",
     # mixture-of-experts words: the counts beside them are read by the flag builder (flags._moe_flags)
     "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral", "shared",
-    "deepseek"))
+    "deepseek",
+    # hybrid models: the words beside "Mamba" ("hybrid Mamba-Transformer", "selective state space model")
+    "hybrid", "selective", "models", "interleaved"))
 _PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
 
 
@@ -173,6 +178,7 @@ def _arch_tokens(part: str) -> list[str]:
     t = re.sub(r"\b\d+x\d+(?:\.\d+)?[bm]\b|\b\d+(?:\.\d+)?[bm]\b", " ", part.lower())
     t = re.sub(r"\b(gpt|llama|qwen|gemma|falcon|olmo|mistral|mixtral|nemotron)\d+(?:\.\d+)?\b", r"\1", t)
     t = re.sub(r"\bv\d+(?:\.\d+)?\b", " ", t)  # "DeepSeek-V3"
+    t = re.sub(r"\bnemotron[\s_-]*h\b", "nemotron mamba", t)  # "Nemotron-H": the hybrid Mamba family
     t = re.sub(r"[-_/=.+]", " ", t)
     for p in _PHRASES:
         t = re.sub(rf"\b{p}\b", p.replace(" ", "\0"), t)

@@ -34,14 +34,16 @@ class _FusedRMSNorm(torch.autograd.Function):
         x, rstd, weight = ctx.saved_tensors
         if is_fake(x) or x.is_meta:
             gx, gw = torch.ops.aten._fused_rms_norm_backward(
-                grad.contiguous(), x, [x.shape[-1]], rstd, weight, [True, True])
+                grad.contiguous(), x, [x.shape[-1]], rstd, weight, [True, weight is not None])
             return gx, gw, None
         # ATen has no CPU kernel for the fused backward; real-tensor runs use its formula:
         # xhat = x * rstd, dxhat = g * w, dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
         acc = torch.promote_types(x.dtype, torch.float32)
         xhat = x.to(acc) * rstd
-        dxhat = grad.to(acc) * weight.to(acc)
+        dxhat = grad.to(acc) * weight.to(acc) if weight is not None else grad.to(acc)
         gx = rstd * (dxhat - xhat * (dxhat * xhat).mean(dim=-1, keepdim=True))
+        if weight is None:  # a weightless norm (models.layers.mamba's grouped norm)
+            return gx.to(x.dtype), None, None
         gw = (grad.to(acc) * xhat).reshape(-1, x.shape[-1]).sum(dim=0)
         return gx.to(x.dtype), gw.to(weight.dtype), None
 
