@@ -17,6 +17,11 @@ module                      what
 ``context_parallel``        CP core attention: p2p ring, all-gather, all-to-all
 ``mlp``                     dense MLP (gelu, squared ReLU, SwiGLU)
 ``moe``                     mixture of experts over the EP group
+``mla``                     DeepSeek's multi-head latent attention
+``mamba``                   Mamba-2 mixers of hybrid models (fused conv + SSD scan custom op)
+``fp8``                     Transformer Engine's fp8 casts, transposes and amax bookkeeping
+``block_scaling``           NVFP4 / MXFP8 quantize custom ops (both copies in one kernel)
+``tp_overlap``              TE userbuffer overlap of TP communication with the GEMMs
 ``recompute``               activation checkpointing tagged "recompute"
 ==========================  ===========================================================
 """
