@@ -132,7 +132,7 @@ _DEFAULTS: dict[str, Any] = {
     "attention_dropout": 0.0, "lr": 1e-4, "weight_decay": 0.01,
     "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
     "loss_scale": None, "seed": 1234, "hybrid_override_pattern": None, "mamba_state_dim": 128,
-    "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None,
+    "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None, "qk_layernorm": False,
 }
 
 
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-              "--first-last-layers-bf16", "--multi-latent-attention"):
+              "--first-last-layers-bf16", "--multi-latent-attention", "--qk-layernorm"):
         add(f)
     add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
         "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")
@@ -437,7 +437,7 @@ def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig
         moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
         hybrid_layer_pattern=a["hybrid_override_pattern"], mamba_state_dim=a["mamba_state_dim"],
         mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
-        mamba_num_heads=a["mamba_num_heads"])
+        mamba_num_heads=a["mamba_num_heads"], qk_layernorm=a["qk_layernorm"])
 
 
 def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:

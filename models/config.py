@@ -97,6 +97,9 @@ class ModelConfig:
     """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
     Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
     set 0, which is the default here."""
+    qk_layernorm: bool = False
+    """A norm (the model's kind) of each head's query and key over the head dim before RoPE, one
+    weight shared by the heads (``--qk-layernorm``; Qwen3, OLMo 2)."""
     hybrid_layer_pattern: str | None = None
     """One symbol per layer, Megatron-core's hybrid models (``--hybrid-override-pattern``; Nemotron-H):
     ``M`` a Mamba-2 mixer (:mod:`models.layers.mamba`), ``*`` self-attention, ``-`` an MLP, ``E`` an

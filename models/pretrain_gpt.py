@@ -127,7 +127,9 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
     shared = [p for m in chunks for p in m.shared_embedding_params()]
     sharded = pcfg.use_distributed_optimizer or pcfg.use_megatron_fsdp
     dps = _data_parallel(cfg, ps, chunks, shared)
-    gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel,
+    # Megatron-core all-reduces over TP the grads of sequence-parallel norms and of QK norms
+    # (finalize_model_grads: "config.sequence_parallel or config.qk_layernorm").
+    gs = ModelGradSync(dps, tp_group=ps.tp_group, sequence_parallel=ps.sequence_parallel or cfg.model.qk_layernorm,
                        embedding_group=ps.embedding_group, embedding_params=shared,
                        align_grad_reduce=cfg.optim.align_grad_reduce,
                        align_param_gather=cfg.optim.align_param_gather)

@@ -279,5 +279,7 @@ def test_hybrid_pattern_and_mamba_sizes_reach_the_model_config():
     assert [m.layer_kind(i) for i in range(5)] == ["mamba", "mlp", "mamba", "attention", "mlp"]
     assert parse_args(base + ["--hybrid-override-pattern", "M*", "--mamba-num-heads", "6", "--mamba-num-groups", "2"],
                       1).model.mamba_heads == 6
+    assert parse_args(base + ["--num-layers", "2", "--qk-layernorm"], 1).model.qk_layernorm
+    assert not parse_args(base + ["--num-layers", "2"], 1).model.qk_layernorm
     with pytest.raises(ConfigError, match=r"--hybrid-override-pattern has 2 symbols but --num-layers is 3"):
         parse_args(base + ["--num-layers", "3", "--hybrid-override-pattern", "M*"], 1)

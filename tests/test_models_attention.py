@@ -38,6 +38,30 @@ def test_gqa_attention_matches_explicit_heads():
     assert bias is attn.linear_proj.bias
 
 
+def test_qk_layernorm_normalizes_each_heads_query_and_key_before_rope():
+    """--qk-layernorm (Qwen3): RMSNorm of every query and key head over its 4 dims with one weight per
+    kind shared by the heads, then RoPE and the same attention (the weights set to 0.5 and 2)."""
+    torch.manual_seed(0)
+    mcfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=8, num_query_groups=2, seq_length=6,
+                       qk_layernorm=True, normalization="RMSNorm")
+    attn = SelfAttention(mcfg, SOLO, dtype=torch.float64, init_std=0.2, fp8=False, selective_recompute=False)
+    with torch.no_grad():
+        attn.q_layernorm.weight.fill_(0.5)
+        attn.k_layernorm.weight.fill_(2.0)
+    x = torch.randn(6, 2, 32, dtype=torch.float64)
+    freqs = rotary_freqs(6, 4).double()
+    out, _ = attn(x, freqs)
+    mixed = (x @ attn.linear_qkv.weight.T + attn.linear_qkv.bias).view(6, 2, 2, 6 * 4)
+    rms = lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * w  # noqa: E731
+    q, k = rms(mixed[..., :16].reshape(6, 2, 8, 4), 0.5), rms(mixed[..., 16:20], 2.0)
+    q, k = apply_rotary(q, freqs), apply_rotary(k, freqs).repeat_interleave(4, dim=2)
+    v = mixed[..., 20:24].repeat_interleave(4, dim=2)
+    scores = torch.einsum("sbhd,tbhd->bhst", q, k) / 2.0
+    scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    ctx = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v).reshape(6, 2, 32)
+    torch.testing.assert_close(out, ctx @ attn.linear_proj.weight.T)
+
+
 def test_attention_head_split_errors():
     """Heads must be a multiple of query groups, and both must split over TP."""
     mcfg = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=8, num_query_groups=3)

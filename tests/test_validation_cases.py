@@ -188,15 +188,20 @@ def test_family_layers_where_arch_is_silent():
 
 def test_arch_words_for_bias_and_qk_norm():
     """'no bias' in model.arch drops the linear biases even for a GPT (whose default keeps them), said
-    so; 'bias' keeps them for a Llama (whose family drops them); QK-norm is named as not modelled."""
+    so; 'bias' keeps them for a Llama (whose family drops them); QK-norm (or a Qwen3 name) adds
+    --qk-layernorm, said so."""
     gpt = {**_case().model, "arch": "GPT (MHA, GeLU, LayerNorm, learned, no bias)", "kv_heads": 32}
     ci = megatron_flags(_case(model=gpt))
     assert "--disable-bias-linear" in ci.flags and "linear layers without bias (model.arch)" in ci.assumptions
     llama = {**_case().model, "arch": "Llama (GQA, SwiGLU, RMSNorm, RoPE, QK-norm, biases)"}
     ci = megatron_flags(_case(model=llama))
-    assert "--disable-bias-linear" not in ci.flags
-    assert ("model.arch names QK-norm: not modelled (an RMSNorm of each head's query and key, two head-dim "
-            "norms a layer)") in ci.assumptions
+    assert "--disable-bias-linear" not in ci.flags and "--qk-layernorm" in ci.flags
+    assert "QK-norm: each head's query and key normalized before RoPE (model.arch)" in ci.assumptions
+    qwen3 = {**_case().model, "name": "Qwen3 32B", "arch": "not stated"}
+    ci = megatron_flags(_case(model=qwen3))
+    assert "--qk-layernorm" in ci.flags and ("QK-norm: each head's query and key normalized before RoPE (Qwen3's "
+                                             "released configuration, q_norm / k_norm)") in ci.assumptions
+    assert "--qk-layernorm" not in megatron_flags(_case()).flags
 
 
 def test_fully_sharded_case_reads_as_megatron_fsdp():

@@ -159,9 +159,12 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         return (f.pub[key], f.script) if key in f.pub else (fam.get(key), fam_src)
 
     bias, src = (feats["bias"] == "yes", "model.arch") if "bias" in feats else pick("bias")
-    if feats.get("qk_norm"):
-        f.notes.append("model.arch names QK-norm: not modelled (an RMSNorm of each head's query and key, "
-                       "two head-dim norms a layer)")
+    qwen3 = re.search(r"qwen[\s_-]*3", f"{m.get('name', '')} {m.get('arch', '')}".lower())
+    if feats.get("qk_norm") or qwen3:
+        flags.append("--qk-layernorm")
+        f.notes.append("QK-norm: each head's query and key normalized before RoPE ("
+                       + ("model.arch" if feats.get("qk_norm") else "Qwen3's released configuration, q_norm / k_norm")
+                       + ")")
     if bias is False:
         flags.append("--disable-bias-linear")
         f.notes.append(f"linear layers without bias ({src})")

@@ -148,7 +148,7 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
     "silu gated": ("act", "swiglu"), "gated silu": ("act", "swiglu"), "swish gated": ("act", "swiglu"),
     "no bias": ("bias", "no"), "without bias": ("bias", "no"), "bias free": ("bias", "no"), "nobias": ("bias", "no"),
     "bias": ("bias", "yes"), "biases": ("bias", "yes"),
-    # Qwen3's RMSNorm of each head's query and key: named, not modelled (two head-dim norms a layer).
+    # Qwen3's norm of each head's query and key (--qk-layernorm).
     "qk norm": ("qk_norm", "yes"), "qk layernorm": ("qk_norm", "yes"), "qknorm": ("qk_norm", "yes"),
     # DeepSeek-V2/V3's multi-head latent attention (flags._mla_flags), and their multi-token
     # prediction head (named, not modelled).

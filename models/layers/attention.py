@@ -13,7 +13,10 @@ projection is laid out per query group as ``[q * (np/ng), k, v] * d`` (Megatron'
 - ``unfused``: :class:`models.layers.unfused_attention.CoreAttention` (Megatron-LM 2020-21:
   baddbmm, fused scale-mask-softmax, attention dropout, bmm); no context parallelism.
 
-Selective recompute checkpoints the core attention of either backend.
+Selective recompute checkpoints the core attention of either backend. With ``qk_layernorm`` each
+head's query and key are normalized over the head dim (one norm kernel each, weights shared by the
+heads and summed over TP like a sequence-parallel norm's, as Megatron-core all-reduces
+``q_layernorm`` / ``k_layernorm`` gradients) before RoPE.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.context_parallel import cp_attention
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
+from models.layers.norms import build_norm
 from models.layers.recompute import recompute
 from models.layers.rope import apply_rotary
 from models.layers.unfused_attention import CoreAttention
@@ -80,6 +84,11 @@ class SelfAttention(nn.Module):
             tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate,
             tp_comm_sm_margin=dict(pstate.tp_comm_sm_margin).get("proj_fprop", 0),
             tp_comm_fp8_buf="proj_fprop" in pstate.tp_comm_fp8_buf)
+        self.q_layernorm = self.k_layernorm = None
+        if mcfg.qk_layernorm:
+            norm = dict(eps=mcfg.norm_epsilon, dtype=dtype, sequence_parallel=tp > 1)
+            self.q_layernorm = build_norm(mcfg.normalization, d, **norm)
+            self.k_layernorm = build_norm(mcfg.normalization, d, **norm)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.core_attention is not None:
@@ -95,6 +104,8 @@ class SelfAttention(nn.Module):
         mixed = mixed.view(s, b, self.ng, (per + 2) * self.d)
         q, k, v = torch.split(mixed, [per * self.d, self.d, self.d], dim=-1)
         q = q.reshape(s, b, self.np, self.d)  # [s, b, np, d]
+        if self.q_layernorm is not None:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if rotary is not None:
             q = apply_rotary(q, rotary, fused=self.rope_fusion)
             k = apply_rotary(k, rotary, fused=self.rope_fusion)
