@@ -82,6 +82,9 @@ def dtype_name(dt: torch.dtype) -> str:
 # the kernel reads, each only on its unmasked elements: x forward; grad and out backward.
 _UPPER_TRIANG_READS = {"scaled_upper_triang_masked_softmax": 1, "scaled_upper_triang_masked_softmax_backward": 2}
 
+# Sliding-window / sink attention (models/layers/window_attention.py): costed by _window_attention_cost.
+_WINDOW_ATTENTION = {"window_attention", "window_attention_backward"}
+
 # In-place ops that overwrite their destination without reading it.
 _WRITE_ONLY = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_", "bernoulli_"}
 
@@ -124,6 +127,45 @@ def causal_fraction(sq: int, sk: int, tile: int = FLASH_TILE) -> float:
         if last_key >= 0:
             done += min(nk, last_key // tile + 1)
     return done / (nq * nk)
+
+
+def window_tiles(s: int, window: int, tile: int = FLASH_TILE) -> tuple[int, int]:
+    """(key tiles a flash kernel computes, all query x key tile pairs) of causal self-attention over
+    ``s`` tokens where query ``i`` sees keys ``i - window .. i`` (``window < 0``: all earlier keys):
+    a query tile visits the key tiles from the one holding its first row's earliest key to its
+    diagonal tile, each computed whole."""
+    n = max(1, math.ceil(s / tile))
+    done = 0
+    for i in range(n):
+        first = 0 if window < 0 else max(0, i * tile - window) // tile
+        done += i - first + 1
+    return done, n * n
+
+
+def window_pairs(s: int, window: int) -> int:
+    """(query, key) pairs of causal attention over ``s`` tokens within ``window`` earlier keys:
+    ``sum_i min(i, window) + 1``; ``s (s + 1) / 2`` without a window."""
+    if window < 0 or window >= s - 1:
+        return s * (s + 1) // 2
+    return (window + 1) * (window + 2) // 2 + (s - window - 1) * (window + 1)
+
+
+def _window_attention_cost(packet: str, args: Sequence[Any]) -> tuple[dict, float, float]:
+    """(dims, executed FLOPs, model FLOPs) of ``heterosim::window_attention`` (models/layers/
+    window_attention.py): executed counts the whole tiles the kernel visits, model FLOPs the
+    (query, key) pairs, 4 d each way of QK^T and PV; the backward executes 2.5x and counts 2x the
+    forward, as torch's and Megatron's conventions for flash attention do (describe, below)."""
+    backward = packet.endswith("_backward")
+    q, k, _v, _sinks, window = (args[1:6] if backward else args[:5])
+    b, h, s, d = (int(x) for x in q.shape)
+    done, total = window_tiles(s, int(window))
+    fwd_full = 4.0 * b * h * d * window_pairs(s, int(window))
+    fwd_executed = 4.0 * b * h * d * s * s * done / total
+    dims = {"b": b, "h": h, "hkv": int(k.shape[1]), "sq": s, "sk": s, "d": d, "causal": True,
+            "dir": "bwd" if backward else "fwd"}
+    if int(window) >= 0:
+        dims["window"] = int(window)
+    return dims, fwd_executed * (2.5 if backward else 1.0), fwd_full * (2.0 if backward else 1.0)
 
 
 def unmasked_elements(sq: int, sk: int) -> int:
@@ -299,11 +341,14 @@ def describe(
     written = outs + [t for t in mutated if id(t) not in out_ids]
     bytes_written = sum(unique_nbytes(t) for t in written)
     numel = max([t.numel() for t in ins + outs] or [0])
+    window_flops: list[float] = []
     if kc == "gemm":
         dims = _gemm_dims(packet, ins)
         # The multiplicands' dtype, not the accumulator's: addmm(fp32 main_grad, bf16, bf16,
         # out_dtype=fp32) is a bf16 GEMM (Megatron's fused weight-gradient accumulation).
         dtype = gemm_dtype or dtype_name((ins[1] if packet in _BETA_GEMM else ins[0]).dtype)
+    elif kc == "attention" and packet in _WINDOW_ATTENTION and func.namespace == "heterosim":
+        dims, *window_flops = _window_attention_cost(packet, args)
     elif kc == "attention":
         dims, _ = _attention_dims(packet, args, kwargs)
     elif kc == "ssm":
@@ -324,7 +369,9 @@ def describe(
     elif kc not in ("gemm", "attention"):
         full = _FLOPS_PER_ELEMENT.get(kc, 1.0) * numel
     executed = full
-    if kc == "attention":
+    if window_flops:
+        executed, full = window_flops
+    elif kc == "attention":
         if dims["dir"] == "bwd":
             # torch's formula counts the QK^T recomputation a flash backward does (5 GEMMs, 2.5x
             # the forward): that is executed work. Megatron's convention (Narayanan et al., SC'21,

@@ -45,7 +45,7 @@ SOURCES = ("measured", "interpolated", "scaled", "roofline")
 
 _TENSOR_CLASSES = ("gemm", "attention", "ssm")
 _BRACKET_DIMS = {"gemm": ("m", "n", "k", "batch"), "attention": ("b", "h", "sq", "sk", "d")}
-_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal", "impl")}
+_MATCH_DIMS = {"gemm": (), "attention": ("dir", "causal", "impl", "window")}  # a windowed kernel needs windowed rows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

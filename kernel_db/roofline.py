@@ -198,7 +198,8 @@ def attention_params(dims: Mapping[str, Any], p: Mapping[str, Any]) -> Mapping[s
 
 def attention_efficiency(dims: Mapping[str, Any], sms: int, p: Mapping[str, Any]) -> float:
     """Fraction of peak of a flash-attention kernel with dims b, h, sq, sk, d, dir (curve:
-    :func:`attention_params`)."""
+    :func:`attention_params`); with a sliding ``window`` the ramp sees the keys a query tile visits,
+    ``window + block_m``, instead of ``sk``."""
     p = attention_params(dims, p)
     b, h = int(dims.get("b", 1)), int(dims.get("h", 1))
     sq = int(dims.get("sq", 1))
@@ -207,6 +208,8 @@ def attention_efficiency(dims: Mapping[str, Any], sms: int, p: Mapping[str, Any]
     bwd = dims.get("dir", "fwd") == "bwd"
     eff_max = float(p["eff_max_bwd"] if bwd else p["eff_max_fwd"])
     blocks = b * h * -(-sq // int(p["block_m"]))
+    if "window" in dims:  # a query tile visits only the key tiles its sliding window reaches
+        sk = min(sk, int(dims["window"]) + int(p["block_m"]))
     ramp = sk / (sk + float(p.get("sk_half_bwd") or p["sk_half"] if bwd else p["sk_half"]))
     dfac = (min(d, int(p["head_dim_ref"])) / int(p["head_dim_ref"])) ** float(p["head_dim_exp"])
     return eff_max * _wave_eff(blocks, sms) * ramp * dfac

@@ -133,6 +133,7 @@ _DEFAULTS: dict[str, Any] = {
     "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
     "loss_scale": None, "seed": 1234, "hybrid_override_pattern": None, "mamba_state_dim": 128,
     "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None, "qk_layernorm": False,
+    "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
 }
 
 
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
               "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
               "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
               "--moe-shared-expert-intermediate-size", "--mamba-state-dim", "--mamba-head-dim",
-              "--mamba-num-groups", "--mamba-num-heads"):
+              "--mamba-num-groups", "--mamba-num-heads", "--window-attn-skip-freq"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
@@ -224,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hybrid Mamba / transformer model (Megatron-core's MambaModel; Nemotron-H): one symbol per "
              "layer, M a Mamba-2 mixer, * self-attention, - an MLP, E an MoE MLP (--num-layers defaults "
              "to its length)")
+    add("--window-size", str, help="sliding-window attention as Megatron-core's window_size 'L,0': each query "
+        "sees itself and L earlier keys (GPT-OSS: 127,0)")
+    add("--softmax-type", str, ("vanilla", "learnable"), help="learnable: attention sinks, a learned logit per "
+        "head in each softmax row (GPT-OSS)")
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
@@ -408,6 +413,17 @@ def _moe_pattern(a: dict[str, Any]) -> tuple[int, ...] | None:
     return pattern
 
 
+def _window(a: dict[str, Any]) -> int | None:
+    """The left window of ``--window-size L,R`` (R must be 0: causal attention)."""
+    text = a["window_size"]
+    if text is None:
+        return None
+    parts = [p.strip() for p in str(text).strip("()[] ").split(",")]
+    if len(parts) != 2 or not all(p.lstrip("-").isdigit() for p in parts) or int(parts[1]) != 0 or int(parts[0]) < 0:
+        raise ConfigError(f"--window-size {text!r}: give 'L,0' (L earlier keys, none after; e.g. 127,0)")
+    return int(parts[0])
+
+
 def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig:
     """The :class:`ModelConfig` of the merged flags ``a``."""
     h, heads = a["hidden_size"], a["num_attention_heads"]
@@ -437,7 +453,8 @@ def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig
         moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
         hybrid_layer_pattern=a["hybrid_override_pattern"], mamba_state_dim=a["mamba_state_dim"],
         mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
-        mamba_num_heads=a["mamba_num_heads"], qk_layernorm=a["qk_layernorm"])
+        mamba_num_heads=a["mamba_num_heads"], qk_layernorm=a["qk_layernorm"], window_size=_window(a),
+        window_attn_skip_freq=a["window_attn_skip_freq"], softmax_type=a["softmax_type"])
 
 
 def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:

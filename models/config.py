@@ -97,6 +97,15 @@ class ModelConfig:
     """Dropout on the attention probabilities, unfused backend only (``--attention-dropout``).
     Megatron-LM's argument default is 0.1 (its 2020-21 GPT runs used it); its modern LLM recipes
     set 0, which is the default here."""
+    window_size: int | None = None
+    """Sliding-window attention: a query sees itself and this many earlier keys (Megatron-core's
+    ``window_size = (w, 0)``; GPT-OSS 127); None: all earlier keys."""
+    window_attn_skip_freq: int | None = None
+    """With ``window_size``: every this-many-th layer (1-based) attends to all keys (GPT-OSS 2:
+    windowed and full layers alternate); None: every layer is windowed."""
+    softmax_type: Literal["vanilla", "learnable"] = "vanilla"
+    """``learnable``: a learned logit per head joins each row's softmax (attention sinks, GPT-OSS;
+    Megatron-core's ``softmax_offset``)."""
     qk_layernorm: bool = False
     """A norm (the model's kind) of each head's query and key over the head dim before RoPE, one
     weight shared by the heads (``--qk-layernorm``; Qwen3, OLMo 2)."""
@@ -137,6 +146,14 @@ class ModelConfig:
         if self.hybrid_layer_pattern is None:
             return "transformer"
         return HYBRID_SYMBOLS[self.hybrid_layer_pattern[layer_number]]
+
+    def attention_window(self, layer_number: int) -> int | None:
+        """The sliding window of layer ``layer_number`` (0-based), None for full causal attention
+        (Megatron-core's ``is_layer_window_attention``, whose layer numbers are 1-based)."""
+        freq = self.window_attn_skip_freq
+        if self.window_size is None or (freq and (layer_number + 1) % freq == 0):
+            return None
+        return self.window_size
 
     @property
     def mamba_heads(self) -> int:

@@ -98,7 +98,7 @@ class TransformerLayer(nn.Module):
                 mcfg, pstate, **attention,
                 replicated_seed=None if replicated_seed is None else replicated_seed + 7919 + 2 * layer_number)
         else:
-            self.self_attention = SelfAttention(mcfg, pstate, **attention)
+            self.self_attention = SelfAttention(mcfg, pstate, **attention, layer_number=layer_number)
         if kind in ("attention", "mamba"):
             return
         self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)

@@ -2,8 +2,8 @@
 
 import torch
 
-from capture.opinfo import causal_fraction, describe, kernel_class_of, unmasked_elements
-from models.layers import megatron_ops  # noqa: F401  registers torch.ops.heterosim
+from capture.opinfo import causal_fraction, describe, kernel_class_of, unmasked_elements, window_pairs, window_tiles
+from models.layers import megatron_ops, window_attention  # noqa: F401  registers torch.ops.heterosim
 
 aten = torch.ops.aten
 
@@ -149,3 +149,31 @@ def test_tensors_in_follows_tree_flatten_order():
         got = tensors_in((args, kwargs))
         assert [id(t) for t in got] == [id(t) for t in want]
     assert [float(t) for t in tensors_in(((a, [b, (c,)]), {"k": [d], "m": e}))] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_window_tiles_and_pairs_by_hand():
+    """512 tokens, window 127, tiles of 128: query tile 0 visits key tile 0; tiles 1, 2, 3 visit their
+    diagonal tile and the one before (their first rows reach back 127 keys): 1 + 2 + 2 + 2 = 7 of 16.
+    Pairs: the first 128 queries see 1..128 keys (8,256), the other 384 see 128 each (49,152)."""
+    assert window_tiles(512, 127) == (7, 16)
+    assert window_tiles(512, -1) == (10, 16)  # plain causal: the lower triangle of tiles
+    assert window_pairs(512, 127) == 8_256 + 49_152
+    assert window_pairs(512, -1) == window_pairs(512, 600) == 512 * 513 // 2
+
+
+def test_window_attention_op_is_recorded_with_its_window():
+    """heterosim::window_attention on [1, 8, 512, 64] queries over 2 K/V heads, window 127: an attention
+    kernel; executed FLOPs 4 b h d s^2 x 7/16 (whole tiles), model FLOPs 4 b h d x 57,408 pairs; the
+    backward executes 2.5x and counts 2x."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    q, k, v = torch.empty(1, 8, 512, 64, **meta), torch.empty(1, 2, 512, 64, **meta), torch.empty(1, 2, 512, 64, **meta)
+    op = torch.ops.heterosim.window_attention.default
+    out = op(q, k, v, None, 127, 0.125)
+    c = describe(op, (q, k, v, None, 127, 0.125), {}, out, [], "forward")
+    assert c.kernel_class == "attention" and c.dims == {"b": 1, "h": 8, "hkv": 2, "sq": 512, "sk": 512, "d": 64,
+                                                        "causal": True, "dir": "fwd", "window": 127}
+    assert c.flops == 4.0 * 8 * 64 * 512 * 512 * 7 / 16 and c.flops_full == 4.0 * 8 * 64 * 57_408
+    bop = torch.ops.heterosim.window_attention_backward.default
+    args = (out, q, k, v, None, 127, 0.125)
+    cb = describe(bop, args, {}, bop(*args), [], "backward")
+    assert (cb.flops, cb.flops_full, cb.dims["dir"]) == (2.5 * c.flops, 2.0 * c.flops_full, "bwd")

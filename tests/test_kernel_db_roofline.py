@@ -307,3 +307,15 @@ def test_ssm_scan_runs_its_math_at_the_published_fraction_and_its_states_through
     assert r.seconds == pytest.approx(3.5e-6 + 1e12 / (989.4e12 * 0.86 * 0.137))
     m = roofline_time("ssm", "bf16", {"dir": "bwd"}, 1e12, 40e9, g, EFF.params(g))
     assert m.bound == "memory" and m.seconds == pytest.approx(3.5e-6 + 40e9 / (3.35e12 * 0.9 * 0.9))
+
+
+def test_a_sliding_window_kernel_ramps_over_the_keys_it_visits():
+    """Window 127 over 8k keys: a query tile of block_m rows visits 127 + block_m keys, so the kernel
+    runs at the efficiency of a 127 + block_m-key one, not an 8k-key one."""
+    g = get_gpu("H100")
+    p = EFF.params(g)["attention"]
+    base = {"b": 1, "h": 64, "sq": 8192, "d": 64, "dir": "fwd", "causal": True}
+    bm = int(p["block_m"])
+    windowed = attention_efficiency({**base, "sk": 8192, "window": 127}, g.sm_count, p)
+    assert windowed == pytest.approx(attention_efficiency({**base, "sk": 127 + bm}, g.sm_count, p))
+    assert windowed < attention_efficiency({**base, "sk": 8192}, g.sm_count, p)

@@ -281,5 +281,10 @@ def test_hybrid_pattern_and_mamba_sizes_reach_the_model_config():
                       1).model.mamba_heads == 6
     assert parse_args(base + ["--num-layers", "2", "--qk-layernorm"], 1).model.qk_layernorm
     assert not parse_args(base + ["--num-layers", "2"], 1).model.qk_layernorm
+    gptoss = parse_args(base + ["--num-layers", "2", "--window-size", "127,0", "--window-attn-skip-freq", "2",
+                                "--softmax-type", "learnable"], 1).model
+    assert (gptoss.window_size, gptoss.window_attn_skip_freq, gptoss.softmax_type) == (127, 2, "learnable")
+    with pytest.raises(ConfigError, match=r"--window-size '127,5': give 'L,0' \(L earlier keys, none after"):
+        parse_args(base + ["--num-layers", "2", "--window-size", "127,5"], 1)
     with pytest.raises(ConfigError, match=r"--hybrid-override-pattern has 2 symbols but --num-layers is 3"):
         parse_args(base + ["--num-layers", "3", "--hybrid-override-pattern", "M*"], 1)

@@ -234,6 +234,8 @@ register_kernel_class(
     "_flash_attention_forward", "_flash_attention_backward",
     "_efficient_attention_forward", "_efficient_attention_backward", "scaled_dot_product_attention",
     "flex_attention", "flex_attention_backward",  # FlexAttention's higher-order ops (capture/flexattn.py)
+    # models/: sliding-window / sink attention (heterosim:: custom ops, models/layers/window_attention.py)
+    "window_attention", "window_attention_backward",
 )
 # models/: Mamba-2's fused conv1d + SSD scan (mamba_ssm's mamba_split_conv1d_scan_combined; heterosim:: custom ops)
 register_kernel_class("ssm", "mamba_split_conv1d_scan", "mamba_split_conv1d_scan_backward")

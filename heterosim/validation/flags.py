@@ -17,7 +17,8 @@ from typing import Any, Mapping, Protocol
 from heterosim.errors import ConfigError
 
 from .frameworks import family_settings
-from .hybrid import hybrid_flags, released
+from .hybrid import hybrid_flags
+from .released import attention_flags, released, released_moe_flags
 from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
 
 
@@ -101,7 +102,7 @@ def model_flags(f: Fields) -> list[str]:
     flags += ["--max-position-embeddings", value["--seq-length"]]
     ffn = f.count("model", "ffn", required=False)
     rel = released(f.case.model)
-    if ffn is None and rel is not None:
+    if ffn is None and rel is not None and "ffn" in rel[0]:
         ffn = rel[0]["ffn"]
         f.notes.append(f"model.ffn not stated: {ffn} ({rel[1]})")
     if ffn is not None:
@@ -151,6 +152,7 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
     flags += ["--normalization", norm, "--position-embedding-type", pos]
     flags += _mla_flags(f, feats) + _moe_flags(f)
     flags += hybrid_flags(f.case.id, m, feats.get("mixer") == "mamba", f.notes)
+    flags += attention_flags(f.case.id, m, feats, f.notes)
     if "--hybrid-override-pattern" in flags and released(m) and "fp8" in str(f.case.precision).lower():
         flags.append("--first-last-layers-bf16")
         f.notes.append("fp8: first and last layer in bf16 (Megatron Bridge's hybrid recipes, first_last_layers_bf16)")
@@ -210,7 +212,7 @@ def _moe_flags(f: Fields) -> list[str]:
         experts = int(hit.group(1))
     rel = released(m)
     if experts is None and rel is not None and "experts" in rel[0]:
-        return _released_moe_flags(f, *rel)
+        return released_moe_flags(*rel, f.notes)
     named = bool(re.search(r"\bmoe\b|mixture[\s-]+of[\s-]+experts", arch, re.I))
     if experts is None:
         if named:
@@ -225,17 +227,11 @@ def _moe_flags(f: Fields) -> list[str]:
         f.notes.append(f"router top-k not stated: {topk} (Megatron-LM's --moe-router-topk default)")
     flags = ["--num-experts", str(experts), "--moe-router-topk", str(topk)]
     ffn = field("ffn")
+    if ffn is None and rel is not None and "moe_ffn" in rel[0]:
+        ffn = rel[0]["moe_ffn"]
+        f.notes.append(f"expert width not stated: {ffn} ({rel[1]})")
     flags += ["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else []
     return flags + _deepseek_moe_flags(f, ffn)
-
-
-def _released_moe_flags(f: Fields, config: Mapping[str, Any], src: str) -> list[str]:
-    """The experts of a released hybrid MoE model (:data:`heterosim.validation.hybrid.RELEASED`), noted."""
-    f.notes.append(f"experts not stated: {config['experts']} of width {config['moe_ffn']}, top-{config['topk']}, "
-                   f"shared experts of width {config['shared_ffn']} ({src})")
-    return ["--num-experts", str(config["experts"]), "--moe-router-topk", str(config["topk"]),
-            "--moe-ffn-hidden-size", str(config["moe_ffn"]),
-            "--moe-shared-expert-intermediate-size", str(config["shared_ffn"])]
 
 
 def _deepseek_moe_flags(f: Fields, moe_ffn: int | None) -> list[str]:

@@ -179,10 +179,20 @@ HYBRID_FAMILY = re.compile(r"nemotron[\s_-]*(?:h\b|nano[\s_-]*(?:v2|\d+b[\s_-]*v
 HYBRID_LAYERS: dict[str, str] = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none"}
 
 
+# OpenAI's GPT-OSS (openai/gpt-oss-* config.json): biases in attention and experts, untied output
+# layer, no dropout, RMSNorm, RoPE (YaRN), a gated expert activation (priced as SwiGLU: the same GEMMs).
+GPT_OSS_FAMILY = re.compile(r"gpt[\s_-]*oss")
+GPT_OSS_SETTINGS: dict[str, Any] = {"bias": True, "untie_embeddings": True, "hidden_dropout": 0.0,
+                                    "attention_dropout": 0.0, "activation": "swiglu", "normalization": "RMSNorm",
+                                    "position_embedding": "rope"}
+
+
 def family_settings(model: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """(settings, where from) of the model family that ``model.name`` or ``model.arch`` names: bias,
     output layer, dropout and (:data:`FAMILY_LAYERS`) activation, normalization, position embedding."""
     text = f"{model.get('name', '')} {model.get('arch', '')}".lower()
+    if GPT_OSS_FAMILY.search(text):
+        return dict(GPT_OSS_SETTINGS), "GPT-OSS's released configuration"
     if HYBRID_FAMILY.search(text):
         return {**FAMILY_SETTINGS, **HYBRID_LAYERS}, "Nemotron-H's released configuration"
     for word in FAMILY_WORDS:

@@ -157,6 +157,10 @@ ARCH_WORDS: dict[str, tuple[str, str]] = {
     # Mamba-2 mixer layers of a hybrid model (heterosim.validation.hybrid): Nemotron-H, Nemotron 3
     "mamba": ("mixer", "mamba"), "mamba2": ("mixer", "mamba"), "ssm": ("mixer", "mamba"),
     "state space": ("mixer", "mamba"), "ssd": ("mixer", "mamba"),
+    # GPT-OSS / Mistral / Gemma local attention and attention sinks (heterosim.validation.released)
+    "sliding window": ("window", "yes"), "swa": ("window", "yes"), "local attention": ("window", "yes"),
+    "sinks": ("sinks", "yes"), "attention sinks": ("sinks", "yes"), "sink": ("sinks", "yes"),
+    "yarn": ("pos", "rope"),
 }
 # Words that name no feature (families, parts, connectives).
 ARCH_FILLERS = frozenset((
@@ -168,7 +172,9 @@ ARCH_FILLERS = frozenset((
     "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral", "shared",
     "deepseek",
     # hybrid models: the words beside "Mamba" ("hybrid Mamba-Transformer", "selective state space model")
-    "hybrid", "selective", "models", "interleaved"))
+    "hybrid", "selective", "models", "interleaved",
+    # GPT-OSS ("gpt-oss-120b"), and the words around local / full attention layers
+    "oss", "alternating", "full", "global", "window"))
 _PHRASES = sorted((w for w in ARCH_WORDS if " " in w), key=len, reverse=True)
 
 

@@ -13,7 +13,9 @@ projection is laid out per query group as ``[q * (np/ng), k, v] * d`` (Megatron'
 - ``unfused``: :class:`models.layers.unfused_attention.CoreAttention` (Megatron-LM 2020-21:
   baddbmm, fused scale-mask-softmax, attention dropout, bmm); no context parallelism.
 
-Selective recompute checkpoints the core attention of either backend. With ``qk_layernorm`` each
+A layer with a sliding window or attention sinks (GPT-OSS) runs its core attention as
+:mod:`models.layers.window_attention`'s fused op. Selective recompute checkpoints the core
+attention of either backend. With ``qk_layernorm`` each
 head's query and key are normalized over the head dim (one norm kernel each, weights shared by the
 heads and summed over TP like a sequence-parallel norm's, as Megatron-core all-reduces
 ``q_layernorm`` / ``k_layernorm`` gradients) before RoPE.
@@ -35,6 +37,7 @@ from models.layers.norms import build_norm
 from models.layers.recompute import recompute
 from models.layers.rope import apply_rotary
 from models.layers.unfused_attention import CoreAttention
+from models.layers.window_attention import window_attention
 
 __all__ = ["SelfAttention", "core_attention"]
 
@@ -52,7 +55,7 @@ class SelfAttention(nn.Module):
     """``x [s(/tp), b, h] -> (out [s(/tp), b, h], bias)`` for one transformer layer."""
 
     def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, init_std: float,
-                 fp8: bool, selective_recompute: bool) -> None:
+                 fp8: bool, selective_recompute: bool, layer_number: int = 0) -> None:
         super().__init__()
         tp = pstate.tp_size
         heads, groups, d = mcfg.num_attention_heads, mcfg.num_kv_heads, mcfg.head_dim
@@ -84,6 +87,16 @@ class SelfAttention(nn.Module):
             tp_comm_overlap=pstate.tp_comm_overlap, tp_comm_aggregate="proj_dgrad" in pstate.tp_comm_aggregate,
             tp_comm_sm_margin=dict(pstate.tp_comm_sm_margin).get("proj_fprop", 0),
             tp_comm_fp8_buf="proj_fprop" in pstate.tp_comm_fp8_buf)
+        self.window = mcfg.attention_window(layer_number)
+        self.softmax_offset = None  # attention sinks: one logit per head of this rank (fp32)
+        if mcfg.softmax_type == "learnable":
+            self.softmax_offset = nn.Parameter(torch.zeros(self.np))
+            self.softmax_offset.tensor_model_parallel = tp > 1
+        if (self.window is not None or self.softmax_offset is not None) and (
+                pstate.cp_size > 1 or mcfg.attention_backend == "unfused"):
+            raise ConfigError("sliding-window attention and attention sinks run as one fused kernel without "
+                              "context parallelism (models/layers/window_attention.py); give "
+                              "--context-parallel-size 1 and a fused --attention-backend")
         self.q_layernorm = self.k_layernorm = None
         if mcfg.qk_layernorm:
             norm = dict(eps=mcfg.norm_epsilon, dtype=dtype, sequence_parallel=tp > 1)
@@ -91,6 +104,8 @@ class SelfAttention(nn.Module):
             self.k_layernorm = build_norm(mcfg.normalization, d, **norm)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.window is not None or self.softmax_offset is not None:
+            return window_attention(q, k, v, window=self.window, sinks=self.softmax_offset)
         if self.core_attention is not None:
             return self.core_attention(q, k, v)
         if self.pstate.cp_size > 1:

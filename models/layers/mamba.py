@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
+from models.layers.megatron_ops import eager_vjp
 from models.layers.norms import _FusedRMSNorm
 
 __all__ = ["SCAN", "SCAN_BACKWARD", "MambaMixer", "mamba_split_conv1d_scan", "ssd_reference"]
@@ -123,16 +124,8 @@ def _scan_eager(zxbcdt: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torc
 def _scan_backward_eager(dy: torch.Tensor, zxbcdt: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor,
                          dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, chunk_size: int, headdim: int,
                          ngroups: int) -> tuple[torch.Tensor, ...]:
-    ins = [t.detach().requires_grad_(True) for t in (zxbcdt, conv_weight, conv_bias, dt_bias, A, D)]
-    # A custom op's kernel runs with autograd's dispatch keys excluded; the gradient of the eager
-    # forward is taken with them back (the Autocast exclusions kept).
-    keep = torch._C._dispatch_tls_local_exclude_set()
-    for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "ADInplaceOrView"):
-        keep = keep.remove(getattr(torch._C.DispatchKey, key))
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keep), torch.enable_grad():
-        y = _scan_eager(*ins, chunk_size, headdim, ngroups)
-        grads = torch.autograd.grad(y, ins, dy)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, ins))
+    return eager_vjp(lambda *t: _scan_eager(*t, chunk_size, headdim, ngroups),
+                     (zxbcdt, conv_weight, conv_bias, dt_bias, A, D), dy)
 
 
 def _scan_fake(zxbcdt: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor, dt_bias: torch.Tensor,

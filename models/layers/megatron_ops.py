@@ -28,7 +28,7 @@ import torch
 
 from heterosim.errors import ConfigError
 
-__all__ = ["FORWARD", "BACKWARD", "scaled_upper_triang_masked_softmax"]
+__all__ = ["FORWARD", "BACKWARD", "scaled_upper_triang_masked_softmax", "eager_vjp"]
 
 FORWARD = "heterosim::scaled_upper_triang_masked_softmax"
 BACKWARD = "heterosim::scaled_upper_triang_masked_softmax_backward"
@@ -102,3 +102,21 @@ _backward_op = torch.ops.heterosim.scaled_upper_triang_masked_softmax_backward.d
 def scaled_upper_triang_masked_softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Causal softmax of ``scale * x`` over the last dim of ``x [attn_batches, sq, sk]``: one op."""
     return _forward_op(x, float(scale))
+
+
+def eager_vjp(fn, inputs: tuple[torch.Tensor, ...], grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``fn(*inputs)`` for ``grads``, taken inside a custom op's eager kernel (the
+    backward op of :mod:`models.layers.mamba` and :mod:`models.layers.window_attention`).
+
+    A custom op's kernel runs with autograd's dispatch keys excluded; they are put back for the
+    eager forward and its gradient (the Autocast exclusions kept). Each gradient comes back in its
+    input's dtype.
+    """
+    ins = [t.detach().requires_grad_(True) for t in inputs]
+    keep = torch._C._dispatch_tls_local_exclude_set()
+    for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "ADInplaceOrView"):
+        keep = keep.remove(getattr(torch._C.DispatchKey, key))
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keep), torch.enable_grad():
+        out = fn(*ins)
+        got = torch.autograd.grad(out, ins, grads)
+    return tuple(g.to(t.dtype) for g, t in zip(got, ins))

@@ -1,0 +1,60 @@
+"""Released models' configurations and attention variants in a case (heterosim/validation/released.py):
+GPT-OSS's head dim, alternating sliding window, sinks and experts; Qwen3's head dim; the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterosim.errors import ConfigError
+from heterosim.validation.cases import megatron_flags
+from heterosim.validation.released import attention_flags, released
+from test_validation_cases import _case
+
+OSS = {"name": "GPT-OSS 120B", "layers": 36, "hidden": 2880, "heads": 64, "seq_len": 4096, "vocab": 201088,
+       "arch": "MoE (128 experts, top-4), GQA"}
+
+
+def _flag(f: list[str], name: str) -> str:
+    return f[f.index(name) + 1]
+
+
+def test_gpt_oss_reads_head_dim_window_sinks_and_expert_width():
+    """gpt-oss-120b with its shape and experts stated: head dim 64 (not 2880 / 64 = 45), 8 KV heads,
+    a 128-key window (127, 0) on every other layer, sinks, experts of width 2880, biases kept,
+    SwiGLU-shaped experts, RMSNorm, RoPE; each default said so."""
+    ci = megatron_flags(_case(model=OSS, parallelism={"tp": 1, "pp": 4, "dp": 16, "ep": 8}, precision="bf16"))
+    f = list(ci.flags)
+    assert (_flag(f, "--kv-channels"), _flag(f, "--num-query-groups"), _flag(f, "--window-size"),
+            _flag(f, "--window-attn-skip-freq"), _flag(f, "--softmax-type"), _flag(f, "--moe-ffn-hidden-size")) \
+        == ("64", "8", "127,0", "2", "learnable", "2880")
+    assert "--disable-bias-linear" not in f and "--swiglu" in f and _flag(f, "--normalization") == "RMSNorm"
+    src = "gpt-oss 120b's released configuration (config.json; Megatron Bridge gpt_oss_bridge.py)"
+    assert f"sliding window not stated: 128 keys (window_size (127, 0); {src})" in ci.assumptions
+    assert f"attention sinks: a learned logit per head in each softmax row ({src})" in ci.assumptions
+
+
+def test_stated_window_and_head_dim_win():
+    """A Mistral-style row: sliding_window 4096 keys -> (4095, 0) on every layer; head_dim stated."""
+    notes: list[str] = []
+    got = attention_flags("t", {"name": "Mistral 7B", "sliding_window": 4096, "head_dim": 128},
+                          {"window": "yes"}, notes)
+    assert got == ["--kv-channels", "128", "--window-size", "4095,0"] and notes == []
+
+
+def test_qwen3_head_dim_is_128():
+    model = {"name": "Qwen3 30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "seq_len": 4096,
+             "vocab": 151936, "experts": 128, "topk": 8, "moe_ffn": 768, "arch": "not stated"}
+    ci = megatron_flags(_case(model=model, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8}, precision="bf16"))
+    assert _flag(list(ci.flags), "--kv-channels") == "128" and "--qk-layernorm" in ci.flags
+    assert "model.head_dim not stated: 128 (Qwen3's released configuration, head_dim)" in ci.assumptions
+
+
+def test_a_window_without_its_size_fails_naming_the_field():
+    with pytest.raises(ConfigError, match=r"case t: model.arch names a sliding window but not its size; give "
+                                          r"model.sliding_window"):
+        attention_flags("t", {"name": "some model"}, {"window": "yes"}, [])
+
+
+def test_names_of_released_models():
+    assert released({"name": "openai/gpt-oss-20b"})[0]["experts"] == 32
+    assert released({"name": "GPT-3 175B"}) is None and released({"name": "GPT OSS 120B"})[0]["layers"] == 36
