@@ -754,6 +754,20 @@ def test_deepseek_reads_mla_shared_experts_and_dense_layers():
     assert "--multi-latent-attention" in f and "--moe-layer-freq" not in f
 
 
+def test_kimi_k2_reads_as_deepseek_v3s_architecture_with_its_own_counts():
+    """Kimi K2 (DeepSeek-V3's architecture): MLA with the same ranks, one shared expert, one dense layer,
+    SwiGLU / RMSNorm / RoPE; the name 'Kimi-K2' is no unknown arch word."""
+    k2 = {"name": "Kimi-K2 1T", "layers": 61, "hidden": 7168, "heads": 64, "ffn": 18432, "seq_len": 4096,
+          "vocab": 163840, "experts": 384, "topk": 8, "moe_ffn": 2048, "arch": "Kimi K2 (MoE, MLA)"}
+    ci = megatron_flags(_case(model=k2, parallelism={"tp": 1, "pp": 4, "dp": 64, "ep": 64}))
+    f = list(ci.flags)
+    assert "--multi-latent-attention" in f and f[f.index("--q-lora-rank") + 1] == "1536"
+    i = f.index("--moe-shared-expert-intermediate-size")
+    assert f[i:i + 4] == ["--moe-shared-expert-intermediate-size", "2048", "--moe-layer-freq", "[0]*1+[1]*60"]
+    assert "dense layers not stated: 1 (Kimi K2's released configuration (config.json))" in ci.assumptions
+    assert "--swiglu" in f and f[f.index("--normalization") + 1] == "RMSNorm"
+
+
 def test_model_family_configuration_and_absent_keys():
     """A Llama without a recipe: no bias, untied output layer, dropout 0 (its released config); an absent
     sequence_parallel key is as unstated as 'not stated'."""

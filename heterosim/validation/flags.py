@@ -270,6 +270,10 @@ DEEPSEEK: dict[str, dict[str, int]] = {
            "v_head_dim": 128, "shared_experts": 1, "dense_layers": 3},
     "v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
            "v_head_dim": 128, "shared_experts": 2, "dense_layers": 1},
+    # Moonshot's Kimi K2 (moonshotai/Kimi-K2-Base config.json, DeepSeek-V3's architecture): the same
+    # MLA, n_shared_experts 1, first_k_dense_replace 1.
+    "k2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+           "v_head_dim": 128, "shared_experts": 1, "dense_layers": 1},
 }
 _MLA_KEYS = {"q_lora_rank": ("q_lora_rank",), "kv_lora_rank": ("kv_lora_rank",),
              "qk_head_dim": ("qk_head_dim", "qk_nope_head_dim"),
@@ -278,8 +282,10 @@ _MLA_KEYS = {"q_lora_rank": ("q_lora_rank",), "kv_lora_rank": ("kv_lora_rank",),
 
 def _deepseek(f: Fields) -> tuple[dict[str, int], str] | None:
     """DeepSeek's released settings when ``model.name`` / ``model.arch`` names DeepSeek (V2 where it
-    says so, else V3), with where they come from."""
+    says so, else V3) or Kimi K2 (DeepSeek-V3's architecture), with where they come from."""
     text = f"{f.case.model.get('name', '')} {f.case.model.get('arch', '')}".lower()
+    if re.search(r"kimi[\s_-]*k2", text):
+        return DEEPSEEK["k2"], "Kimi K2's released configuration (config.json)"
     if "deepseek" not in text:
         return None
     v = "v2" if re.search(r"deepseek[\s_-]*v2", text) else "v3"

@@ -156,7 +156,7 @@ def framework_settings(case: CaseSource) -> tuple[dict[str, Any], str | None]:
 # (untied above 7B; attention bias only on q/k/v, priced here as none) and DeepSeek-V2/V3.
 FAMILY_SETTINGS: dict[str, Any] = {"bias": False, "untie_embeddings": True, "hidden_dropout": 0.0,
                                    "attention_dropout": 0.0}
-FAMILY_WORDS = ("llama", "mistral", "mixtral", "nemotron", "qwen", "deepseek")
+FAMILY_WORDS = ("llama", "mistral", "mixtral", "nemotron", "qwen", "deepseek", "kimi")
 # Their layers where ``model.arch`` does not say (the same configurations): Llama, Mistral /
 # Mixtral and Qwen are SwiGLU, RMSNorm, RoPE (config.json: hidden_act "silu" in a gated MLP,
 # rms_norm_eps, rope_theta); Nemotron-4 is squared ReLU, LayerNorm (layernorm1p), RoPE (arXiv
@@ -168,6 +168,7 @@ FAMILY_LAYERS: dict[str, dict[str, str]] = {
     # DeepSeek-V2/V3 (config.json: hidden_act "silu" in gated MLPs, rms_norm_eps, rope_theta); their
     # MLA and MoE settings: heterosim.validation.flags (DEEPSEEK).
     "deepseek": {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope"},
+    "kimi": {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope"},  # Kimi K2 = DeepSeek-V3's
 }
 
 

@@ -170,7 +170,7 @@ ARCH_FILLERS = frozenset((
     "a", "the", "of", "in", "groups", "group", "heads", "head", "kv", "layers", "layer", "linear",
     # mixture-of-experts words: the counts beside them are read by the flag builder (flags._moe_flags)
     "moe", "mixture", "experts", "expert", "top", "routing", "router", "routed", "sparse", "mixtral", "shared",
-    "deepseek",
+    "deepseek", "kimi", "k2",
     # hybrid models: the words beside "Mamba" ("hybrid Mamba-Transformer", "selective state space model")
     "hybrid", "selective", "models", "interleaved",
     # GPT-OSS ("gpt-oss-120b"), and the words around local / full attention layers
