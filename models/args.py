@@ -29,7 +29,7 @@ from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
 from models.layers.fp8 import FP4_RECIPES, FP8_RECIPES
 from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
-from models.parallel_state import split_stage_layers
+from models.parallel_state import parse_pipeline_layout, split_stage_layers
 from models.presets import get_preset
 
 __all__ = ["OptimConfig", "RunConfig", "build_parser", "pad_vocab_size", "parse_args"]
@@ -83,6 +83,7 @@ class RunConfig:
                 "num_microbatches": self.num_microbatches, "seq_length": self.model.seq_length,
                 "recompute": t.recompute_granularity, "distributed_optimizer": p.use_distributed_optimizer,
                 "stage_layers": list(self.stage_layers),
+                **({"virtual_stage_layers": list(p.virtual_stage_layers)} if p.virtual_stage_layers else {}),
                 # Only when set, so that other traces stay byte-identical.
                 **({"megatron_fsdp": True} if p.use_megatron_fsdp else {})}
 
@@ -134,6 +135,7 @@ _DEFAULTS: dict[str, Any] = {
     "loss_scale": None, "seed": 1234, "hybrid_override_pattern": None, "mamba_state_dim": 128,
     "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None, "qk_layernorm": False,
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
+    "pipeline_model_parallel_layout": None, "mtp_num_layers": 0, "mtp_loss_scaling_factor": 0.1,
 }
 
 
@@ -170,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
               "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
               "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
               "--moe-shared-expert-intermediate-size", "--mamba-state-dim", "--mamba-head-dim",
-              "--mamba-num-groups", "--mamba-num-heads", "--window-attn-skip-freq"):
+              "--mamba-num-groups", "--mamba-num-heads", "--window-attn-skip-freq", "--mtp-num-layers"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
-              "--loss-scale"):
+              "--loss-scale", "--mtp-loss-scaling-factor"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
               "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
@@ -232,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--normalization", str, ("LayerNorm", "RMSNorm"))
     add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
+    add("--pipeline-model-parallel-layout", str,
+        help="Megatron-core's layout of every virtual pipeline stage in layer order, e.g. 'Et|(tt|)*30mL' "
+             "(E embedding, t transformer layer, m MTP layer, L loss, | next stage; the stage count / pp gives vpp)")
     add("--attention-backend", str, ATTENTION_BACKENDS,
         help="core attention: auto (one fused kernel, priced by the GPU's default curve), flash "
              "(FlashAttention-2) or fused (cuDNN fused attention), Transformer Engine's two backends, "
@@ -258,6 +263,19 @@ def _merged(ns: argparse.Namespace) -> dict[str, Any]:
         explicit = getattr(ns, dest)
         out[dest] = explicit if explicit is not None else preset.get(dest, default)
     return out
+
+
+def _layout_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | None, tuple[int, ...]]:
+    """Layers per stage, virtual chunks and layers per virtual stage of ``--pipeline-model-parallel-layout``."""
+    others = [f for f in ("pipeline_stage_layers", "num_layers_per_virtual_pipeline_stage",
+                          "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split") if a[f]]
+    if others:
+        raise ConfigError(f"--pipeline-model-parallel-layout cannot be combined with --{others[0].replace('_', '-')}; "
+                          "the layout places every layer")
+    virtual, vpp, _mtp = parse_pipeline_layout(a["pipeline_model_parallel_layout"], pp)
+    split = split_stage_layers(a["num_layers"], pp, vpp=vpp, virtual=virtual)
+    return tuple(sum(len(r) for r in chunks) for chunks in split), (vpp if vpp > 1 else None), virtual
 
 
 def _stage_layers(a: dict[str, Any], pp: int) -> tuple[tuple[int, ...], int | None]:
@@ -454,7 +472,8 @@ def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig
         hybrid_layer_pattern=a["hybrid_override_pattern"], mamba_state_dim=a["mamba_state_dim"],
         mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
         mamba_num_heads=a["mamba_num_heads"], qk_layernorm=a["qk_layernorm"], window_size=_window(a),
-        window_attn_skip_freq=a["window_attn_skip_freq"], softmax_type=a["softmax_type"])
+        window_attn_skip_freq=a["window_attn_skip_freq"], softmax_type=a["softmax_type"],
+        mtp_num_layers=a["mtp_num_layers"], mtp_loss_scaling_factor=a["mtp_loss_scaling_factor"])
 
 
 def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
@@ -487,11 +506,15 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     if a["kv_channels"] is None and h % heads:
         raise ConfigError(f"--hidden-size {h} is not divisible by --num-attention-heads {heads}; "
                           f"give --kv-channels")
-    counts, vpp = _stage_layers(a, pp)
+    virtual = None
+    if a["pipeline_model_parallel_layout"]:
+        counts, vpp, virtual = _layout_layers(a, pp)
+    else:
+        counts, vpp = _stage_layers(a, pp)
     pcfg = ParallelConfig(
         world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
         ep=a["expert_model_parallel_size"], vpp=vpp, sequence_parallel=a["sequence_parallel"],
-        cp_comm_type=a["cp_comm_type"], stage_layers=counts,
+        cp_comm_type=a["cp_comm_type"], stage_layers=counts, virtual_stage_layers=virtual,
         embed_slot=a["account_for_embedding_in_pipeline_split"],
         loss_slot=a["account_for_loss_in_pipeline_split"],
         use_distributed_optimizer=a["use_distributed_optimizer"],

@@ -106,6 +106,11 @@ class ModelConfig:
     softmax_type: Literal["vanilla", "learnable"] = "vanilla"
     """``learnable``: a learned logit per head joins each row's softmax (attention sinks, GPT-OSS;
     Megatron-core's ``softmax_offset``)."""
+    mtp_num_layers: int = 0
+    """Multi-token prediction depths on the last pipeline stage (``--mtp-num-layers``; DeepSeek-V3: 1;
+    :mod:`models.layers.mtp`)."""
+    mtp_loss_scaling_factor: float = 0.1
+    """Weight of the MTP losses' mean in the total loss (Megatron-core's default)."""
     qk_layernorm: bool = False
     """A norm (the model's kind) of each head's query and key over the head dim before RoPE, one
     weight shared by the heads (``--qk-layernorm``; Qwen3, OLMo 2)."""
@@ -220,6 +225,9 @@ class ParallelConfig:
     cp_comm_type: Literal["p2p", "all_gather", "a2a"] = "p2p"
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage (len pp); None: even split (or first/last overrides)."""
+    virtual_stage_layers: tuple[int, ...] | None = None
+    """Layers of every virtual stage in layer order (``--pipeline-model-parallel-layout``); None: an
+    even split (:func:`models.parallel_state.split_stage_layers`)."""
     embed_slot: bool = False
     """The input embedding counts as one layer of the pipeline split (Megatron-Core's
     ``--account-for-embedding-in-pipeline-split``; :func:`models.parallel_state.split_stage_layers`)."""

@@ -39,6 +39,7 @@ from models.layers.cross_entropy import fused_vocab_parallel_cross_entropy, voca
 from models.layers.embedding import VocabParallelEmbedding
 from models.layers.linear import ColumnParallelLinear, init_replicated
 from models.layers.mappings import scatter_to_sp
+from models.layers.mtp import MTPLayer
 from models.layers.rope import rotary_freqs
 from models.transformer import TransformerBlock, dropout, torch_dtype
 
@@ -79,6 +80,9 @@ class GPTModel(nn.Module):
                 self.position_embeddings = None
         self.decoder = TransformerBlock(mcfg, tcfg, pstate, layers=layers, post_process=post_process,
                                         replicated_seed=replicated_seed)
+        self.mtp_layers = None
+        if post_process and mcfg.mtp_num_layers:
+            self._build_mtp(mcfg, tcfg, pstate, replicated_seed)
         if post_process:
             tied = not mcfg.untie_embeddings_and_output_weights
             same = self.word_embeddings.weight if (tied and pre_process) else None
@@ -96,6 +100,20 @@ class GPTModel(nn.Module):
             if pstate.embedding_group is not None:
                 dist.all_reduce(w.data, group=pstate.embedding_group)
 
+    def _build_mtp(self, mcfg: ModelConfig, tcfg: TrainConfig, pstate: Any, seed: int | None) -> None:
+        if not mcfg.untie_embeddings_and_output_weights or pstate.cp_size > 1 or \
+                mcfg.position_embedding_type == "learned_absolute":
+            raise ConfigError("--mtp-num-layers needs --untie-embeddings-and-output-weights, no learned position "
+                              "embeddings and --context-parallel-size 1 (models/layers/mtp.py)")
+        if not self.pre_process:  # the last stage's own copy of the word embedding
+            self.mtp_embedding = VocabParallelEmbedding(
+                mcfg.vocab_size, mcfg.hidden_size, tp_group=pstate.tp_group, dtype=self.dtype,
+                init_std=mcfg.init_method_std, reduce_scatter=self.sp)
+            with torch.no_grad():  # the all-reduce at the end of __init__ copies the first stage's
+                self.mtp_embedding.weight.zero_()
+        self.mtp_layers = nn.ModuleList(MTPLayer(mcfg, tcfg, pstate, dtype=self.dtype, replicated_seed=seed)
+                                        for _ in range(mcfg.mtp_num_layers))
+
     # ---- shapes and shared parameters -------------------------------------------------------
     def hidden_shape(self, micro_batch_size: int) -> tuple[int, int, int]:
         """Shape of the activation sent between pipeline stages: ``(s/cp[/tp], b, h)``."""
@@ -105,14 +123,18 @@ class GPTModel(nn.Module):
         return (s, micro_batch_size, self.mcfg.hidden_size)
 
     def shared_embedding_params(self) -> list[nn.Parameter]:
-        """Params whose grads the embedding group all-reduces (tied embeddings with pp > 1)."""
-        if self.mcfg.untie_embeddings_and_output_weights or self.pstate.pp_size == 1:
+        """Params whose grads the embedding group all-reduces (pp > 1: tied embeddings, or the first
+        stage's word embedding and the last stage's MTP copy)."""
+        untied = self.mcfg.untie_embeddings_and_output_weights
+        if (untied and not self.mcfg.mtp_num_layers) or self.pstate.pp_size == 1:
             return []
         out = []
         if self.pre_process:
             out.append(self.word_embeddings.weight)
-        if self.post_process:
+        if self.post_process and not self.mcfg.untie_embeddings_and_output_weights:
             out.append(self.output_layer.weight)
+        if self.post_process and self.mtp_layers is not None and not self.pre_process:
+            out.append(self.mtp_embedding.weight)  # synced with the first stage's (Megatron-core's MTP)
         return out
 
     # ---- forward ----------------------------------------------------------------------------
@@ -148,6 +170,21 @@ class GPTModel(nn.Module):
         if labels is None:
             return logits.transpose(0, 1).contiguous()
         labels = cp_chunk_select(labels, 1, self.pstate.cp_size, self.pstate.cp_rank)
+        loss = self._loss(logits, labels)
+        if self.mtp_layers is None:
+            return loss
+        # Multi-token prediction (models/layers/mtp.py): depth k reads the tokens k ahead of the
+        # input (the labels rolled by k - 1) and predicts the labels rolled by k.
+        embed = self.word_embeddings if self.pre_process else self.mtp_embedding
+        hidden, rotary, ids, extra = self.decoder.prenorm_output, self._rotary(labels.device), labels, []
+        for layer in self.mtp_layers:
+            hidden = layer(hidden, embed(ids), rotary)
+            ids = torch.roll(ids, -1, dims=1)
+            extra.append(self._loss(self.output_layer(hidden), ids))
+        return loss + self.mcfg.mtp_loss_scaling_factor * torch.stack(extra).mean()
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of ``logits [s/cp, b, V/tp]`` against ``labels [b, s/cp]``."""
         tp_group = self.pstate.tp_group
         if self.mcfg.cross_entropy_loss_fusion:  # casts the logits to fp32 inside its first kernel
             loss = fused_vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous(), tp_group)

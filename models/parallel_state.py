@@ -22,6 +22,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -31,7 +33,7 @@ from heterosim.errors import ConfigError
 from heterosim.annotate import get_annotator
 from models.config import ParallelConfig
 
-__all__ = ["ParallelState", "initialize", "rank_coords", "split_stage_layers"]
+__all__ = ["parse_pipeline_layout", "ParallelState", "initialize", "rank_coords", "split_stage_layers"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,11 +113,13 @@ class ParallelState:
         vpp: int | None = None,
         embed_slot: bool = False,
         loss_slot: bool = False,
+        virtual: Sequence[int] | None = None,
     ) -> list[list[range]]:
         """Global layer indices per pipeline stage per model chunk; see :func:`split_stage_layers`."""
         return split_stage_layers(
             num_layers, self.pp_size, first=first, last=last, explicit=explicit,
             vpp=vpp if vpp is not None else self.vpp_size, embed_slot=embed_slot, loss_slot=loss_slot,
+            virtual=virtual,
         )
 
 
@@ -142,8 +146,14 @@ def split_stage_layers(
     vpp: int | None = None,
     embed_slot: bool = False,
     loss_slot: bool = False,
+    virtual: Sequence[int] | None = None,
 ) -> list[list[range]]:
     """Split ``num_layers`` over ``pp`` stages and ``vpp`` chunks per stage.
+
+    ``virtual`` gives the layer count of every virtual stage in the order layers flow through them
+    (chunk 0 of stages 0..pp-1, then chunk 1, ...), as Megatron-core's
+    ``--pipeline-model-parallel-layout`` does (:func:`parse_pipeline_layout`); a virtual stage may
+    hold no layer (DeepSeek-V3's last one: the MTP layer and the loss).
 
     ``explicit`` gives the layer count of every stage; ``first`` / ``last`` are Megatron's
     ``--decoder-first/last-pipeline-num-layers`` (the other stages share the rest evenly).
@@ -155,6 +165,8 @@ def split_stage_layers(
     stages 0..pp-1, then chunk 1 of every stage, ... (Megatron's ``get_transformer_layer_offset``).
     """
     chunks = vpp or 1
+    if virtual is not None:
+        return _split_virtual(num_layers, pp, chunks, virtual)
     slots = [int(embed_slot and s == 0) + int(loss_slot and s == pp - 1) for s in range(pp)]
     if (embed_slot or loss_slot) and (first is not None or last is not None):
         raise ConfigError("--account-for-embedding/loss-in-pipeline-split cannot be combined with "
@@ -198,6 +210,48 @@ def split_stage_layers(
             out[s].append(range(start, start + n))
             start += n
     return out
+
+
+def _split_virtual(num_layers: int, pp: int, chunks: int, virtual: Sequence[int]) -> list[list[range]]:
+    counts = [int(c) for c in virtual]
+    if len(counts) != pp * chunks or any(c < 0 for c in counts) or sum(counts) != num_layers:
+        raise ConfigError(f"virtual stage layers {tuple(counts)}: need pp x vpp = {pp * chunks} counts >= 0 "
+                          f"adding up to --num-layers {num_layers}")
+    out: list[list[range]] = [[] for _ in range(pp)]
+    start = 0
+    for v, n in enumerate(counts):
+        out[v % pp].append(range(start, start + n))
+        start += n
+    return out
+
+
+_LAYOUT_SYMBOLS = {"E": "the input embedding", "t": "a transformer layer", "m": "a multi-token prediction layer",
+                   "L": "the loss"}
+
+
+def parse_pipeline_layout(text: str, pp: int) -> tuple[tuple[int, ...], int, int]:
+    """``(layers per virtual stage, virtual stages per rank, MTP layers)`` of a Megatron-core
+    ``--pipeline-model-parallel-layout`` such as ``"Et|(tt|)*30mL"``: ``|`` ends a virtual stage,
+    ``X*N`` and ``(...)*N`` repeat, ``E`` / ``L`` (embedding / loss) open the first and close the last
+    stage, ``t`` is a transformer layer, ``m`` an MTP layer; ``pp x vpp`` stages in layer order."""
+    expanded = re.sub(r"\s+", "", text)
+    while True:
+        nxt = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), expanded)
+        nxt = re.sub(r"([EtmL|])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), nxt)
+        if nxt == expanded:
+            break
+        expanded = nxt
+    stages = expanded.split("|")
+    bad = sorted(set(expanded) - set(_LAYOUT_SYMBOLS) - {"|"})
+    if bad or len(stages) % pp:
+        raise ConfigError(f"--pipeline-model-parallel-layout {text!r}: "
+                          + (f"unknown symbol {bad[0]!r}; valid: " + ", ".join(f"{k} ({v})" for k, v in _LAYOUT_SYMBOLS.items())
+                             if bad else f"{len(stages)} virtual stages do not divide over {pp} pipeline stages"))
+    inner = "".join(stages[1:]) + stages[0].lstrip("E")
+    if "E" in inner or "L" in "".join(stages[:-1]) + stages[-1].rstrip("L"):
+        raise ConfigError(f"--pipeline-model-parallel-layout {text!r}: E may only open the first virtual stage "
+                          "and L only close the last")
+    return tuple(st.count("t") for st in stages), len(stages) // pp, expanded.count("m")
 
 
 def _new_group(ranks: list[int], me: int, dim: str) -> Any:

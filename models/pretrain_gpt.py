@@ -109,7 +109,7 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
         else model_parallel_group(pcfg, rank)
     vpp = pcfg.vpp or 1
     layers = ps.stage_layers(mcfg.num_layers, explicit=cfg.stage_layers, vpp=vpp, embed_slot=pcfg.embed_slot,
-                             loss_slot=pcfg.loss_slot)[ps.pp_rank]
+                             loss_slot=pcfg.loss_slot, virtual=pcfg.virtual_stage_layers)[ps.pp_rank]
     # Megatron seeds each TP rank differently for the split weights (model_parallel_cuda_manual_seed).
     torch.manual_seed(cfg.seed + 2718 + ps.tp_rank + 100 * ps.pp_rank)
     chunks = [GPTModel(mcfg, pcfg, tcfg, ps, layers=layers[c], chunk=c,

@@ -178,6 +178,7 @@ class TransformerBlock(nn.Module):
                 x = layer(x, rotary)
         if self.fp8_scaling is not None:  # fp8_autocast exits before the final norm (Megatron-core)
             self.fp8_scaling.forward_exit()
+        self.prenorm_output = x  # what multi-token prediction continues from (models.layers.mtp)
         if self.final_layernorm is not None:
             x = self.final_layernorm(x)
         return x

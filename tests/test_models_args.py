@@ -288,3 +288,19 @@ def test_hybrid_pattern_and_mamba_sizes_reach_the_model_config():
         parse_args(base + ["--num-layers", "2", "--window-size", "127,5"], 1)
     with pytest.raises(ConfigError, match=r"--hybrid-override-pattern has 2 symbols but --num-layers is 3"):
         parse_args(base + ["--num-layers", "3", "--hybrid-override-pattern", "M*"], 1)
+
+
+def test_pipeline_layout_and_mtp_reach_the_configs():
+    """--pipeline-model-parallel-layout gives vpp and the layers of each virtual stage (traced as
+    virtual_stage_layers); it cannot be combined with another split; --mtp-num-layers reaches the model."""
+    base = ["--preset", "tiny", "--num-layers", "5", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    cfg = parse_args(base + ["--pipeline-model-parallel-layout", "Et|tt|t|tmL", "--mtp-num-layers", "1",
+                             "--untie-embeddings-and-output-weights"], 2)
+    assert (cfg.parallel.vpp, cfg.parallel.virtual_stage_layers, cfg.stage_layers) == (2, (1, 2, 1, 1), (2, 3))
+    assert cfg.layout()["virtual_stage_layers"] == [1, 2, 1, 1] and cfg.model.mtp_num_layers == 1
+    assert "virtual_stage_layers" not in parse_args(base[:-2] + ["--global-batch-size", "8", "--num-layers", "4"],
+                                                    2).layout()
+    with pytest.raises(ConfigError, match=r"--pipeline-model-parallel-layout cannot be combined with "
+                                          r"--num-layers-per-virtual-pipeline-stage"):
+        parse_args(base + ["--pipeline-model-parallel-layout", "Et|tt|t|tL",
+                           "--num-layers-per-virtual-pipeline-stage", "1"], 2)

@@ -6,7 +6,7 @@ import pytest
 
 from heterosim.errors import ConfigError
 from models.config import ParallelConfig
-from models.parallel_state import rank_coords, split_stage_layers
+from models.parallel_state import parse_pipeline_layout, rank_coords, split_stage_layers
 from test_models_mappings import run_fake
 
 
@@ -116,3 +116,25 @@ def test_amax_group_is_the_stage_and_comes_last():
     on, off = (run_fake(code.format(on=v), rank=13, world=32) for v in (True, False))
     assert on["amax"] == list(range(16)) and off["amax"] is None
     assert on["others"] == off["others"] and on["names"] == off["names"]
+
+
+def test_pipeline_layout_strings_as_megatron_core_writes_them():
+    """DeepSeek-V3 on pp 8 (Megatron Bridge's H100 recipe): 'Et|(tt|)*30mL' is 32 virtual stages
+    (vpp 4) of 1, 2 x 30 and 0 transformer layers, one MTP layer; stage s holds virtual stages s,
+    s + 8, s + 16, s + 24."""
+    counts, vpp, mtp = parse_pipeline_layout("Et|(tt|)*30mL", 8)
+    assert (len(counts), vpp, mtp, counts[0], set(counts[1:31]), counts[31], sum(counts)) == (32, 4, 1, 1, {2}, 0, 61)
+    split = split_stage_layers(61, 8, vpp=4, virtual=counts)
+    assert split[0] == [range(0, 1), range(15, 17), range(31, 33), range(47, 49)]
+    assert split[7] == [range(13, 15), range(29, 31), range(45, 47), range(61, 61)]
+    assert parse_pipeline_layout("Et*3|t*3L", 2) == ((3, 3), 1, 0)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("Et|tx|L", r"unknown symbol 'x'; valid: E \(the input embedding\), t \(a transformer layer\)"),
+    ("Et|tt|L", r"3 virtual stages do not divide over 2 pipeline stages"),
+    ("t|Et|tt|L", r"E may only open the first virtual stage and L only close the last"),
+])
+def test_pipeline_layout_errors(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline_layout(text, 2)

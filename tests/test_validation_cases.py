@@ -743,7 +743,12 @@ def test_deepseek_reads_mla_shared_experts_and_dense_layers():
     assert ("multi-head latent attention, not stated: q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, "
             "qk_pos_emb_head_dim 64, v_head_dim 128 (DeepSeek-V3's released configuration (config.json))") in ci.assumptions
     assert "dense layers not stated: 3 (DeepSeek-V3's released configuration (config.json))" in ci.assumptions
-    assert any(a.startswith("model.arch names multi-token prediction: not modelled") for a in ci.assumptions)
+    assert f[f.index("--mtp-num-layers") + 1] == "1"
+    assert "multi-token prediction depths not stated: 1 (model.arch names MTP)" in ci.assumptions
+    # pp 8 x vpp 4 = 32 parts for 61 layers: the embedding, the MTP layer and the loss take a layer's place
+    lay = list(megatron_flags(_case(model=v3, parallelism={"tp": 2, "pp": 8, "dp": 4, "ep": 8, "vpp": 4})).flags)
+    assert lay[lay.index("--pipeline-model-parallel-layout") + 1] == "|".join(["Et"] + ["tt"] * 30 + ["mL"])
+    assert "--num-layers-per-virtual-pipeline-stage" not in lay
     v2 = {**v3, "name": "DeepSeek-V2", "layers": 60, "kv_lora_rank": 256, "dense_layers": 2}
     f = list(megatron_flags(_case(model=v2, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8})).flags)
     assert f[f.index("--kv-lora-rank") + 1] == "256"

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Protocol
 from heterosim.errors import ConfigError
 
 from .frameworks import family_settings
+from .deepseek import deepseek_moe_flags, mla_flags, mtp_layers
 from .hybrid import hybrid_flags
 from .released import attention_flags, released, released_moe_flags
 from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
@@ -62,6 +63,8 @@ class Fields:
 
     def __init__(self, case: Case, pub: Mapping[str, Any], script: str | None, notes: list[str]):
         self.case, self.pub, self.script, self.notes = case, pub, script, notes
+        self.mtp: int | None = None
+        """Multi-token prediction depths once the model is read (:func:`heterosim.validation.deepseek.mtp_layers`)."""
 
     def recipe(self, key: str, where: str, shown: Any = None) -> Any:
         """The published value of ``key`` for an unstated field, noted; None if there is none."""
@@ -150,7 +153,9 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         f.notes.append("position embedding not stated: learned absolute (Megatron-LM 2020-21 default; "
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
-    flags += _mla_flags(f, feats) + _moe_flags(f)
+    flags += mla_flags(f, feats) + _moe_flags(f)
+    if mtp_layers(f, feats):
+        flags += ["--mtp-num-layers", str(mtp_layers(f, feats))]
     flags += hybrid_flags(f.case.id, m, feats.get("mixer") == "mamba", f.notes)
     flags += attention_flags(f.case.id, m, feats, f.notes)
     if "--hybrid-override-pattern" in flags and released(m) and "fp8" in str(f.case.precision).lower():
@@ -231,93 +236,7 @@ def _moe_flags(f: Fields) -> list[str]:
         ffn = rel[0]["moe_ffn"]
         f.notes.append(f"expert width not stated: {ffn} ({rel[1]})")
     flags += ["--moe-ffn-hidden-size", str(ffn)] if ffn is not None else []
-    return flags + _deepseek_moe_flags(f, ffn)
-
-
-def _deepseek_moe_flags(f: Fields, moe_ffn: int | None) -> list[str]:
-    """Shared experts and leading dense layers (``model.shared_experts``, ``model.dense_layers`` /
-    ``first_k_dense``), else DeepSeek's released counts for a DeepSeek model (noted)."""
-    ds = _deepseek(f)
-    shared = _model_field(f, ("shared_experts", "n_shared_experts"))
-    dense = _model_field(f, ("dense_layers", "first_k_dense", "first_k_dense_replace"))
-    if ds is not None:
-        defaults, src = ds
-        for what, got in (("shared_experts", shared), ("dense_layers", dense)):
-            if got is None:
-                f.notes.append(f"{what.replace('_', ' ')} not stated: {defaults[what]} ({src})")
-        shared = defaults["shared_experts"] if shared is None else shared
-        dense = defaults["dense_layers"] if dense is None else dense
-    flags: list[str] = []
-    if shared:
-        if moe_ffn is None:
-            raise ConfigError(f"case {f.case.id}: shared experts need the expert width; give model.moe_ffn")
-        flags += ["--moe-shared-expert-intermediate-size", str(shared * moe_ffn)]
-    if dense:
-        layers = f.count("model", "layers")
-        if dense >= layers:
-            raise ConfigError(f"case {f.case.id}: {dense} dense layers leave no MoE layer of {layers}")
-        flags += ["--moe-layer-freq", f"[0]*{dense}+[1]*{layers - dense}"]
-    return flags
-
-
-# DeepSeek's released configurations (deepseek-ai/DeepSeek-V3 and DeepSeek-V2 config.json; arXiv
-# 2412.19437 / 2405.04434): multi-head latent attention ranks and head dims, shared experts, the
-# dense layers before the first MoE layer. V3: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim
-# 128, qk_rope_head_dim 64, v_head_dim 128, n_shared_experts 1, first_k_dense_replace 3; V2 the same
-# MLA with n_shared_experts 2 and first_k_dense_replace 1.
-DEEPSEEK: dict[str, dict[str, int]] = {
-    "v3": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
-           "v_head_dim": 128, "shared_experts": 1, "dense_layers": 3},
-    "v2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
-           "v_head_dim": 128, "shared_experts": 2, "dense_layers": 1},
-    # Moonshot's Kimi K2 (moonshotai/Kimi-K2-Base config.json, DeepSeek-V3's architecture): the same
-    # MLA, n_shared_experts 1, first_k_dense_replace 1.
-    "k2": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
-           "v_head_dim": 128, "shared_experts": 1, "dense_layers": 1},
-}
-_MLA_KEYS = {"q_lora_rank": ("q_lora_rank",), "kv_lora_rank": ("kv_lora_rank",),
-             "qk_head_dim": ("qk_head_dim", "qk_nope_head_dim"),
-             "qk_pos_emb_head_dim": ("qk_pos_emb_head_dim", "qk_rope_head_dim"), "v_head_dim": ("v_head_dim",)}
-
-
-def _deepseek(f: Fields) -> tuple[dict[str, int], str] | None:
-    """DeepSeek's released settings when ``model.name`` / ``model.arch`` names DeepSeek (V2 where it
-    says so, else V3) or Kimi K2 (DeepSeek-V3's architecture), with where they come from."""
-    text = f"{f.case.model.get('name', '')} {f.case.model.get('arch', '')}".lower()
-    if re.search(r"kimi[\s_-]*k2", text):
-        return DEEPSEEK["k2"], "Kimi K2's released configuration (config.json)"
-    if "deepseek" not in text:
-        return None
-    v = "v2" if re.search(r"deepseek[\s_-]*v2", text) else "v3"
-    return DEEPSEEK[v], f"DeepSeek-{v.upper()}'s released configuration (config.json)"
-
-
-def _model_field(f: Fields, names: tuple[str, ...]) -> int | None:
-    key = next((k for k in names if k in f.case.model), None)
-    return f.count("model", key, required=False) if key else None
-
-
-def _mla_flags(f: Fields, feats: dict[str, str]) -> list[str]:
-    """``--multi-latent-attention`` and its ranks where ``model.arch`` names MLA or the model is
-    DeepSeek's: the model's fields, else DeepSeek's released values (noted)."""
-    ds = _deepseek(f)
-    if feats.get("attn") != "mla" and ds is None:
-        return []
-    if feats.get("mtp"):
-        f.notes.append("model.arch names multi-token prediction: not modelled (one more layer and output "
-                       "head on the last pipeline stage)")
-    defaults, src = ds or (DEEPSEEK["v3"], "DeepSeek-V3's released configuration (config.json)")
-    flags = ["--multi-latent-attention"]
-    stated = []
-    for key, names in _MLA_KEYS.items():
-        value = _model_field(f, names)
-        if value is None:
-            value = defaults[key]
-            stated.append(f"{key} {value}")
-        flags += [f"--{key.replace('_', '-')}", str(value)]
-    if stated:
-        f.notes.append(f"multi-head latent attention, not stated: {', '.join(stated)} ({src})")
-    return flags
+    return flags + deepseek_moe_flags(f, ffn)
 
 
 # ----------------------------------------------------------------------------------- parallelism
@@ -397,8 +316,9 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
-    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1,
-                                  "--num-layers-per-virtual-pipeline-stage" in flags)
+    layout = flags[flags.index("--pipeline-model-parallel-layout") + 1] if "--pipeline-model-parallel-layout" in flags else ""
+    interleaved = "--num-layers-per-virtual-pipeline-stage" in flags or layout.count("|") + 1 > size["pp"]
+    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved)
 
 
 def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
@@ -428,6 +348,9 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
         f.notes.append("vpp not stated: non-interleaved 1F1B (Megatron-LM default without "
                        "--num-layers-per-virtual-pipeline-stage)")
     parts = pp * (vpp if vpp is not None and vpp > 1 else 1)
+    mtp = f.mtp or 0
+    if parts > 1 and layers % parts and (layers + 2) % parts and mtp and not (layers + 2 + mtp) % parts:
+        return _layout_flags(f, parts, layers, mtp)
     slots: list[str] = []
     if layers % parts and not (layers + 2) % parts:
         slots = list(ACCOUNT_SPLIT_FLAGS)
@@ -438,6 +361,19 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
     if layers % parts and not slots:
         raise ConfigError(f"case {case.id}: {layers} layers do not split into pp {pp} x vpp {vpp}")
     return slots + [flag, str((layers + (2 if slots else 0)) // parts)]
+
+
+def _layout_flags(f: Fields, parts: int, layers: int, mtp: int) -> list[str]:
+    """``--pipeline-model-parallel-layout`` where the embedding, each MTP layer and the loss take a
+    layer's place and the layers then split evenly (DeepSeek-V3 on pp 8 x vpp 4: ``Et|(tt|)*30|mL``)."""
+    per = (layers + 2 + mtp) // parts
+    stages = ["E" + "t" * (per - 1)] + ["t" * per] * (parts - 2) + ["t" * (per - 1 - mtp) + "m" * mtp + "L"]
+    layout = "|".join(stages)
+    f.notes.append(f"{layers} layers do not split over {parts} pipeline parts: the input embedding, the {mtp} "
+                   f"MTP layer(s) and the loss each take a layer's place, {per} per part "
+                   f"(--pipeline-model-parallel-layout {layout}, as Megatron Bridge's DeepSeek-V3 H100 recipe "
+                   "'Et|(tt|)*30mL')")
+    return ["--pipeline-model-parallel-layout", layout]
 
 
 def _overlap_flags(f: Fields, size: Mapping[str, int], sp: bool, interleaved: bool) -> list[str]:
