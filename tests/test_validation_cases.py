@@ -797,3 +797,25 @@ def test_rack_scale_nvlink_domain_is_one_nvswitch_node():
     assert node["nics"] == {"count": 64, "bw_Gbps": 800.0}
     assert "NVLink domain of 72 GPUs: modelled as NVSwitch nodes of 64 GPUs (16 trays of 4) with their trays' NICs" in notes
     assert load_cluster(d, num_gpus=128).num_nodes == 2
+
+
+@pytest.mark.parametrize("hw,tray", [({"gpu": "NVIDIA GB200", "system": "GB200 NVL72"}, 4), ({"gpu": "GB300"}, 4)])
+def test_grace_blackwell_without_fabric_text_is_an_nvl72_rack(hw, tray):
+    """A GB200 / GB300 row naming no NVLink (or only "NVL72"): trays of 4 in the rack's 72-GPU NVSwitch
+    domain at the GPU's NVLink5 rate (was: PCIe-only nodes), said so."""
+    d, gpu, notes = cluster_for(hw, 128)
+    node = d["node_types"]["node"]
+    assert node["gpus_per_node"] == 64 and node["nvlink"]["kind"] == "nvswitch" and node["nvlink"]["lanes"] == 18
+    assert node["nvlink"]["lane_GBps"] == 50.0
+    assert "intra_node not stated: the rack's NVSwitch fabric at the GPU's datasheet NVLink rate" in notes
+    assert f"NVLink domain of 72 GPUs: modelled as NVSwitch nodes of 64 GPUs (16 trays of {tray}) with their trays' NICs" in notes
+
+
+@pytest.mark.parametrize("gpu,rate", [("A100-SXM4-80GB", 200.0), ("H100", 400.0), ("H200", 400.0), ("B200", 400.0),
+                                      ("B300", 800.0)])
+def test_unstated_network_is_the_generations_nic(gpu, rate):
+    """No inter-node text: one NIC per GPU at the rate of the GPU's DGX system (HDR 200 for A100 and
+    before, ConnectX-7 400 for Hopper / Blackwell, ConnectX-8 800 for Blackwell Ultra)."""
+    d, _, notes = cluster_for({"gpu": gpu, "gpus_per_node": 8}, 16)
+    assert d["node_types"]["node"]["nics"] == {"count": 8, "bw_Gbps": rate}
+    assert any(n.startswith(f"no inter-node network stated: one {rate:g} Gb/s NIC per GPU") for n in notes)

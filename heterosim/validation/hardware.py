@@ -198,6 +198,32 @@ def _preset_node(system: str, gpn: int) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+GB_NVLINK_DOMAIN = 72
+"""GPUs of one NVLink domain of Grace-Blackwell systems: GB200 / GB300 NVL72, 18 compute trays of 4
+GPUs joined by 9 NVLink switch trays (NVIDIA GB200 NVL72 and GB300 NVL72 datasheets)."""
+
+
+def _grace_blackwell(spec: Any) -> bool:
+    return spec.vendor == "nvidia" and spec.name.upper().startswith("GB") and spec.nvlink_bw > 0
+
+
+def _nvlink_gen(spec: Any) -> int:
+    return 5 if spec.compute_capability >= 100 else 4 if spec.compute_capability >= 90 else 3
+
+
+def default_nic(spec: Any) -> tuple[float, str]:
+    """(Gb/s, which) of the one NIC per GPU a system of ``spec`` carries where the case names none:
+    ConnectX-8 800 Gb/s from Blackwell Ultra (DGX B300, GB300 NVL72: sm_103), ConnectX-7 400 Gb/s NDR
+    on Hopper and Blackwell (DGX H100 / H200 / B200, GB200 NVL72), else 200 Gb/s (DGX A100's HDR, the
+    default for earlier GPUs too). NVIDIA's DGX / NVL72 datasheets."""
+    cc = spec.compute_capability
+    if cc >= 103:
+        return 800.0, "ConnectX-8 (DGX B300, GB300 NVL72)"
+    if cc >= 90:
+        return 400.0, "ConnectX-7 NDR (DGX H100 / H200 / B200, GB200 NVL72)"
+    return 200.0, "HDR (DGX A100; the default before Hopper)"
+
+
 def _switch_board(spec: Any, gpus_per_node: Any) -> bool:
     """Whether a node of ``gpus_per_node`` of ``spec`` sits on an NVSwitch baseboard: HGX / DGX A100
     and later join 8 SXM GPUs through NVSwitch chips (an 8-GPU mesh exists only before them: DGX-1's
@@ -242,7 +268,8 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         raise ConfigError("hardware: no 'gpu' given; name the GPU, e.g. 'NVIDIA A100-SXM4-80GB'")
     gpu = gpu_from_text(str(hardware["gpu"]))
     spec = get_gpu(gpu)
-    gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, 8), "hardware.gpus_per_node")
+    tray = 4 if _grace_blackwell(spec) else 8  # a GB200 / GB300 compute tray holds 4 GPUs
+    gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, tray), "hardware.gpus_per_node")
     if "gpus_per_node" not in hardware:
         notes.append(f"gpus_per_node not stated: {gpn}")
     base = _preset_node(str(hardware.get("system", "")), gpn)
@@ -261,14 +288,19 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         node = {"gpus_per_node": gpn, "pcie": {"gen": gen}, "cpu": {"sockets": 2, "vendor": "other"}}
         notes.append(f"node built from the text: PCIe Gen{gen} (the GPU's), a switch per GPU pair, 2 sockets, "
                      "rail-optimized fabric, 32 nodes per leaf")
+    domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
+    if domain is None and base is None and not intra and _grace_blackwell(spec):
+        domain = GB_NVLINK_DOMAIN
+        notes.append(f"NVLink domain not stated: {domain} GPUs ({spec.name} trays sit in NVL{domain} racks)")
     if intra:
         _set_nvlink(node, intra, spec, notes)
+    elif base is None and domain is not None:
+        notes.append("intra_node not stated: the rack's NVSwitch fabric at the GPU's datasheet NVLink rate")
+        _set_nvlink(node, f"NVLink{_nvlink_gen(spec)} NVSwitch", spec, notes)
     elif base is None and _switch_board(spec, gpn):
         notes.append("intra_node not stated: an NVSwitch baseboard at the GPU's datasheet NVLink rate "
                      "(8 SM80+ SXM GPUs per node: HGX / DGX A100 and later)")
-        gen = 5 if spec.compute_capability >= 100 else 4 if spec.compute_capability >= 90 else 3
-        _set_nvlink(node, f"NVLink{gen} NVSwitch", spec, notes)
-    domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
+        _set_nvlink(node, f"NVLink{_nvlink_gen(spec)} NVSwitch", spec, notes)
     if domain is not None and domain > gpn and base is None:
         # One NVSwitch fabric joins the trays of a rack (NVIDIA GB200 NVL72: 18 trays of 4 GPUs, 72
         # GPUs at full NVLink bandwidth): the model's "node" is the domain, each tray's NICs kept.
@@ -296,8 +328,9 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
             else:
                 node["pcie"]["switches"] = [{**s, "nics": list(range(i * per, (i + 1) * per))} for i, s in enumerate(sw)]
     elif "nics" not in node:
-        node["nics"] = {"count": gpn, "bw_Gbps": 200.0}
-        notes.append("no inter-node network stated: one 200 Gb/s NIC per GPU (unused on one node)")
+        rate, which = default_nic(spec)
+        node["nics"] = {"count": gpn, "bw_Gbps": rate}
+        notes.append(f"no inter-node network stated: one {rate:g} Gb/s NIC per GPU, {which} (unused on one node)")
     if num_gpus < gpn:  # a job on part of one node: model just the GPUs it uses
         node["gpus_per_node"] = num_gpus
         if isinstance(node.get("pcie"), Mapping):
