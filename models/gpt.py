@@ -113,6 +113,7 @@ class GPTModel(nn.Module):
                 self.mtp_embedding.weight.zero_()
         self.mtp_layers = nn.ModuleList(MTPLayer(mcfg, tcfg, pstate, dtype=self.dtype, replicated_seed=seed)
                                         for _ in range(mcfg.mtp_num_layers))
+        self.decoder.keep_prenorm = True
 
     # ---- shapes and shared parameters -------------------------------------------------------
     def hidden_shape(self, micro_batch_size: int) -> tuple[int, int, int]:
@@ -177,6 +178,7 @@ class GPTModel(nn.Module):
         # input (the labels rolled by k - 1) and predicts the labels rolled by k.
         embed = self.word_embeddings if self.pre_process else self.mtp_embedding
         hidden, rotary, ids, extra = self.decoder.prenorm_output, self._rotary(labels.device), labels, []
+        self.decoder.prenorm_output = None
         for layer in self.mtp_layers:
             hidden = layer(hidden, embed(ids), rotary)
             ids = torch.roll(ids, -1, dims=1)

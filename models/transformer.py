@@ -143,6 +143,9 @@ class TransformerBlock(nn.Module):
             if n is None or n < 1:
                 raise ConfigError("--recompute-granularity full needs --recompute-num-layers >= 1")
             self.recompute_method, self.recompute_num_layers = tcfg.recompute_method, n
+        self.keep_prenorm = False
+        """Keep the output before the final norm in ``prenorm_output`` (set for MTP; the caller clears it)."""
+        self.prenorm_output: torch.Tensor | None = None
         self.fp8_scaling: Any = None
         """The stage's :class:`models.layers.fp8.DelayedScaling` (set by the training script once
         every chunk is built): this block is one ``fp8_autocast`` region, as in Megatron-core."""
@@ -178,7 +181,8 @@ class TransformerBlock(nn.Module):
                 x = layer(x, rotary)
         if self.fp8_scaling is not None:  # fp8_autocast exits before the final norm (Megatron-core)
             self.fp8_scaling.forward_exit()
-        self.prenorm_output = x  # what multi-token prediction continues from (models.layers.mtp)
+        if self.keep_prenorm:  # what multi-token prediction continues from (models.layers.mtp)
+            self.prenorm_output = x
         if self.final_layernorm is not None:
             x = self.final_layernorm(x)
         return x
