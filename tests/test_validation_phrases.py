@@ -135,11 +135,11 @@ def test_arch_remark_is_left_out_and_said():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("GPT (MHA, RWKV, LayerNorm)", r"unknown word 'rwkv'; known words: absolute, bias, .*swiglu"),
+    ("GPT (MHA, RWKV, LayerNorm)", r"unknown word 'rwkv'; known words: absolute, attention sinks, bias, .*swiglu"),
     ("Transformer decoder with ALiBi", r"unknown word 'alibi'"),
     ("Jamba (hybrid Mamba2-Transformer, RetNet)", r"unknown word 'jamba'"),
     ("GPT (GeLU MLP, SwiGLU)", r"both 'gelu' and 'swiglu' for act"),
-    ("GPT (MHA with sliding window)", r"unknown word 'sliding'"),  # a remark with a known word is read
+    ("GPT (MHA with dilated attention)", r"unknown word 'dilated'"),  # a remark with a known word is read
 ])
 def test_arch_unknown_words_are_errors(text, message):
     with pytest.raises(ConfigError, match=message):

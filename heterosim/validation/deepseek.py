@@ -4,12 +4,19 @@ layers and multi-token prediction, from the case's fields, else the released con
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from heterosim.errors import ConfigError
 
-if TYPE_CHECKING:
-    from .flags import Fields
+
+class Fields(Protocol):
+    """What this module reads of :class:`heterosim.validation.flags.Fields`."""
+
+    case: Any
+    notes: list[str]
+    mtp: int | None
+
+    def count(self, section: str, key: str, *, required: bool = True) -> int | None: ...
 
 __all__ = ["DEEPSEEK", "deepseek_moe_flags", "mla_flags", "mtp_layers"]
 

@@ -12,12 +12,11 @@ error naming what to give.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from heterosim.errors import ConfigError
 
-from .phrases import count, is_unstated
-from .released import released
+from .phrases import is_unstated
+from .released import released, stated_count
 
 __all__ = ["MAMBA_DEFAULTS", "hybrid_flags"]
 
@@ -31,11 +30,6 @@ _FIELDS = {  # flag -> (RELEASED key, the case's model fields that may state it)
     "--mamba-num-groups": ("mamba_groups", ("mamba_groups", "mamba_num_groups", "ssm_groups")),
     "--mamba-num-heads": ("mamba_heads", ("mamba_heads", "mamba_num_heads", "ssm_heads")),
 }
-
-
-def _stated(model: dict, names: tuple[str, ...], where: str) -> int | None:
-    key = next((k for k in names if k in model and not is_unstated(model[k])), None)
-    return None if key is None else count(model[key], f"{where}.{key}")[0]
 
 
 def hybrid_flags(case_id: str, model: dict, named: bool, notes: list[str]) -> list[str]:
@@ -57,7 +51,7 @@ def hybrid_flags(case_id: str, model: dict, named: bool, notes: list[str]) -> li
     pattern = re.sub(r"\s+", "", str(pattern))
     flags = ["--hybrid-override-pattern", pattern]
     for flag, (key, names) in _FIELDS.items():
-        value = _stated(model, names, "model")
+        value = stated_count(model, names, "model")
         if value is None and key in config:
             value = config[key]
             notes.append(f"{flag[2:].replace('-', ' ')} not stated: {value} ({src})")

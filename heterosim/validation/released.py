@@ -15,7 +15,7 @@ from heterosim.errors import ConfigError
 
 from .phrases import count, is_unstated
 
-__all__ = ["RELEASED", "QWEN3_HEAD_DIM", "released", "released_moe_flags", "attention_flags"]
+__all__ = ["RELEASED", "QWEN3_HEAD_DIM", "released", "released_moe_flags", "stated_count", "attention_flags"]
 
 _NH_4B_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 RELEASED: dict[str, dict[str, Any]] = {
@@ -62,14 +62,13 @@ _NAMES = [  # (pattern over the lower-cased model name, RELEASED key)
 
 
 def released(model: dict) -> tuple[dict[str, Any], str] | None:
-    """(configuration, source) of the released hybrid model ``model.name`` names, else None."""
+    """(configuration, source) of the released model ``model.name`` names (:data:`RELEASED`), else None."""
     name = str(model.get("name", "")).lower()
     for pat, key in _NAMES:
         if pat.search(name):
             how = "config.json; Megatron Bridge gpt_oss_bridge.py" if key.startswith("gpt-oss") else "Megatron Bridge recipe"
             return RELEASED[key], f"{key}'s released configuration ({how})"
     return None
-
 
 
 def released_moe_flags(config: dict[str, Any], src: str, notes: list[str]) -> list[str]:
@@ -86,7 +85,8 @@ QWEN3_HEAD_DIM = 128
 """Every Qwen3 model's head dim (Qwen/Qwen3-* config.json ``head_dim``), not hidden / heads for most."""
 
 
-def _field(model: dict, names: tuple[str, ...], where: str) -> int | None:
+def stated_count(model: dict, names: tuple[str, ...], where: str) -> int | None:
+    """The first of the fields ``names`` that ``model`` states, as an integer (remarks allowed), else None."""
     key = next((k for k in names if k in model and not is_unstated(model[k])), None)
     return None if key is None else count(model[key], f"{where}.{key}")[0]
 
@@ -100,7 +100,7 @@ def attention_flags(case_id: str, model: dict, feats: dict[str, str], notes: lis
     config, src = rel or ({}, "")
     name = f"{model.get('name', '')} {model.get('arch', '')}".lower()
     flags: list[str] = []
-    head_dim = _field(model, ("head_dim", "kv_channels"), "model")
+    head_dim = stated_count(model, ("head_dim", "kv_channels"), "model")
     if head_dim is None and "head_dim" in config:
         head_dim = config["head_dim"]
         notes.append(f"model.head_dim not stated: {head_dim} ({src})")
@@ -109,7 +109,7 @@ def attention_flags(case_id: str, model: dict, feats: dict[str, str], notes: lis
         notes.append(f"model.head_dim not stated: {head_dim} (Qwen3's released configuration, head_dim)")
     if head_dim is not None:
         flags += ["--kv-channels", str(head_dim)]
-    keys = _field(model, ("sliding_window", "window"), "model")
+    keys = stated_count(model, ("sliding_window", "window"), "model")
     window = None if keys is None else keys - 1
     if window is None and (feats.get("window") or "window" in config):
         if "window" not in config:
@@ -119,7 +119,7 @@ def attention_flags(case_id: str, model: dict, feats: dict[str, str], notes: lis
         notes.append(f"sliding window not stated: {window + 1} keys (window_size ({window}, 0); {src})")
     if window is not None:
         flags += ["--window-size", f"{window},0"]
-        every = _field(model, ("window_every", "full_attention_every"), "model") or config.get("window_skip")
+        every = stated_count(model, ("window_every", "full_attention_every"), "model") or config.get("window_skip")
         if every:
             flags += ["--window-attn-skip-freq", str(every)]
             notes.append(f"one layer in {every} attends to all keys, the others within the window"

@@ -46,7 +46,7 @@ from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
 from models.layers.megatron_ops import eager_vjp
-from models.layers.norms import _FusedRMSNorm
+from models.layers.norms import fused_rms_norm
 
 __all__ = ["SCAN", "SCAN_BACKWARD", "MambaMixer", "mamba_split_conv1d_scan", "ssd_reference"]
 
@@ -226,5 +226,5 @@ class MambaMixer(nn.Module):
         y = y.transpose(0, 1).contiguous()  # [s, b, d_inner/tp]
         s, b, d = y.shape
         grouped = y.view(s, b, self.g_local, d // self.g_local)
-        y = _FusedRMSNorm.apply(grouped, None, self.eps).view(s, b, d) * self.norm_weight  # NB above
+        y = fused_rms_norm(grouped, None, self.eps).view(s, b, d) * self.norm_weight  # NB above
         return self.out_proj(y)

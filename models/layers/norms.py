@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from heterosim.errors import ConfigError
 
-__all__ = ["LayerNorm", "RMSNorm", "build_norm"]
+__all__ = ["LayerNorm", "RMSNorm", "build_norm", "fused_rms_norm"]
 
 
 class _FusedRMSNorm(torch.autograd.Function):
@@ -46,6 +46,11 @@ class _FusedRMSNorm(torch.autograd.Function):
             return gx.to(x.dtype), None, None
         gw = (grad.to(acc) * xhat).reshape(-1, x.shape[-1]).sum(dim=0)
         return gx.to(x.dtype), gw.to(weight.dtype), None
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` as ONE fused kernel each way; ``weight`` None: no scale."""
+    return _FusedRMSNorm.apply(x, weight, eps)
 
 
 class RMSNorm(nn.Module):
