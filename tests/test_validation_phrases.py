@@ -152,14 +152,15 @@ def test_arch_unknown_words_are_errors(text, message):
      "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
     *[(t, 90, 2025, ["--bf16", "--fp8-recipe", "tensorwise", "--fp8-format", "hybrid"],
        "fp8 GEMMs (hybrid e4m3/e5m2, current scaling), bf16 elsewhere")
-      for t in ("FP8-CS", "fp8_cs", "fp8 (current scaling)", "FP8 current-scaling", "fp8, tensorwise recipe")],
+      for t in ("FP8-CS", "fp8_cs", "fp8 (current scaling)", "FP8 current-scaling", "fp8, tensorwise recipe",
+                "FP8 (CS)")],
     ("fp8 (see docs)", 90, 2025, ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere"),
     *[(t, 100, 2025, ["--bf16", "--fp8-recipe", "mxfp8", "--fp8-format", "e4m3"],
        "fp8 GEMMs (MXFP8: e4m3, an e8m0 scale per 32 values), bf16 elsewhere")
-      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx", "fp8_mx")],
+      for t in ("MXFP8", "FP8-MX", "fp8 (MXFP8 recipe)", "fp8 mx", "fp8_mx", "FP8 (MX)")],
     *[(t, 90, 2025, ["--bf16", "--fp8-recipe", "blockwise", "--fp8-format", "hybrid"],
        "fp8 GEMMs (hybrid e4m3/e5m2, blockwise: an fp32 scale per 128-value block), bf16 elsewhere")
-      for t in ("fp8_sc", "FP8 sub-channel", "fp8 blockwise")],
+      for t in ("fp8_sc", "FP8 sub-channel", "fp8 blockwise", "FP8 (SC)")],
     ("mixed precision (fp16/bf16 autocast)", 80, 2021, ["--fp16"], "precision fp16 (first of several named)"),
     ("mixed precision (A100)", 80, 2020, ["--fp16"],
      "precision 'mixed precision (A100)': fp16 (Megatron mixed precision in 2020; bf16 recipes from 2022)"),

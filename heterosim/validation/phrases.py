@@ -237,11 +237,11 @@ Megatron-core's ``--fp8-recipe tensorwise``, Transformer Engine's ``Float8Curren
 DELAYED_SCALING = re.compile(r"delayed|(?<![a-z])ds(?![a-z])")
 """An fp8 precision that names delayed scaling (TE's ``DelayedScaling``, NeMo's "fp8 ds")."""
 
-MX_SCALING = re.compile(r"mxfp8|fp8[\s_-]*mx(?![a-z])|mx[\s_-]*fp8")
+MX_SCALING = re.compile(r"mxfp8|fp8[\s_(-]*mx(?![a-z])|mx[\s_-]*fp8")
 """fp8 with MX block scales (Blackwell's MXFP8: an e8m0 scale per 32 values, Megatron-core's
 ``--fp8-recipe mxfp8``, Megatron Bridge's fp8_mx)."""
 
-BLOCKWISE_SCALING = re.compile(r"fp8[\s_-]*sc(?![a-z])|sub[\s_-]*channel|block[\s_-]*wise")
+BLOCKWISE_SCALING = re.compile(r"fp8[\s_(-]*sc(?![a-z])|sub[\s_-]*channel|block[\s_-]*wise")
 """fp8 with sub-channel block scales (an fp32 scale per 1 x 128 / 128 x 128 block, the DeepSeek-V3
 scheme: Megatron-core's ``--fp8-recipe blockwise``, Megatron Bridge's fp8_sc)."""
 
