@@ -84,6 +84,7 @@ class RunConfig:
                 "recompute": t.recompute_granularity, "distributed_optimizer": p.use_distributed_optimizer,
                 "stage_layers": list(self.stage_layers),
                 **({"virtual_stage_layers": list(p.virtual_stage_layers)} if p.virtual_stage_layers else {}),
+                **({"expert_tensor_parallel": p.etp} if p.etp is not None and p.etp != p.tp else {}),
                 # Only when set, so that other traces stay byte-identical.
                 **({"megatron_fsdp": True} if p.use_megatron_fsdp else {})}
 
@@ -135,7 +136,8 @@ _DEFAULTS: dict[str, Any] = {
     "loss_scale": None, "seed": 1234, "hybrid_override_pattern": None, "mamba_state_dim": 128,
     "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None, "qk_layernorm": False,
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
-    "pipeline_model_parallel_layout": None, "mtp_num_layers": 0, "mtp_loss_scaling_factor": 0.1,
+    "pipeline_model_parallel_layout": None, "expert_tensor_parallel_size": None, "mtp_num_layers": 0,
+    "mtp_loss_scaling_factor": 0.1,
 }
 
 
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--ddp-bucket-size", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
               "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
               "--moe-shared-expert-intermediate-size", "--mamba-state-dim", "--mamba-head-dim",
-              "--mamba-num-groups", "--mamba-num-heads", "--window-attn-skip-freq", "--mtp-num-layers"):
+              "--mamba-num-groups", "--mamba-num-heads", "--window-attn-skip-freq", "--mtp-num-layers",
+              "--expert-tensor-parallel-size"):
         add(f, int)
     for f in ("--hidden-dropout", "--norm-epsilon", "--init-method-std", "--rotary-base", "--lr",
               "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps",
@@ -494,7 +497,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
     tp, pp = a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"]
     # World-size divisibility first: it is the mistake the other messages would hide.
     ParallelConfig(world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
-                   ep=a["expert_model_parallel_size"]).check()
+                   ep=a["expert_model_parallel_size"], etp=a["expert_tensor_parallel_size"]).check()
     heads, h = a["num_attention_heads"], a["hidden_size"]
     groups = a["num_query_groups"] if a["group_query_attention"] else None
     if heads % tp:
@@ -513,7 +516,8 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         counts, vpp = _stage_layers(a, pp)
     pcfg = ParallelConfig(
         world_size=world_size, tp=tp, pp=pp, cp=a["context_parallel_size"],
-        ep=a["expert_model_parallel_size"], vpp=vpp, sequence_parallel=a["sequence_parallel"],
+        ep=a["expert_model_parallel_size"], etp=a["expert_tensor_parallel_size"], vpp=vpp,
+        sequence_parallel=a["sequence_parallel"],
         cp_comm_type=a["cp_comm_type"], stage_layers=counts, virtual_stage_layers=virtual,
         embed_slot=a["account_for_embedding_in_pipeline_split"],
         loss_slot=a["account_for_loss_in_pipeline_split"],

@@ -219,6 +219,10 @@ class ParallelConfig:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None
+    """Expert tensor parallelism (``--expert-tensor-parallel-size``): None or ``tp``, experts split
+    over the TP ranks; 1, experts whole on each rank, the EP group drawn from the TP x DP ranks of a
+    stage (Megatron-core's expert rank generator with etp 1; Megatron Bridge's MoE recipes)."""
     vpp: int | None = None
     """Model chunks per pipeline rank for the interleaved schedule (None: plain 1F1B)."""
     sequence_parallel: bool = False
@@ -274,6 +278,11 @@ class ParallelConfig:
     in earlier releases, which all-reduced after both GEMMs)."""
 
     @property
+    def expert_tp(self) -> int:
+        """Ranks an expert is split over: ``etp``, else ``tp``."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def dp(self) -> int:
         """Data-parallel size: world / (tp * pp * cp)."""
         return self.world_size // (self.tp * self.pp * self.cp)
@@ -289,7 +298,13 @@ class ParallelConfig:
                 f"world size {self.world_size} is not divisible by tp*pp*cp = "
                 f"{self.tp}*{self.pp}*{self.cp} = {prod}; choose sizes whose product divides it"
             )
-        if self.dp % self.ep and self.ep > 1:
+        if self.etp not in (None, 1, self.tp):
+            raise ConfigError(f"--expert-tensor-parallel-size {self.etp}: give 1 or the tensor-parallel size "
+                              f"{self.tp} (other sizes are not modelled)")
+        if self.expert_tp == 1 and self.ep > 1 and (self.tp * self.cp * self.dp) % self.ep:
+            raise ConfigError(f"expert-model-parallel-size {self.ep} must divide tp * cp * dp = "
+                              f"{self.tp * self.cp * self.dp} with --expert-tensor-parallel-size 1")
+        elif self.expert_tp != 1 and self.dp % self.ep and self.ep > 1:
             raise ConfigError(
                 f"expert-model-parallel-size {self.ep} must divide the data-parallel size {self.dp}"
             )

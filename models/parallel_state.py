@@ -5,11 +5,12 @@ Rank order is Megatron's default ``tp-cp-ep-dp-pp`` (tp fastest)::
     rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 
 Expert parallelism folds into data parallelism as in Megatron-core's expert rank generator
-(``tp-ep-dp-pp`` with expert tensor parallel = tp and no cp)::
+(``tp-ep-dp-pp`` with expert tensor parallel ``etp`` = tp or 1, and no cp)::
 
-    rank = tp_rank + tp * (ep_rank + ep * (expert_dp_rank + expert_dp * pp_rank))
+    rank = etp_rank + etp * (ep_rank + ep * (expert_dp_rank + expert_dp * pp_rank))
 
-so the ep group of a rank is ``ep`` consecutive tp-strided ranks inside its dp x cp slab.
+so with etp = tp the ep group of a rank is ``ep`` consecutive tp-strided ranks inside its dp x cp
+slab; with etp = 1 it is ``ep`` consecutive ranks of the stage (TP peers included).
 :func:`initialize` creates every group with ``dist.new_group`` in the same order on every rank
 (as ``megatron.core.parallel_state.initialize_model_parallel`` does), labels the ones this rank
 belongs to for the capture, and returns a frozen :class:`ParallelState`.
@@ -47,6 +48,8 @@ class ParallelState:
     dp_size: int
     pp_size: int
     ep_size: int
+    etp_size: int
+    """Ranks each expert is split over: ``tp_size`` (their TP group) or 1 (whole experts)."""
     vpp_size: int | None
     tp_rank: int
     cp_rank: int
@@ -125,13 +128,13 @@ class ParallelState:
 
 def rank_coords(pcfg: ParallelConfig, rank: int) -> dict[str, int]:
     """(tp, cp, dp, pp) and expert (ep, expert_dp) coordinates of ``rank``."""
-    tp, cp, dp, pp, ep = pcfg.tp, pcfg.cp, pcfg.dp, pcfg.pp, pcfg.ep
+    tp, cp, dp, pp, ep, etp = pcfg.tp, pcfg.cp, pcfg.dp, pcfg.pp, pcfg.ep, pcfg.expert_tp
     tp_rank = rank % tp
     cp_rank = rank // tp % cp
     dp_rank = rank // (tp * cp) % dp
     pp_rank = rank // (tp * cp * dp)
-    ep_rank = rank // tp % ep
-    expert_dp_rank = rank // (tp * ep) % (dp * cp // ep)
+    ep_rank = rank // etp % ep
+    expert_dp_rank = rank // (etp * ep) % (tp * dp * cp // (etp * ep))
     return {"tp": tp_rank, "cp": cp_rank, "dp": dp_rank, "pp": pp_rank,
             "ep": ep_rank, "expert_dp": expert_dp_rank}
 
@@ -277,10 +280,10 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
                           f"world size {pcfg.world_size}; pass the job's real world size")
     if not 0 <= rank < pcfg.world_size:
         raise ConfigError(f"rank {rank} outside world size {pcfg.world_size}")
-    tp, cp, dp, pp, ep = pcfg.tp, pcfg.cp, pcfg.dp, pcfg.pp, pcfg.ep
+    tp, cp, dp, pp, ep, etp = pcfg.tp, pcfg.cp, pcfg.dp, pcfg.pp, pcfg.ep, pcfg.expert_tp
     W = pcfg.world_size
-    edp = dp * cp // ep
-    if (dp * cp) % ep:
+    edp = tp * dp * cp // (etp * ep)
+    if (tp * dp * cp) % (etp * ep):
         raise ConfigError(f"expert-model-parallel-size {ep} must divide dp*cp = {dp * cp}")
 
     def g(t: int, c: int, d: int, p: int) -> int:
@@ -311,12 +314,12 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         make("embedding", "pp", [[pl[0], pl[-1]] for pl in pipelines])
 
     def eg(t: int, e: int, d: int, p: int) -> int:
-        return t + tp * (e + ep * (d + edp * p))
+        return t + etp * (e + ep * (d + edp * p))
 
     make("ep", "ep", [[eg(t, e, d, p) for e in range(ep)]
-                      for p in range(pp) for d in range(edp) for t in range(tp)])
+                      for p in range(pp) for d in range(edp) for t in range(etp)])
     make("expert_dp", "dp", [[eg(t, e, d, p) for d in range(edp)]
-                             for p in range(pp) for e in range(ep) for t in range(tp)])
+                             for p in range(pp) for e in range(ep) for t in range(etp)])
     if pcfg.amax_reduction_group:
         # Megatron-core's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP (the amax reduction group), made
         # last here so that every other group keeps the number it has in runs without it.
@@ -327,7 +330,7 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
     co = rank_coords(pcfg, rank)
     ub = pcfg.tp_comm_overlap and pcfg.sequence_parallel and tp > 1  # TE's userbuffer overlap runs
     return ParallelState(
-        rank=rank, world_size=W, tp_size=tp, cp_size=cp, dp_size=dp, pp_size=pp, ep_size=ep,
+        rank=rank, world_size=W, tp_size=tp, cp_size=cp, dp_size=dp, pp_size=pp, ep_size=ep, etp_size=etp,
         vpp_size=pcfg.vpp, tp_rank=co["tp"], cp_rank=co["cp"], dp_rank=co["dp"],
         pp_rank=co["pp"], ep_rank=co["ep"], expert_dp_rank=co["expert_dp"],
         tp_group=mine["tp"][0], cp_group=mine["cp"][0], dp_group=mine["dp"][0],

@@ -162,3 +162,18 @@ def test_shared_experts_add_a_dense_mlp_on_every_token():
     routed, _ = moe(x)
     a, g = torch.chunk(x @ shared.linear_fc1.weight.t(), 2, dim=-1)
     assert torch.allclose(y, routed + (torch.nn.functional.silu(a) * g) @ shared.linear_fc2.weight.t(), atol=1e-12)
+
+
+def test_expert_tensor_parallel_one_keeps_whole_experts_and_no_tp_collectives():
+    """--expert-tensor-parallel-size 1 with TP 2, EP 2 on 8 ranks: rank 3's EP group is ranks 2, 3 (consecutive,
+    TP peers included), its experts are whole (fc1 [4, 64, 128]), and the dispatch runs no TP collective:
+    counts all-gather, a2a, experts, a2a back; each local expert sees 8 copies from each of the 2 EP sources."""
+    body = FAKE.replace("ParallelConfig(world_size=8, tp=2, ep=2, sequence_parallel=True)",
+                        "ParallelConfig(world_size=8, tp=2, ep=2, etp=1, sequence_parallel=True)")
+    body = body.replace("local=moe.fc1.shape[0])", "local=list(moe.fc1.shape))")
+    r = run_fake(body, rank=3, world=8)
+    assert r["ep"] == [2, 3] and r["local"] == [4, 64, 128]
+    copies = 32 * 2 * 64 * 2
+    fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
+    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["alltoall_base_", copies]]
+    assert r["bmm"][:2] == [[[[4, 16, 64], [4, 64, 128]], "fwd", "fp8"], [[[4, 16, 128], [4, 128, 64]], "fwd", "fp8"]]

@@ -18,6 +18,15 @@ def test_rank_coords_follow_tp_cp_ep_dp_pp_order():
     assert rank_coords(pcfg, 27) == {"tp": 1, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "expert_dp": 2}
 
 
+def test_expert_tensor_parallel_one_draws_ep_from_the_stages_consecutive_ranks():
+    """etp 1: rank = ep + ep * (expert_dp + expert_dp * pp) over the stage's tp*cp*dp ranks (Megatron-core's
+    expert rank generator): tp 2, dp 4, ep 4 -> rank 13 (stage 1, 5th of 8) is ep 1, expert-dp 1."""
+    pcfg = ParallelConfig(world_size=16, tp=2, pp=2, ep=4, etp=1)
+    assert rank_coords(pcfg, 13) == {"tp": 1, "cp": 0, "dp": 2, "pp": 1, "ep": 1, "expert_dp": 1}
+    with pytest.raises(ConfigError, match=r"--expert-tensor-parallel-size 3: give 1 or the tensor-parallel size 2"):
+        ParallelConfig(world_size=16, tp=2, pp=2, ep=4, etp=3).check()
+
+
 def test_initialize_groups_and_labels_in_fake_world():
     """Rank 13 of 32 (tp2 cp2 pp2 dp4 ep2) gets Megatron's groups, each labelled once."""
     res = run_fake("""

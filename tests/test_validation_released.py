@@ -60,9 +60,9 @@ def test_names_of_released_models():
     assert released({"name": "GPT-3 175B"}) is None and released({"name": "GPT OSS 120B"})[0]["layers"] == 36
 
 
-def test_expert_tensor_parallelism_other_than_tp_is_said_not_modelled():
+def test_expert_tensor_parallelism_reaches_the_flags():
+    """parallelism.etp 1 with tp 2 -> --expert-tensor-parallel-size 1; etp equal to tp (or tp 1) adds nothing."""
     ci = megatron_flags(_case(model=OSS, parallelism={"tp": 2, "pp": 4, "dp": 8, "ep": 8, "etp": 1}, precision="bf16"))
-    assert ("parallelism.etp 1 with tp 2: not modelled, experts are split over the tensor-parallel ranks (expert "
-            "tensor parallelism = tp)") in ci.assumptions
+    assert _flag(list(ci.flags), "--expert-tensor-parallel-size") == "1"
     same = megatron_flags(_case(model=OSS, parallelism={"tp": 1, "pp": 4, "dp": 16, "ep": 8, "etp": 1}, precision="bf16"))
-    assert not any(a.startswith("parallelism.etp") for a in same.assumptions)
+    assert "--expert-tensor-parallel-size" not in same.flags

@@ -293,9 +293,13 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
     if size["ep"] > 1:
         flags += ["--expert-model-parallel-size", str(size["ep"])]
     etp = par.get("etp", par.get("expert_tp"))
-    if not is_unstated(etp) and str(etp).strip() != str(size["tp"]) and size["tp"] > 1:
-        f.notes.append(f"parallelism.etp {etp} with tp {size['tp']}: not modelled, experts are split over the "
-                       "tensor-parallel ranks (expert tensor parallelism = tp)")
+    if not is_unstated(etp) and size["tp"] > 1:
+        try:
+            etp = count(etp, "parallelism.etp")[0]
+        except ConfigError as e:
+            raise ConfigError(f"case {f.case.id}: {e}") from None
+        if etp != size["tp"]:
+            flags += ["--expert-tensor-parallel-size", str(etp)]
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.

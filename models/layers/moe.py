@@ -6,7 +6,9 @@ Per layer and micro-batch, with ``T = s/cp/tp * b`` local tokens, ``E`` experts,
 1. router GEMM ``[T, h] x [h, E]``, top-k over the logits, softmax over the k kept scores;
 2. permute: gather the ``T*k`` token copies into expert-major order;
 3. dispatch: ``all_to_all_single`` over the EP group (equal splits), then with TP an all-gather
-   over TP (experts are TP-split like the dense MLP; Megatron requires sequence parallelism);
+   over TP (experts are TP-split like the dense MLP; Megatron requires sequence parallelism) unless
+   ``--expert-tensor-parallel-size 1``: then each rank holds whole experts and its EP group spans
+   TP peers too, and no TP collective runs;
 4. regroup the received rows by local expert, run the ``E/ep`` local experts as one batched GEMM
    per projection (a grouped GEMM with equal group sizes), activation in between;
 5. the reverse: reduce-scatter over TP, ``all_to_all_single`` back, un-permute with the routing
@@ -101,12 +103,15 @@ class MoELayer(nn.Module):
     def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool,
                  replicated_seed: int | None = None) -> None:
         super().__init__()
-        E, ep, tp = mcfg.num_experts, pstate.ep_size, pstate.tp_size
+        E, ep = mcfg.num_experts, pstate.ep_size
+        # ranks each expert is split over: the TP group's, or 1 (whole experts); a bare namespace
+        # standing for ParallelState (tests) splits experts like the TP group
+        tp = self.etp = getattr(pstate, "etp_size", pstate.tp_size)
         if E % ep:
             raise ConfigError(f"--num-experts {E} must be divisible by --expert-model-parallel-size {ep}")
         if not 1 <= mcfg.moe_router_topk <= E:
             raise ConfigError(f"--moe-router-topk {mcfg.moe_router_topk} must be in [1, {E}]")
-        if tp > 1 and not pstate.sequence_parallel:
+        if pstate.tp_size > 1 and not pstate.sequence_parallel:
             raise ConfigError("MoE with tensor parallelism needs --sequence-parallel (as in Megatron)")
         ffn = mcfg.moe_ffn_hidden_size or mcfg.ffn_size
         if ffn % tp:
@@ -152,13 +157,16 @@ class MoELayer(nn.Module):
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
         recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
-        recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
-        sources, n = ps.tp_size * ps.ep_size, T * self.topk // self.E
+        etp = self.etp
+        if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
+            recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
+        sources, n = etp * ps.ep_size, T * self.topk // self.E
         grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local, sources * n, h)
         inter = self.act(_GroupedGemm.apply(grouped, self.fc1, self.fp8))
         out = _GroupedGemm.apply(inter, self.fc2, self.fp8)  # [local, sources*n, h], partial over TP
         out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
-        out = reduce_scatter_to_sp(out, ps.tp_group)
+        if etp > 1:
+            out = reduce_scatter_to_sp(out, ps.tp_group)
         out = _AllToAll.apply(out, ps.ep_group)  # back in this rank's expert-major order
         weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
         combined = torch.zeros_like(tokens).index_add(0, rows, weighted).view(s, b, h)
