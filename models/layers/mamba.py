@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import ColumnParallelLinear, RowParallelLinear, scaled_init_std
-from models.layers.megatron_ops import eager_vjp
+from models.layers.megatron_ops import eager_vjp, register_pair
 from models.layers.norms import fused_rms_norm
 
 __all__ = ["SCAN", "SCAN_BACKWARD", "MambaMixer", "mamba_split_conv1d_scan", "ssd_reference"]
@@ -148,19 +148,11 @@ def _autograd_backward(ctx: Any, dy: torch.Tensor) -> tuple:
     return (*grads, None, None, None)
 
 
-def _register() -> None:
-    ns, name = SCAN.split("::")
-    if hasattr(getattr(torch.ops, ns), name):  # already registered by an earlier import
-        return
-    fwd = torch.library.custom_op(SCAN, _scan_eager, mutates_args=(), schema=f"({_SCHEMA}) -> Tensor")
-    bwd = torch.library.custom_op(SCAN_BACKWARD, _scan_backward_eager, mutates_args=(),
-                                  schema=f"(Tensor dy, {_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-    fwd.register_fake(_scan_fake)
-    bwd.register_fake(_scan_backward_fake)
-    fwd.register_autograd(_autograd_backward, setup_context=_setup_context)
-
-
-_register()
+register_pair(SCAN, SCAN_BACKWARD,
+              schemas=(f"({_SCHEMA}) -> Tensor",
+                       f"(Tensor dy, {_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"),
+              kernels=(_scan_eager, _scan_backward_eager), fakes=(_scan_fake, _scan_backward_fake),
+              autograd=(_autograd_backward, _setup_context))
 _forward_op = torch.ops.heterosim.mamba_split_conv1d_scan.default
 _backward_op = torch.ops.heterosim.mamba_split_conv1d_scan_backward.default
 

@@ -24,11 +24,13 @@ so no row is fully masked. Megatron asserts ``sq == sk``; these ops also take ``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from heterosim.errors import ConfigError
 
-__all__ = ["FORWARD", "BACKWARD", "scaled_upper_triang_masked_softmax", "eager_vjp"]
+__all__ = ["FORWARD", "BACKWARD", "scaled_upper_triang_masked_softmax", "eager_vjp", "register_pair"]
 
 FORWARD = "heterosim::scaled_upper_triang_masked_softmax"
 BACKWARD = "heterosim::scaled_upper_triang_masked_softmax_backward"
@@ -81,20 +83,26 @@ def _autograd_backward(ctx: object, grad: torch.Tensor) -> tuple:
     return _backward_op(grad, out, ctx.scale), None
 
 
-def _register() -> None:
-    ns, name = FORWARD.split("::")
+def register_pair(forward: str, backward: str, *, schemas: tuple[str, str], kernels: tuple[Any, Any],
+                  fakes: tuple[Any, Any], autograd: tuple[Any, Any]) -> None:
+    """Register the custom op ``forward`` and its backward op ``backward`` (``"ns::name"``): their
+    schemas, eager kernels and fake kernels, and the forward's autograd (``(backward function,
+    setup_context)``, which calls the backward op). Idempotent: a second import (``models`` under
+    another name, a reload) reuses the ops."""
+    ns, name = forward.split("::")
     if hasattr(getattr(torch.ops, ns), name):  # already registered by an earlier import
         return
-    fwd = torch.library.custom_op(FORWARD, _forward_eager, mutates_args=(),
-                                  schema="(Tensor x, float scale) -> Tensor")
-    bwd = torch.library.custom_op(BACKWARD, _backward_eager, mutates_args=(),
-                                  schema="(Tensor grad, Tensor out, float scale) -> Tensor")
-    fwd.register_fake(_fake)
-    bwd.register_fake(_fake)
-    fwd.register_autograd(_autograd_backward, setup_context=_setup_context)
+    fwd = torch.library.custom_op(forward, kernels[0], mutates_args=(), schema=schemas[0])
+    bwd = torch.library.custom_op(backward, kernels[1], mutates_args=(), schema=schemas[1])
+    fwd.register_fake(fakes[0])
+    bwd.register_fake(fakes[1])
+    fwd.register_autograd(autograd[0], setup_context=autograd[1])
 
 
-_register()
+register_pair(FORWARD, BACKWARD, schemas=("(Tensor x, float scale) -> Tensor",
+                                          "(Tensor grad, Tensor out, float scale) -> Tensor"),
+              kernels=(_forward_eager, _backward_eager), fakes=(_fake, _fake),
+              autograd=(_autograd_backward, _setup_context))
 _forward_op = torch.ops.heterosim.scaled_upper_triang_masked_softmax.default
 _backward_op = torch.ops.heterosim.scaled_upper_triang_masked_softmax_backward.default
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from heterosim.errors import ConfigError
-from models.layers.megatron_ops import eager_vjp
+from models.layers.megatron_ops import eager_vjp, register_pair
 
 __all__ = ["WINDOW", "WINDOW_BACKWARD", "window_attention"]
 
@@ -94,19 +94,10 @@ def _autograd_backward(ctx: Any, grad: torch.Tensor) -> tuple:
     return dq, dk, dv, (dsinks if ctx.has_sinks else None), None, None
 
 
-def _register() -> None:
-    ns, name = WINDOW.split("::")
-    if hasattr(getattr(torch.ops, ns), name):  # already registered by an earlier import
-        return
-    fwd = torch.library.custom_op(WINDOW, _eager, mutates_args=(), schema=f"({_SCHEMA}) -> Tensor")
-    bwd = torch.library.custom_op(WINDOW_BACKWARD, _backward_eager, mutates_args=(),
-                                  schema=f"(Tensor grad, {_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)")
-    fwd.register_fake(_fake)
-    bwd.register_fake(_backward_fake)
-    fwd.register_autograd(_autograd_backward, setup_context=_setup_context)
-
-
-_register()
+register_pair(WINDOW, WINDOW_BACKWARD,
+              schemas=(f"({_SCHEMA}) -> Tensor", f"(Tensor grad, {_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)"),
+              kernels=(_eager, _backward_eager), fakes=(_fake, _backward_fake),
+              autograd=(_autograd_backward, _setup_context))
 _forward_op = torch.ops.heterosim.window_attention.default
 _backward_op = torch.ops.heterosim.window_attention_backward.default
 
