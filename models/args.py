@@ -405,7 +405,20 @@ def _check_exclusive(a: dict[str, Any]) -> None:
         raise ConfigError("--swiglu and --squared-relu are exclusive; pick one")
 
 
-_MOE_FREQ = re.compile(r"^[\d\s\[\]()*+,]+$")
+def _list_expression(text: str, limit: int) -> tuple[int, ...] | None:
+    """The integers of a Python-style list expression ``[0]*3+[1, 1]*2`` (lists of integers, each
+    optionally repeated ``*N``, joined by ``+``), parsed without ``eval``; None if the text is not one
+    or would exceed ``limit`` values (so a huge repeat is refused before it is built)."""
+    out: list[int] = []
+    for term in re.sub(r"\s+", "", text).split("+"):
+        m = re.fullmatch(r"\[(\d+(?:,\d+)*),?\](?:\*(\d+))?", term)
+        if m is None:
+            return None
+        values, times = [int(v) for v in m.group(1).split(",")], int(m.group(2) or 1)
+        if len(out) + len(values) * times > limit:
+            return None
+        out += values * times
+    return tuple(out)
 
 
 def _moe_pattern(a: dict[str, Any]) -> tuple[int, ...] | None:
@@ -420,14 +433,10 @@ def _moe_pattern(a: dict[str, Any]) -> tuple[int, ...] | None:
         if k < 1:
             raise ConfigError(f"--moe-layer-freq {text} must be >= 1")
         return tuple(int(i % k == 0) for i in range(n))
-    try:
-        if not _MOE_FREQ.match(text):
-            raise ValueError
-        pattern = eval(text, {"__builtins__": {}}, {})  # digits, brackets, *, + and commas only
-        pattern = tuple(int(v) for v in pattern)
-    except Exception:
+    pattern = _list_expression(text, n)
+    if pattern is None:
         raise ConfigError(f"--moe-layer-freq {text!r}: give an integer or a list expression of 0s and 1s "
-                          "such as '[0]*3+[1]*58'") from None
+                          "such as '[0]*3+[1]*58'")
     if len(pattern) != n or set(pattern) - {0, 1}:
         raise ConfigError(f"--moe-layer-freq {text!r} gives {len(pattern)} layers of "
                           f"{sorted(set(pattern))}; need {n} (--num-layers) values of 0 or 1")

@@ -165,6 +165,10 @@ def test_layout_and_model_keys_for_declare():
     (["--preset", "tiny", "--bf16", "--fp4-format", "mxfp4"], 1, "argument --fp4-format: invalid choice: 'mxfp4'"),
     (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "[0]*3"], 1,
      "--moe-layer-freq '[0]*3' gives 3 layers of [0]; need 8 (--num-layers) values of 0 or 1"),
+    (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "[0]*9**9"], 1,
+     "--moe-layer-freq '[0]*9**9': give an integer or a list expression of 0s and 1s such as '[0]*3+[1]*58'"),
+    (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "[0]*999999999"], 1,
+     "--moe-layer-freq '[0]*999999999': give an integer or a list expression of 0s and 1s such as '[0]*3+[1]*58'"),
     (["--preset", "tiny", "--num-experts", "4", "--moe-layer-freq", "__import__('os')"], 1,
      "--moe-layer-freq \"__import__('os')\": give an integer or a list expression of 0s and 1s such as "
      "'[0]*3+[1]*58'"),
