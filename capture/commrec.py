@@ -35,7 +35,8 @@ def wire_width(info: comm_info.CommInfo, comm_dtype: str | None) -> comm_info.Co
     (token ids, counts) and collectives already narrower keep their size."""
     if comm_dtype in PACKED_WIRE_BYTES and info.dtype in _FLOAT:
         elems = info.nbytes // DTYPE_BYTES[info.dtype]
-        if elems % PACKED_BLOCK[comm_dtype.removesuffix("x2")]:  # partial blocks: TE gathers such a tensor in high precision
+        # partial blocks: TE gathers such a tensor in high precision
+        if elems % PACKED_BLOCK[comm_dtype.removesuffix("x2")]:
             return info
         return dataclasses.replace(info, nbytes=int(elems * PACKED_WIRE_BYTES[comm_dtype]), dtype="uint8")
     if comm_dtype is None or info.dtype not in _FLOAT or DTYPE_BYTES[comm_dtype] >= DTYPE_BYTES[info.dtype]:

@@ -9,6 +9,7 @@ memory-bound, and kernel_db prices them from bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -129,6 +130,7 @@ def causal_fraction(sq: int, sk: int, tile: int = FLASH_TILE) -> float:
     return done / (nq * nk)
 
 
+@functools.lru_cache(maxsize=64)  # called per captured op; a run has a few (s, window) pairs
 def window_tiles(s: int, window: int, tile: int = FLASH_TILE) -> tuple[int, int]:
     """(key tiles a flash kernel computes, all query x key tile pairs) of causal self-attention over
     ``s`` tokens where query ``i`` sees keys ``i - window .. i`` (``window < 0``: all earlier keys):
@@ -352,7 +354,7 @@ def describe(
     elif kc == "attention":
         dims, _ = _attention_dims(packet, args, kwargs)
     elif kc == "ssm":
-        dims = {}
+        dims = {}  # its dims, traffic and FLOPs come from capture.ssd_cost (below)
     else:
         dims = {"numel": int(numel)}
     full = 0.0

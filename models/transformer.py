@@ -91,13 +91,11 @@ class TransformerLayer(nn.Module):
         if kind == "mamba":
             self.mixer = MambaMixer(mcfg, pstate, dtype=dtype, fp8=fp8,
                                     seed=None if replicated_seed is None else replicated_seed + 104729 + layer_number)
-        elif kind not in ("transformer", "attention"):
-            pass
-        elif mcfg.multi_latent_attention:
+        elif kind in ("transformer", "attention") and mcfg.multi_latent_attention:
             self.self_attention = MultiLatentAttention(
                 mcfg, pstate, **attention,
                 replicated_seed=None if replicated_seed is None else replicated_seed + 7919 + 2 * layer_number)
-        else:
+        elif kind in ("transformer", "attention"):
             self.self_attention = SelfAttention(mcfg, pstate, **attention, layer_number=layer_number)
         if kind in ("attention", "mamba"):
             return

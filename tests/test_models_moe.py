@@ -13,7 +13,7 @@ from models.config import ModelConfig
 from models.layers.moe import MoELayer, balanced_permutation
 from test_models_mappings import comm_ops, run_fake
 
-SOLO = SimpleNamespace(ep_size=1, tp_size=1, sequence_parallel=False, ep_group=None, tp_group=None)
+SOLO = SimpleNamespace(ep_size=1, tp_size=1, etp_size=1, sequence_parallel=False, ep_group=None, tp_group=None)
 
 
 def test_balanced_permutation_is_expert_major_and_even():
@@ -54,7 +54,7 @@ def test_moe_config_errors():
     with pytest.raises(ConfigError, match="--num-experts 6 must be divisible by --expert-model-parallel-size 4"):
         MoELayer(ModelConfig(**base), SimpleNamespace(**{**vars(SOLO), "ep_size": 4}), dtype=torch.float32, fp8=False)
     with pytest.raises(ConfigError, match=r"MoE with tensor parallelism needs --sequence-parallel"):
-        MoELayer(ModelConfig(**base), SimpleNamespace(**{**vars(SOLO), "tp_size": 2}), dtype=torch.float32, fp8=False)
+        MoELayer(ModelConfig(**base), SimpleNamespace(**{**vars(SOLO), "tp_size": 2, "etp_size": 2}), dtype=torch.float32, fp8=False)
     moe = MoELayer(ModelConfig(**base), SOLO, dtype=torch.float32, fp8=False)
     with pytest.raises(ConfigError, match="5 local tokens x top-2 are not divisible over 6 experts"):
         moe(torch.randn(5, 1, 16))
@@ -108,7 +108,7 @@ from models.layers.moe import MoELayer
 torch.manual_seed(0)
 mcfg = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=2, ffn_hidden_size=12, num_experts=4,
                    moe_router_topk=2, activation="swiglu")
-solo = SimpleNamespace(ep_size=1, tp_size=1, sequence_parallel=False, ep_group=None, tp_group=None)
+solo = SimpleNamespace(ep_size=1, tp_size=1, etp_size=1, sequence_parallel=False, ep_group=None, tp_group=None)
 ref = MoELayer(mcfg, solo, dtype=torch.float64, fp8=False)
 ps = parallel_state.initialize(ParallelConfig(world_size=world, ep=2), rank)
 moe = MoELayer(mcfg, ps, dtype=torch.float64, fp8=False)
@@ -150,7 +150,7 @@ def test_shared_experts_add_a_dense_mlp_on_every_token():
     from models.layers.moe import MoELayer
 
     torch.manual_seed(0)
-    solo = SimpleNamespace(ep_size=1, tp_size=1, sequence_parallel=False, ep_group=None, tp_group=None,
+    solo = SimpleNamespace(ep_size=1, tp_size=1, etp_size=1, sequence_parallel=False, ep_group=None, tp_group=None,
                            async_tp_allreduce=True)
     mcfg = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=2, ffn_hidden_size=12, num_experts=4,
                        moe_router_topk=2, activation="swiglu", moe_shared_expert_intermediate_size=6)

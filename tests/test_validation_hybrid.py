@@ -47,7 +47,7 @@ def test_the_cases_own_pattern_and_sizes_win():
     model = {**NH56, "name": "my hybrid", "layers": 4, "hybrid_pattern": "M M * -", "mamba_state_dim": 64,
              "ssm_heads": 32, "kv_heads": 8, "ffn": 16384}
     notes: list[str] = []
-    flags = hybrid_flags("t", model, True, notes)
+    flags = hybrid_flags("t", model, True, notes, None)
     assert flags == ["--hybrid-override-pattern", "MM*-", "--mamba-state-dim", "64", "--mamba-head-dim", "64",
                      "--mamba-num-groups", "8", "--mamba-num-heads", "32"]
     assert notes == ["mamba head dim not stated: 64 (Megatron-core's default)",
@@ -57,12 +57,12 @@ def test_the_cases_own_pattern_and_sizes_win():
 def test_a_hybrid_model_without_a_pattern_fails_naming_the_field():
     with pytest.raises(ConfigError, match=r"case t: a hybrid Mamba model needs its layer pattern; give "
                                           r"model.hybrid_pattern \(one symbol per layer"):
-        hybrid_flags("t", {"name": "Jamba-like", "arch": "hybrid Mamba"}, True, [])
+        hybrid_flags("t", {"name": "Jamba-like", "arch": "hybrid Mamba"}, True, [], None)
 
 
 def test_transformers_are_not_hybrid():
     assert released({"name": "Nemotron-3 8B"}) is None and released({"name": "Nemotron-4 340B"}) is None
-    assert hybrid_flags("t", {"name": "Llama 3.1 70B"}, False, []) == []
+    assert hybrid_flags("t", {"name": "Llama 3.1 70B"}, False, [], None) == []
     feats, _ = arch_features("hybrid Mamba-2 / Transformer (SSM)")
     assert feats == {"mixer": "mamba"}
     assert arch_features("Nemotron-H")[0] == {"mixer": "mamba"}

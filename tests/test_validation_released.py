@@ -37,7 +37,7 @@ def test_stated_window_and_head_dim_win():
     """A Mistral-style row: sliding_window 4096 keys -> (4095, 0) on every layer; head_dim stated."""
     notes: list[str] = []
     got = attention_flags("t", {"name": "Mistral 7B", "sliding_window": 4096, "head_dim": 128},
-                          {"window": "yes"}, notes)
+                          {"window": "yes"}, notes, None)
     assert got == ["--kv-channels", "128", "--window-size", "4095,0"] and notes == []
 
 
@@ -52,7 +52,7 @@ def test_qwen3_head_dim_is_128():
 def test_a_window_without_its_size_fails_naming_the_field():
     with pytest.raises(ConfigError, match=r"case t: model.arch names a sliding window but not its size; give "
                                           r"model.sliding_window"):
-        attention_flags("t", {"name": "some model"}, {"window": "yes"}, [])
+        attention_flags("t", {"name": "some model"}, {"window": "yes"}, [], None)
 
 
 def test_names_of_released_models():

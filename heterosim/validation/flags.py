@@ -63,6 +63,8 @@ class Fields:
 
     def __init__(self, case: Case, pub: Mapping[str, Any], script: str | None, notes: list[str]):
         self.case, self.pub, self.script, self.notes = case, pub, script, notes
+        self.released = released(case.model)
+        """(configuration, source) of the released model the case names, else None (:mod:`.released`)."""
         self.mtp: int | None = None
         """Multi-token prediction depths once the model is read (:func:`heterosim.validation.deepseek.mtp_layers`)."""
 
@@ -104,7 +106,7 @@ def model_flags(f: Fields) -> list[str]:
     value = dict(zip(flags[::2], flags[1::2]))
     flags += ["--max-position-embeddings", value["--seq-length"]]
     ffn = f.count("model", "ffn", required=False)
-    rel = released(f.case.model)
+    rel = f.released
     if ffn is None and rel is not None and "ffn" in rel[0]:
         ffn = rel[0]["ffn"]
         f.notes.append(f"model.ffn not stated: {ffn} ({rel[1]})")
@@ -125,7 +127,7 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         kv = 1
     if kv is None and feats.get("attn") != "mha":
         kv = f.recipe("kv_heads", "model.kv_heads")
-    if kv is None and feats.get("attn") != "mha" and (rel := released(m)) is not None:
+    if kv is None and feats.get("attn") != "mha" and (rel := f.released) is not None:
         kv = rel[0]["kv_heads"]
         f.notes.append(f"model.kv_heads not stated: {kv} ({rel[1]})")
     if feats.get("attn") == "gqa" and kv is None:
@@ -154,11 +156,11 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
                        "RoPE costs within 1% of a layer)")
     flags += ["--normalization", norm, "--position-embedding-type", pos]
     flags += mla_flags(f, feats) + _moe_flags(f)
-    if mtp_layers(f, feats):
-        flags += ["--mtp-num-layers", str(mtp_layers(f, feats))]
-    flags += hybrid_flags(f.case.id, m, feats.get("mixer") == "mamba", f.notes)
-    flags += attention_flags(f.case.id, m, feats, f.notes)
-    if "--hybrid-override-pattern" in flags and released(m) and "fp8" in str(f.case.precision).lower():
+    if (mtp := mtp_layers(f, feats)):
+        flags += ["--mtp-num-layers", str(mtp)]
+    flags += hybrid_flags(f.case.id, m, feats.get("mixer") == "mamba", f.notes, f.released)
+    flags += attention_flags(f.case.id, m, feats, f.notes, f.released)
+    if "--hybrid-override-pattern" in flags and f.released and "fp8" in str(f.case.precision).lower():
         flags.append("--first-last-layers-bf16")
         f.notes.append("fp8: first and last layer in bf16 (Megatron Bridge's hybrid recipes, first_last_layers_bf16)")
 
@@ -215,7 +217,7 @@ def _moe_flags(f: Fields) -> list[str]:
     experts = field("experts")
     if experts is None and (hit := re.search(r"(\d+)\s*(?:routed\s+)?experts?\b", arch, re.I)):
         experts = int(hit.group(1))
-    rel = released(m)
+    rel = f.released
     if experts is None and rel is not None and "experts" in rel[0]:
         return released_moe_flags(*rel, f.notes)
     named = bool(re.search(r"\bmoe\b|mixture[\s-]+of[\s-]+experts", arch, re.I))
@@ -324,7 +326,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
-    layout = flags[flags.index("--pipeline-model-parallel-layout") + 1] if "--pipeline-model-parallel-layout" in flags else ""
+    flag = "--pipeline-model-parallel-layout"
+    layout = flags[flags.index(flag) + 1] if flag in flags else ""
     interleaved = "--num-layers-per-virtual-pipeline-stage" in flags or layout.count("|") + 1 > size["pp"]
     return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved)
 
@@ -357,7 +360,8 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
                        "--num-layers-per-virtual-pipeline-stage)")
     parts = pp * (vpp if vpp is not None and vpp > 1 else 1)
     mtp = f.mtp or 0
-    if parts > 1 and layers % parts and (layers + 2) % parts and mtp and not (layers + 2 + mtp) % parts:
+    if (parts > 1 and layers % parts and (layers + 2) % parts and mtp and not (layers + 2 + mtp) % parts
+            and (layers + 2 + mtp) // parts > mtp):  # the last part keeps a layer's place beside MTP and loss
         return _layout_flags(f, parts, layers, mtp)
     slots: list[str] = []
     if layers % parts and not (layers + 2) % parts:
@@ -373,7 +377,7 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
 
 def _layout_flags(f: Fields, parts: int, layers: int, mtp: int) -> list[str]:
     """``--pipeline-model-parallel-layout`` where the embedding, each MTP layer and the loss take a
-    layer's place and the layers then split evenly (DeepSeek-V3 on pp 8 x vpp 4: ``Et|(tt|)*30|mL``)."""
+    layer's place and the layers then split evenly (DeepSeek-V3 on pp 8 x vpp 4: ``Et|(tt|)*30mL``)."""
     per = (layers + 2 + mtp) // parts
     stages = ["E" + "t" * (per - 1)] + ["t" * per] * (parts - 2) + ["t" * (per - 1 - mtp) + "m" * mtp + "L"]
     layout = "|".join(stages)

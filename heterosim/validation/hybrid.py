@@ -12,11 +12,12 @@ error naming what to give.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from heterosim.errors import ConfigError
 
 from .phrases import is_unstated
-from .released import released, stated_count
+from .released import stated_count
 
 __all__ = ["MAMBA_DEFAULTS", "hybrid_flags"]
 
@@ -32,10 +33,11 @@ _FIELDS = {  # flag -> (RELEASED key, the case's model fields that may state it)
 }
 
 
-def hybrid_flags(case_id: str, model: dict, named: bool, notes: list[str]) -> list[str]:
+def hybrid_flags(case_id: str, model: dict, named: bool, notes: list[str],
+                 rel: tuple[dict[str, Any], str] | None) -> list[str]:
     """``--hybrid-override-pattern`` and the ``--mamba-*`` sizes of a hybrid model, or [] for a model
-    that is not one (``named``: the architecture words name Mamba / an SSM)."""
-    rel = released(model)
+    that is not one (``named``: the architecture words name Mamba / an SSM; ``rel``: the released
+    model the case names, :func:`heterosim.validation.released.released`)."""
     if rel is not None and "pattern" not in rel[0]:
         rel = None  # a released transformer (GPT-OSS)
     pattern = next((model[k] for k in ("hybrid_pattern", "layer_pattern") if k in model), None)

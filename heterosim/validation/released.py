@@ -91,12 +91,12 @@ def stated_count(model: dict, names: tuple[str, ...], where: str) -> int | None:
     return None if key is None else count(model[key], f"{where}.{key}")[0]
 
 
-def attention_flags(case_id: str, model: dict, feats: dict[str, str], notes: list[str]) -> list[str]:
+def attention_flags(case_id: str, model: dict, feats: dict[str, str], notes: list[str],
+                    rel: tuple[dict[str, Any], str] | None) -> list[str]:
     """``--kv-channels`` (``model.head_dim`` / ``kv_channels``, else the released model's, else Qwen3's
     128), the sliding window (``model.sliding_window`` / ``window``: keys a query sees, itself included;
     ``model.window_every``: every n-th layer full) and attention sinks ("sinks" in ``arch``), else the
-    released model's; each default noted."""
-    rel = released(model)
+    released model's (``rel``, :func:`released`); each default noted."""
     config, src = rel or ({}, "")
     name = f"{model.get('name', '')} {model.get('arch', '')}".lower()
     flags: list[str] = []

@@ -104,9 +104,7 @@ class MoELayer(nn.Module):
                  replicated_seed: int | None = None) -> None:
         super().__init__()
         E, ep = mcfg.num_experts, pstate.ep_size
-        # ranks each expert is split over: the TP group's, or 1 (whole experts); a bare namespace
-        # standing for ParallelState (tests) splits experts like the TP group
-        tp = self.etp = getattr(pstate, "etp_size", pstate.tp_size)
+        tp = pstate.etp_size  # ranks each expert is split over: the TP group's, or 1 (whole experts)
         if E % ep:
             raise ConfigError(f"--num-experts {E} must be divisible by --expert-model-parallel-size {ep}")
         if not 1 <= mcfg.moe_router_topk <= E:
@@ -157,7 +155,7 @@ class MoELayer(nn.Module):
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
         recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
-        etp = self.etp
+        etp = ps.etp_size
         if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
             recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
         sources, n = etp * ps.ep_size, T * self.topk // self.E
