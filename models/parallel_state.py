@@ -236,8 +236,9 @@ def parse_pipeline_layout(text: str, pp: int) -> tuple[tuple[int, ...], int, int
     """``(layers per virtual stage, virtual stages per rank, MTP layers)`` of a Megatron-core
     ``--pipeline-model-parallel-layout`` such as ``"Et|(tt|)*30mL"``: ``|`` ends a virtual stage,
     ``X*N`` and ``(...)*N`` repeat, ``E`` / ``L`` (embedding / loss) open the first and close the last
-    stage, ``t`` is a transformer layer, ``m`` an MTP layer; ``pp x vpp`` stages in layer order."""
-    expanded = re.sub(r"\s+", "", text)
+    stage, ``t`` is a transformer layer, ``m`` an MTP layer, commas are cosmetic (Megatron-core's
+    ``parse_str_to_list`` drops them); ``pp x vpp`` stages in layer order."""
+    expanded = re.sub(r"[\s,]+", "", text)
     while True:
         nxt = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), expanded)
         nxt = re.sub(r"([EtmL|])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), nxt)

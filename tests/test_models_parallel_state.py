@@ -139,6 +139,15 @@ def test_pipeline_layout_strings_as_megatron_core_writes_them():
     assert parse_pipeline_layout("Et*3|t*3L", 2) == ((3, 3), 1, 0)
 
 
+def test_pipeline_layout_commas_are_cosmetic():
+    """Megatron Bridge's Llama 3 70B H100 fp8 layout (pp 8, vpp 5) writes commas between parts, which
+    Megatron-core drops: 40 virtual stages of 2 layers, but the 36th of 3 and the last of 1 beside
+    the loss (80 layers)."""
+    counts, vpp, mtp = parse_pipeline_layout("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 8)
+    assert (len(counts), vpp, mtp, sum(counts), counts[35], counts[39]) == (40, 5, 0, 80, 3, 1)
+    assert set(counts[:35]) == set(counts[36:39]) == {2}
+
+
 @pytest.mark.parametrize("text,message", [
     ("Et|tx|L", r"unknown symbol 'x'; valid: E \(the input embedding\), t \(a transformer layer\)"),
     ("Et|tt|L", r"3 virtual stages do not divide over 2 pipeline stages"),

@@ -66,3 +66,35 @@ def test_expert_tensor_parallelism_reaches_the_flags():
     assert _flag(list(ci.flags), "--expert-tensor-parallel-size") == "1"
     same = megatron_flags(_case(model=OSS, parallelism={"tp": 1, "pp": 4, "dp": 16, "ep": 8, "etp": 1}, precision="bf16"))
     assert "--expert-tensor-parallel-size" not in same.flags
+
+
+BRIDGE = {"title": "NVIDIA Megatron Bridge performance summary", "url": "https://example.org/performance-summary"}
+QWEN3_235B = {"name": "Qwen3 235B-A22B", "layers": 94, "hidden": 4096, "heads": 64, "kv_heads": 4, "seq_len": 4096,
+              "vocab": 151936, "experts": 128, "topk": 8, "moe_ffn": 1536, "arch": "MoE"}
+
+
+def test_megatron_bridge_moe_keeps_whole_experts_when_etp_is_unstated():
+    """A Megatron Bridge row (TP 2, DP 16, EP 32) leaves ETP out: its recipes set 1, so the EP group is
+    drawn from TP x DP (32 ranks), which Megatron-core's default (ETP = TP = 2) could not hold."""
+    par = {"tp": 2, "pp": 8, "dp": 16, "ep": 32, "vpp": 4}
+    ci = megatron_flags(_case(model=QWEN3_235B, parallelism=par, precision="fp8", source=BRIDGE))
+    assert _flag(list(ci.flags), "--expert-tensor-parallel-size") == "1"
+    assert any(a.startswith("parallelism.etp not stated: 1 (Megatron Bridge performance recipes")
+               for a in ci.assumptions)
+    other = megatron_flags(_case(model=QWEN3_235B, parallelism={"tp": 2, "pp": 8, "dp": 16, "ep": 16, "vpp": 4},
+                                 precision="fp8", source={"title": "a Megatron-LM run"}))
+    assert "--expert-tensor-parallel-size" not in other.flags
+
+
+def test_a_released_model_fills_its_unstated_shape():
+    """Nemotron 3 Nano named with only its sequence length: 52 layers, hidden 2688, 32 heads and the
+    131,072-entry vocabulary come from its released configuration, each said so."""
+    model = {"name": "Nemotron 3 Nano 30B-A3B", "seq_len": 8192, "arch": "hybrid Mamba-2 / Transformer MoE"}
+    ci = megatron_flags(_case(model=model, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8}, precision="bf16"))
+    f = list(ci.flags)
+    assert [_flag(f, k) for k in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size")] \
+        == ["52", "2688", "32", "131072"]
+    src = "nemotron 3 nano's released configuration (Megatron Bridge recipe)"
+    assert f"model.vocab not stated: 131072 ({src})" in ci.assumptions
+    with pytest.raises(ConfigError, match=r"case t: model.layers is None; give an integer"):
+        megatron_flags(_case(model={"name": "Some 7B", "seq_len": 4096}, precision="bf16"))

@@ -100,13 +100,17 @@ def model_flags(f: Fields) -> list[str]:
     """Model shape and architecture: layers, hidden, heads, seq, vocab, ffn, attention groups,
     activation, normalization, position embedding, bias, tied embeddings, dropout; the fused loss."""
     flags: list[str] = []
+    rel = f.released
     for key, flag in (("layers", "--num-layers"), ("hidden", "--hidden-size"), ("heads", "--num-attention-heads"),
                       ("seq_len", "--seq-length"), ("vocab", "--vocab-size")):
-        flags += [flag, str(f.count("model", key))]
+        n = f.count("model", key, required=rel is None or key not in rel[0])
+        if n is None:  # unstated, no recipe value: the released model's own
+            n = rel[0][key]
+            f.notes.append(f"model.{key} not stated: {n} ({rel[1]})")
+        flags += [flag, str(n)]
     value = dict(zip(flags[::2], flags[1::2]))
     flags += ["--max-position-embeddings", value["--seq-length"]]
     ffn = f.count("model", "ffn", required=False)
-    rel = f.released
     if ffn is None and rel is not None and "ffn" in rel[0]:
         ffn = rel[0]["ffn"]
         f.notes.append(f"model.ffn not stated: {ffn} ({rel[1]})")
@@ -300,8 +304,10 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
             etp = count(etp, "parallelism.etp")[0]
         except ConfigError as e:
             raise ConfigError(f"case {f.case.id}: {e}") from None
-        if etp != size["tp"]:
-            flags += ["--expert-tensor-parallel-size", str(etp)]
+    elif size["tp"] > 1 and size["ep"] > 1:
+        etp = f.recipe("expert_tp", "parallelism.etp")
+    if isinstance(etp, int) and size["tp"] > 1 and etp != size["tp"]:
+        flags += ["--expert-tensor-parallel-size", str(etp)]
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.

@@ -28,7 +28,8 @@ v25.10) take the same settings and current-scaling fp8: its performance launcher
 scaling (``scripts/performance`` README, ``-c/--compute_dtype``: bf16, fp8_cs, fp8_mx, fp8_sc,
 nvfp4; the collection's ``llama3.1/launch.sh`` from v25.10: ``FP8_RECIPE=${FP8_RECIPE:-cs}``), and
 its Llama configurations keep NeMo 2's TP userbuffer overlap and bf16 gradient reduction
-(``scripts/performance/configs/llama/llama3_llm_pretrain.py``) (:data:`BRIDGE_SCRIPT`).
+(``scripts/performance/configs/llama/llama3_llm_pretrain.py``) (:data:`BRIDGE_SCRIPT`); its MoE
+recipes keep whole experts on each rank (expert tensor parallelism 1, :data:`BRIDGE_SETTINGS`).
 
 Sources that name the NeMo launcher's YAML recipes (NeMo containers before 24.12, the collection
 before v25.04) take the same settings without the bucket size and the fused loss, which those
@@ -72,8 +73,11 @@ NEMO2_SETTINGS: dict[str, Any] = {
 BRIDGE_SCRIPT = ("Megatron Bridge performance recipes (NVIDIA-NeMo/Megatron-Bridge scripts/performance: README "
                  "--compute_dtype bf16 / fp8_cs / fp8_mx / fp8_sc / nvfp4, configs/llama/llama3_llm_pretrain.py; "
                  "NeMo 2's settings otherwise)")
-BRIDGE_SETTINGS: dict[str, Any] = {**NEMO2_SETTINGS, "fp8_scaling": "tensorwise"}
-"""NeMo 2's settings with current-scaling fp8 (the launcher's fp8_cs; no delayed scaling exists there)."""
+BRIDGE_SETTINGS: dict[str, Any] = {**NEMO2_SETTINGS, "fp8_scaling": "tensorwise", "expert_tp": 1}
+"""NeMo 2's settings with current-scaling fp8 (the launcher's fp8_cs; no delayed scaling exists there)
+and whole experts per rank: every MoE recipe of Megatron Bridge sets ``expert_tensor_parallel_size = 1``
+and none another value (``recipes/{deepseek,qwen,gpt_oss,glm,kimi,nemotronh,minimax,...}/h100/*.py`` and
+``perf_recipes/*`` at 067f987), where Megatron-core's own default is the TP size."""
 
 DGXC_BRIDGE_FIRST = (25, 10)
 """First DGX Cloud benchmarking release (vYY.MM) that launches Megatron Bridge

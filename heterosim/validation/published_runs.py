@@ -44,7 +44,7 @@ SETTINGS: dict[str, Any] = {
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
-    "seq_len": int, "vocab": int, "nccl_env": "env",
+    "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int,
 }
 DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")

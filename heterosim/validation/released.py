@@ -20,36 +20,37 @@ __all__ = ["RELEASED", "QWEN3_HEAD_DIM", "released", "released_moe_flags", "stat
 _NH_4B_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 RELEASED: dict[str, dict[str, Any]] = {
     # Megatron Bridge (NVIDIA-NeMo/Megatron-Bridge@067f987) recipes/nemotronh/h100/nemotronh.py,
-    # nemotron_nano_v2.py and nemotron_3_nano.py: HybridModelProvider arguments.
+    # nemotron_nano_v2.py and nemotron_3_nano.py: HybridModelProvider arguments; vocab: the
+    # tokenizer's 131,072 entries (the models' Hugging Face config.json vocab_size).
     "nemotron-h 4b": dict(layers=52, hidden=3072, ffn=12288, heads=32, kv_heads=8, mamba_heads=112, mamba_head_dim=64,
-                          mamba_state_dim=128, mamba_groups=8, pattern=_NH_4B_8B),
+                          mamba_state_dim=128, mamba_groups=8, vocab=131072, pattern=_NH_4B_8B),
     "nemotron-h 8b": dict(layers=52, hidden=4096, ffn=21504, heads=32, kv_heads=8, mamba_heads=128, mamba_head_dim=64,
-                          mamba_state_dim=128, mamba_groups=8, pattern=_NH_4B_8B),
+                          mamba_state_dim=128, mamba_groups=8, vocab=131072, pattern=_NH_4B_8B),
     "nemotron-h 47b": dict(layers=98, hidden=8192, ffn=30720, heads=64, kv_heads=8, mamba_heads=256, mamba_head_dim=64,
-                           mamba_state_dim=256, mamba_groups=8,
+                           mamba_state_dim=256, mamba_groups=8, vocab=131072,
                            pattern="M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---"
                                    "M-M*-M-M-M-M-M-"),
     "nemotron-h 56b": dict(layers=118, hidden=8192, ffn=32768, heads=64, kv_heads=8, mamba_heads=256, mamba_head_dim=64,
-                           mamba_state_dim=256, mamba_groups=8,
+                           mamba_state_dim=256, mamba_groups=8, vocab=131072,
                            pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
                                    "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
     "nemotron nano 9b v2": dict(layers=56, hidden=4480, ffn=15680, heads=40, kv_heads=8, mamba_heads=128,
-                                mamba_head_dim=80, mamba_state_dim=128, mamba_groups=8,
+                                mamba_head_dim=80, mamba_state_dim=128, mamba_groups=8, vocab=131072,
                                 pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"),
     "nemotron nano 12b v2": dict(layers=62, hidden=5120, ffn=20480, heads=40, kv_heads=8, mamba_heads=128,
-                                 mamba_head_dim=80, mamba_state_dim=128, mamba_groups=8,
+                                 mamba_head_dim=80, mamba_state_dim=128, mamba_groups=8, vocab=131072,
                                  pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"),
     # openai/gpt-oss-120b and gpt-oss-20b config.json: head_dim 64 (not hidden / heads), sliding_window 128
-    # on every other layer (layer_types alternate, sliding first), attention sinks, biases, untied output;
-    # Megatron Bridge's gpt_oss_bridge.py: window_size (sliding_window - 1, 0), window_attn_skip_freq 2,
-    # softmax_type "learnable", a gated activation (GPT-OSS's clamped GLU) of the expert width.
+    # on every other layer (layer_types alternate, sliding first), attention sinks, biases, untied output,
+    # vocab_size 201,088; Megatron Bridge's gpt_oss_bridge.py: window_size (sliding_window - 1, 0),
+    # window_attn_skip_freq 2, softmax_type "learnable", a gated activation (GPT-OSS's clamped GLU) of the expert width.
     "gpt-oss 120b": dict(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, experts=128, topk=4, moe_ffn=2880,
-                         window=127, window_skip=2, sinks=True),
+                         vocab=201088, window=127, window_skip=2, sinks=True),
     "gpt-oss 20b": dict(layers=24, hidden=2880, heads=64, kv_heads=8, head_dim=64, experts=32, topk=4, moe_ffn=2880,
-                        window=127, window_skip=2, sinks=True),
+                        vocab=201088, window=127, window_skip=2, sinks=True),
     "nemotron 3 nano": dict(layers=52, hidden=2688, ffn=1856, heads=32, kv_heads=2, mamba_heads=64, mamba_head_dim=64,
                             mamba_state_dim=128, mamba_groups=8, experts=128, topk=6, moe_ffn=1856, shared_ffn=3712,
-                            pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
+                            vocab=131072, pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
 }
 _NAMES = [  # (pattern over the lower-cased model name, RELEASED key)
     (re.compile(rf"gpt[\s_-]*oss[\s_-]*{size}\b"), f"gpt-oss {size}") for size in ("120b", "20b")
