@@ -177,3 +177,23 @@ def test_expert_tensor_parallel_one_keeps_whole_experts_and_no_tp_collectives():
     fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
     assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["alltoall_base_", copies]]
     assert r["bmm"][:2] == [[[[4, 16, 64], [4, 64, 128]], "fwd", "fp8"], [[[4, 16, 128], [4, 128, 64]], "fwd", "fp8"]]
+
+
+def test_dispatcher_reads_its_splits_back_once_per_layer_forward(tmp_path):
+    """Megatron-core's dropless all-to-all dispatcher waits on the device-to-host copy of its splits
+    before the EP all-to-all: captured, the op after that copy (the dispatch all-to-all) is a host
+    sync, once per MoE layer and micro-batch forward (tiny: 8 layers, one micro-batch of 2 per DP
+    rank -> 8); no backward op is one."""
+    from capture import capture
+    from heterosim.trace import load_trace
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    argv = ["--preset", "tiny", "--bf16", "--num-experts", "4", "--moe-router-topk", "2",
+            "--expert-model-parallel-size", "2", "--global-batch-size", "4"]
+    ops = load_trace(capture(str(root / "models" / "pretrain_gpt.py"), argv, tmp_path / "t",
+                             world_size=2)).roles[0].ops()
+    synced = [i for i, o in enumerate(ops) if o.host_sync and o.phase == "fwd"]
+    assert len(synced) == 8 and all(ops[i].name == "c10d.alltoall_base_.default" for i in synced)
+    assert all(ops[i - 1].name == "aten._to_copy.default" for i in synced)
+    assert not [o for o in ops if o.host_sync and o.phase == "bwd"]

@@ -20,9 +20,15 @@ every expert receives exactly ``T*k/E`` token copies from every rank: the permut
 (copy ``j`` of token ``t`` goes to expert ``(t*k + j) mod E``) and the all-to-all splits are
 equal. The router GEMM, top-k and softmax still run, and the probabilities weight the combine.
 The dispatcher's token-count exchange is kept: an all-gather over EP of the ``E`` int64
-per-expert counts (Megatron's ``preprocess``), though not the device-to-host copy that follows
-it. This ignores load imbalance, token dropping / capacity factors and the auxiliary
-load-balancing loss.
+per-expert counts (Megatron's ``preprocess``), and the host's read of the gathered counts right
+before the all-to-all. Megatron-core's dropless ``MoEAlltoAllTokenDispatcher`` copies the splits
+to the host on a side stream and waits on that copy's event at its ``cuda_sync_point``, which is
+``before_ep_alltoall`` whenever EP or TP is above 1 (``before_finish``, the end of the dispatch,
+otherwise): the CPU stops until the GPU has run everything issued so far, once per MoE layer and
+forward, so the GPU then waits for the ops issued after it (replay's host model, docs/host.md).
+Here the read is a blocking copy of the counts, one place for both cases (the permutation between
+the two points is one gather). This ignores load imbalance, token dropping / capacity factors
+(whose padded path has no sync) and the auxiliary load-balancing loss.
 
 Expert parameters carry ``param.allreduce = False``: their gradients are averaged over the
 expert-data-parallel group, not the data-parallel group.
@@ -148,12 +154,13 @@ class MoELayer(nn.Module):
         scores, _ = torch.topk(logits, self.topk, dim=-1)
         probs = torch.softmax(scores.float(), dim=-1).to(x.dtype)  # [T, k]
         ps = self.pstate
+        counts = torch.full((self.E,), T * self.topk // self.E, dtype=torch.int64, device=x.device)
         if ps.ep_size > 1:  # tokens per expert, exchanged so each rank can size its all-to-all
-            counts = torch.full((self.E,), T * self.topk // self.E, dtype=torch.int64, device=x.device)
-            all_gather_dim0(counts, ps.ep_group)
+            counts = all_gather_dim0(counts, ps.ep_group)
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
+        counts.cpu()  # the splits read back: a host sync (Megatron's cuda_sync_point)
         recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
         etp = ps.etp_size
         if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
