@@ -81,3 +81,50 @@ def test_tp_overlap_names_are_the_models_ones():
 
     assert SETTINGS["tp_comm_aggregate"] == frozenset(RING_EXCHANGE_OPS)
     assert tuple(SETTINGS["tp_comm_sm_margin"]) == PIPELINE_OPS
+
+
+BRIDGE = {"title": "NVIDIA Megatron Bridge performance summary, 26.04.01 NeMo Container",
+          "url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/x/docs/performance-summary-archive.md"}
+H100 = {"gpu": "NVIDIA H100 80GB HBM3 (SXM5)", "gpus_per_node": 8}
+
+
+def _bridge_70b(precision="FP8", pp=8, source=BRIDGE, hardware=H100) -> Case:
+    return Case(id="b", category="end_to_end", source=source, hardware=hardware, precision=precision,
+                model={"layers": 80, "hidden": 8192}, parallelism={"tp": 4, "pp": pp, "cp": 1, "vpp": 5},
+                batch={"global": 256})
+
+
+def test_bridge_recipe_matches_framework_gpu_precision_and_layout():
+    """Megatron Bridge's Llama 3 70B H100 fp8 recipe: its layout and NCCL environment, laid over the
+    framework's defaults (expert_tp 1, current-scaling fp8); not for bf16, another pp, another GPU, or
+    a source that does not name Megatron Bridge."""
+    settings, script = published_settings(_bridge_70b())
+    assert settings["pipeline_layout"] == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    assert settings["nccl_env"] == {"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_NET_CHUNKSIZE": "2097152"}
+    assert (settings["expert_tp"], settings["fp8_scaling"], settings["ddp"]) == (1, "tensorwise", "distributed")
+    assert script.endswith("llama3_70b_pretrain_64gpu_h100_fp8cs_config")
+    assert published_settings(_bridge_70b(precision="FP8-CS"))[1] == script
+    assert published_settings(_bridge_70b(precision="MXFP8")) == ({}, None)
+    assert published_settings(_bridge_70b(pp=4)) == ({}, None)
+    assert published_settings(_bridge_70b(source={"title": "a NeMo 2 run"})) == ({}, None)
+    assert published_settings(_bridge_70b(hardware={"gpu": "NVIDIA B200"})) == ({}, None)
+
+
+def test_precision_kinds():
+    from heterosim.validation.published_runs import precision_kind
+    assert [precision_kind(t) for t in ("FP8-CS", "fp8 (hybrid) with bf16", "MXFP8", "FP8 (MX)", "FP8-MX", "NVFP4",
+                                        "BF16", "mixed precision (A100)")] \
+        == ["fp8", "fp8", "mxfp8", "mxfp8", "mxfp8", "nvfp4", "bf16", "bf16"]
+
+
+@pytest.mark.parametrize("match,settings,message", [
+    ("{framework: nemo}", "{}", "run #0: match.framework 'nemo' is unknown; valid: megatron-bridge"),
+    ("{precision: fp16}", "{}", "run #0: match.precision 'fp16' is unknown; valid: bf16, fp8, mxfp8, nvfp4"),
+    ("{gpu: H100}", "{}", "run #0: match.gpu 'H100' is not a canonical GPU name; give 'H100-SXM5-80GB'"),
+    ("{}", "{pipeline_layout: 'Et|tx'}", "run #0: pipeline_layout must be a Megatron-core layout string"),
+])
+def test_bad_match_or_layout_is_one_clear_error(tmp_path, match, settings, message):
+    p = tmp_path / "runs.yaml"
+    p.write_text(f"schema_version: 1\nruns:\n- {{source: x, script: s, match: {match}, settings: {settings}}}\n")
+    with pytest.raises(ConfigError, match=f"published runs file {p}.*" + re.escape(message)):
+        load_published_runs(p)

@@ -15,6 +15,7 @@ import re
 from typing import Any, Mapping, Protocol
 
 from heterosim.errors import ConfigError
+from heterosim.layout import parse_pipeline_layout
 
 from .frameworks import family_settings
 from .deepseek import deepseek_moe_flags, mla_flags, mtp_layers
@@ -334,7 +335,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "selective"]
     flag = "--pipeline-model-parallel-layout"
     layout = flags[flags.index(flag) + 1] if flag in flags else ""
-    interleaved = "--num-layers-per-virtual-pipeline-stage" in flags or layout.count("|") + 1 > size["pp"]
+    interleaved = ("--num-layers-per-virtual-pipeline-stage" in flags
+                   or bool(layout) and parse_pipeline_layout(layout, size["pp"])[1] > 1)
     return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved)
 
 
@@ -350,6 +352,13 @@ def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
         except ConfigError as e:
             raise ConfigError(f"case {case.id}: {e}") from None
     flag = "--num-layers-per-virtual-pipeline-stage"
+    if "pipeline_layout" in pub and pp > 1:
+        layout = pub["pipeline_layout"]
+        counts, lvpp, mtp = parse_pipeline_layout(layout, pp)
+        if sum(counts) == layers and (vpp is None or vpp == lvpp) and mtp == (f.mtp or 0):
+            f.notes.append(f"pipeline layout not stated: {layout} ({len(counts)} parts of "
+                           f"{min(counts)}-{max(counts)} layers, {script})")
+            return ["--pipeline-model-parallel-layout", layout]
     if vpp is None and "layers_per_virtual_stage" in pub and pp > 1:
         per = pub["layers_per_virtual_stage"]
         if layers % (pp * per):

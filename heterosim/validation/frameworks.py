@@ -73,11 +73,14 @@ NEMO2_SETTINGS: dict[str, Any] = {
 BRIDGE_SCRIPT = ("Megatron Bridge performance recipes (NVIDIA-NeMo/Megatron-Bridge scripts/performance: README "
                  "--compute_dtype bf16 / fp8_cs / fp8_mx / fp8_sc / nvfp4, configs/llama/llama3_llm_pretrain.py; "
                  "NeMo 2's settings otherwise)")
-BRIDGE_SETTINGS: dict[str, Any] = {**NEMO2_SETTINGS, "fp8_scaling": "tensorwise", "expert_tp": 1}
+BRIDGE_SETTINGS: dict[str, Any] = {**NEMO2_SETTINGS, "fp8_scaling": "tensorwise", "expert_tp": 1,
+                                   "nccl_env": {"NCCL_NVLS_ENABLE": "0"}}
 """NeMo 2's settings with current-scaling fp8 (the launcher's fp8_cs; no delayed scaling exists there)
 and whole experts per rank: every MoE recipe of Megatron Bridge sets ``expert_tensor_parallel_size = 1``
 and none another value (``recipes/{deepseek,qwen,gpt_oss,glm,kimi,nemotronh,minimax,...}/h100/*.py`` and
-``perf_recipes/*`` at 067f987), where Megatron-core's own default is the TP size."""
+``perf_recipes/*`` at 067f987), where Megatron-core's own default is the TP size; and NVLink SHARP off,
+``NCCL_NVLS_ENABLE: 0`` in the environment of 415 of the 432 performance recipes there (the others,
+GPT-OSS on Blackwell, set 1)."""
 
 DGXC_BRIDGE_FIRST = (25, 10)
 """First DGX Cloud benchmarking release (vYY.MM) that launches Megatron Bridge

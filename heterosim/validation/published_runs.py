@@ -7,20 +7,28 @@ in NVIDIA/Megatron-LM; the DGX Cloud benchmarks: the NeMo recipe YAML and ``conf
 each README in NVIDIA/dgxc-benchmarking). ``heterosim/validation/data/published_runs.yaml`` lists
 such runs with the file and commit they come from; :func:`published_settings` returns the
 settings of the first run whose ``match`` fits a case. The case reader uses them only for fields
-the case leaves unstated, and says so in its assumptions.
+the case leaves unstated, and says so in its assumptions. A run may lay its settings over the
+defaults of the framework its source names (``inherits_framework``, :mod:`.frameworks`), and may
+match on that framework, the GPU and the precision besides the case's model, parallelism and batch
+fields (:data:`MATCH_KEYS`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from heterosim.errors import ConfigError
+from heterosim.cluster.gpus import get_gpu
+from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.yamlfile import read_yaml
 from ncclshim.tuning import ENV_NAME
+
+from .frameworks import framework_settings, names_megatron_bridge
+from .hardware import gpu_from_text
 
 __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT_PATH", "SCHEMA_VERSION"]
 
@@ -44,8 +52,15 @@ SETTINGS: dict[str, Any] = {
     "untie_embeddings": bool, "normalization": ("LayerNorm", "RMSNorm"),
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
-    "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int,
+    "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int, "pipeline_layout": "layout",
 }
+MATCH_KEYS = {
+    "framework": "the framework the source names: megatron-bridge (frameworks.names_megatron_bridge)",
+    "gpu": "the canonical name of hardware.gpu (H100-SXM5-80GB, ...)",
+    "precision": "the case's precision kind: bf16, fp8 (delayed or current scaling), mxfp8 or nvfp4",
+}
+"""Match keys beyond the case's ``model`` / ``parallelism`` / ``batch`` fields."""
+_LAYOUT = re.compile(r"[EtmL|()*0-9,\s]+")
 DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")
 
@@ -57,6 +72,23 @@ class CaseFields(Protocol):
     model: Mapping[str, Any]
     parallelism: Mapping[str, Any]
     batch: Mapping[str, Any]
+    hardware: Mapping[str, Any]
+    precision: str
+
+
+def _norm(text: str) -> str:
+    """Lower case, runs of spaces / '_' / '-' as one '-' ("Megatron Bridge" = "megatron-bridge")."""
+    return re.sub(r"[\s_-]+", "-", text.lower())
+
+
+def precision_kind(text: str) -> str:
+    """bf16, fp8, mxfp8 or nvfp4 for a case's precision ("FP8-CS", "fp8 (hybrid)", "MXFP8", "FP8 (MX)")."""
+    low = _norm(text)
+    if "fp4" in low:
+        return "nvfp4"
+    if "fp8" in low:
+        return "mxfp8" if re.search(r"mx", low) else "fp8"
+    return "bf16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +99,33 @@ class PublishedRun:
     script: str
     match: Mapping[str, Any]
     settings: Mapping[str, Any]
+    inherits_framework: bool = False
 
     def fits(self, case: CaseFields) -> bool:
         """Whether ``case`` names this run's source and has every matched value."""
-        text = " ".join(str(case.source.get(k, "")) for k in ("title", "url"))
-        if self.source not in text:
+        text = " ".join(str(case.source.get(k, "")) for k in ("title", "url", "software"))
+        if _norm(self.source) not in _norm(text):
             return False
         for key, want in self.match.items():
+            if key in MATCH_KEYS:
+                if not _matches(key, str(want), case, text):
+                    return False
+                continue
             got = [sect[key] for sect in (case.model, case.parallelism, case.batch) if key in sect]
             if not got or str(got[0]).strip() != str(want):
                 return False
         return True
+
+
+def _matches(key: str, want: str, case: CaseFields, text: str) -> bool:
+    if key == "framework":
+        return want == "megatron-bridge" and names_megatron_bridge(text)
+    if key == "precision":
+        return precision_kind(str(case.precision)) == want
+    try:
+        return gpu_from_text(str(case.hardware.get("gpu", ""))) == want
+    except (ConfigError, UnknownGPUError):
+        return False
 
 
 def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
@@ -89,21 +137,43 @@ def _parse(doc: Any, path: Path) -> tuple[PublishedRun, ...]:
         where = f"published runs file {path}: run #{i}"
         if not isinstance(r, Mapping) or not {"source", "script", "match", "settings"} <= set(r):
             raise ConfigError(f"{where} needs source, script, match and settings")
+        _check_match(where, r["match"])
         settings = dict(r["settings"])
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(SETTINGS)}")
         for key, value in settings.items():
             _check(where, key, value)
-        out.append(PublishedRun(source=str(r["source"]), script=str(r["script"]),
-                                match=dict(r["match"]), settings=settings))
+        out.append(PublishedRun(source=str(r["source"]), script=str(r["script"]), match=dict(r["match"]),
+                                settings=settings, inherits_framework=bool(r.get("inherits_framework", False))))
     return tuple(out)
+
+
+PRECISION_KINDS = ("bf16", "fp8", "mxfp8", "nvfp4")
+
+
+def _check_match(where: str, match: Any) -> None:
+    """One ConfigError if a framework, GPU or precision ``match`` names nothing known."""
+    if not isinstance(match, Mapping):
+        raise ConfigError(f"{where}: match must be a mapping, not {match!r}")
+    if match.get("framework", "megatron-bridge") != "megatron-bridge":
+        raise ConfigError(f"{where}: match.framework {match['framework']!r} is unknown; valid: megatron-bridge")
+    if match.get("precision", "bf16") not in PRECISION_KINDS:
+        raise ConfigError(f"{where}: match.precision {match['precision']!r} is unknown; valid: "
+                          f"{', '.join(PRECISION_KINDS)}")
+    if "gpu" in match and get_gpu(str(match["gpu"])).name != match["gpu"]:
+        raise ConfigError(f"{where}: match.gpu {match['gpu']!r} is not a canonical GPU name; give "
+                          f"{get_gpu(str(match['gpu'])).name!r}")
 
 
 def _check(where: str, key: str, value: Any) -> None:
     """One ConfigError if ``value`` is not what setting ``key`` takes."""
     want = SETTINGS[key]
-    if want == "env":
+    if want == "layout":
+        if not isinstance(value, str) or not _LAYOUT.fullmatch(value):
+            raise ConfigError(f"{where}: {key} must be a Megatron-core layout string of E, t, m, L, '|', "
+                              f"'(...)*N' and 'X*N' (e.g. 'Et|(tt|)*30mL'), not {value!r}")
+    elif want == "env":
         if not isinstance(value, Mapping) or not value:
             raise ConfigError(f"{where}: {key} must be a mapping of NCCL_* variables to values, not {value!r}")
         for name, v in value.items():
@@ -151,5 +221,8 @@ def published_settings(case: CaseFields, path: str | os.PathLike | None = None) 
     """(settings, script) of the first published run that fits ``case``; ({}, None) if none does."""
     for run in load_published_runs(path):
         if run.fits(case):
-            return dict(run.settings), run.script
+            if not run.inherits_framework:
+                return dict(run.settings), run.script
+            base, _ = framework_settings(case)  # what the recipe leaves to its framework
+            return {**base, **run.settings}, run.script
     return {}, None
