@@ -506,6 +506,23 @@ def test_every_hopper_row_reads():
         assert ci.world_size == p["tp"] * p["pp"] * p["dp"] * p["cp"]
 
 
+BRIDGE = Path(__file__).resolve().parents[1] / "validation" / "bridge_cases.yaml"
+
+
+def test_every_bridge_row_reads():
+    """All 18 rows of the Megatron Bridge tables become flags as written; those sources name Megatron
+    Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and MoE rows with TP keep whole experts."""
+    cases = load_cases(BRIDGE)
+    assert len(cases) == 18
+    for c in cases:
+        ci = megatron_flags(c)
+        p = c.parallelism
+        assert ci.world_size == p["tp"] * p["pp"] * p["dp"] * p["cp"]
+        assert ci.nccl_env["NCCL_NVLS_ENABLE"] == "0"
+        if "ep" in p and p["tp"] > 1:
+            assert ci.flags[ci.flags.index("--expert-tensor-parallel-size") + 1] == "1"
+
+
 def _hopper(case_id: str) -> Case:
     return next(c for c in load_cases(HOPPER) if c.id == case_id)
 
