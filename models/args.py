@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -137,8 +138,23 @@ _DEFAULTS: dict[str, Any] = {
     "mamba_head_dim": 64, "mamba_num_groups": 8, "mamba_num_heads": None, "qk_layernorm": False,
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
     "pipeline_model_parallel_layout": None, "expert_tensor_parallel_size": None, "mtp_num_layers": 0,
-    "mtp_loss_scaling_factor": 0.1,
+    "mtp_loss_scaling_factor": 0.1, "moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None,
 }
+
+
+def _nvl_domain(a: dict[str, Any]) -> int | None:
+    """EP ranks per NVLink domain of the flex dispatcher: DeepEP's NUM_MAX_NVL_PEERS (8), HybridEP's
+    NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (environment, 8 when unset); None for all-to-all."""
+    if a["moe_token_dispatcher_type"] != "flex":
+        return None
+    if a["moe_flex_dispatcher_backend"] is None:
+        raise ConfigError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep")
+    if a["moe_flex_dispatcher_backend"] == "deepep":
+        return 8
+    env = os.environ.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "8")
+    if not env.isdigit() or int(env) < 1:
+        raise ConfigError(f"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={env!r}: give a positive integer")
+    return int(env)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -209,10 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-comm-overlap in fp8 runs: the pipelined reduce-scatters that move fp8 (the "
              "GEMM writes fp8 into the userbuffer; Transformer Engine's ub_tp_comm_overlap_cfg "
              f"'fp8_buf: true'), comma-separated from {','.join(PIPELINE_OPS)}")
-    add("--cp-comm-type", str, ("p2p", "all_gather", "a2a"))
-    add("--recompute-granularity", str, ("full", "selective"))
-    add("--recompute-method", str, ("uniform", "block"))
-    add("--fp8-format", str, ("e4m3", "hybrid"))
+    for f, choices in (("--cp-comm-type", ("p2p", "all_gather", "a2a")),
+                       ("--recompute-granularity", ("full", "selective")), ("--recompute-method", ("uniform", "block")),
+                       ("--moe-token-dispatcher-type", ("alltoall", "flex")),
+                       ("--moe-flex-dispatcher-backend", ("deepep", "hybridep")), ("--fp8-format", ("e4m3", "hybrid")),
+                       ("--normalization", ("LayerNorm", "RMSNorm")),
+                       ("--position-embedding-type", ("learned_absolute", "rope", "none"))):
+        add(f, str, choices)
     add("--fp8-recipe", str, FP8_RECIPES,
         help="how fp8 scales are chosen (Megatron-core's --fp8-recipe): delayed (from an amax history, "
              "Transformer Engine's DelayedScaling), tensorwise (current scaling: each tensor's own amax, "
@@ -234,8 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
         "sees itself and L earlier keys (GPT-OSS: 127,0)")
     add("--softmax-type", str, ("vanilla", "learnable"), help="learnable: attention sinks, a learned logit per "
         "head in each softmax row (GPT-OSS)")
-    add("--normalization", str, ("LayerNorm", "RMSNorm"))
-    add("--position-embedding-type", str, ("learned_absolute", "rope", "none"))
     add("--pipeline-stage-layers", str, help="layers per pipeline stage, e.g. 10,14,14,10")
     add("--pipeline-model-parallel-layout", str,
         help="Megatron-core's layout of every virtual pipeline stage in layer order, e.g. 'Et|(tt|)*30mL' "
@@ -539,7 +556,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a), tp_comm_sm_margin=_sm_margin(a),
         tp_comm_fp8_buf=_fp8_buf(a),
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
-        overlap_p2p_comm=a["overlap_p2p_communication"])
+        overlap_p2p_comm=a["overlap_p2p_communication"], ep_nvl_domain=_nvl_domain(a))
     pcfg.check()
     mcfg = _model_config(a, groups, tp)
     mcfg.check_attention(pcfg.cp)

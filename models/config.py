@@ -277,6 +277,13 @@ class ParallelConfig:
     (Megatron-LM from late 2021; ``--no-async-tensor-model-parallel-allreduce`` turns it off, as
     in earlier releases, which all-reduced after both GEMMs)."""
 
+    ep_nvl_domain: int | None = None
+    """Megatron-core's flex MoE dispatcher (``--moe-token-dispatcher-type flex``, DeepEP / HybridEP):
+    consecutive EP ranks per NVLink domain (DeepEP's ``NUM_MAX_NVL_PEERS`` = 8; HybridEP's
+    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN``). A token crosses to another domain once, to the rank
+    of its own index there, and fans out over NVLink (:mod:`models.layers.moe_flex`). None: the
+    all-to-all dispatcher, one copy per (token, expert)."""
+
     @property
     def expert_tp(self) -> int:
         """Ranks an expert is split over: ``etp``, else ``tp``."""
@@ -301,6 +308,9 @@ class ParallelConfig:
         if self.etp not in (None, 1, self.tp):
             raise ConfigError(f"--expert-tensor-parallel-size {self.etp}: give 1 or the tensor-parallel size "
                               f"{self.tp} (other sizes are not modelled)")
+        if self.ep_nvl_domain is not None and (self.ep_nvl_domain < 1 or self.ep % min(self.ep_nvl_domain, self.ep)):
+            raise ConfigError(f"flex dispatcher: {self.ep_nvl_domain} EP ranks per NVLink domain do not divide "
+                              f"--expert-model-parallel-size {self.ep}; give a domain size that divides it")
         if self.expert_tp == 1 and self.ep > 1 and (self.tp * self.cp * self.dp) % self.ep:
             raise ConfigError(f"expert-model-parallel-size {self.ep} must divide tp * cp * dp = "
                               f"{self.tp * self.cp * self.dp} with --expert-tensor-parallel-size 1")

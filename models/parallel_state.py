@@ -88,6 +88,12 @@ class ParallelState:
     """See :attr:`models.config.ParallelConfig.tp_comm_aggregate` (empty without the overlap)."""
     tp_comm_fp8_buf: tuple[str, ...] = ()
     """See :attr:`models.config.ParallelConfig.tp_comm_fp8_buf` (empty without the overlap)."""
+    ep_domain: int = 0
+    """EP ranks per NVLink domain of the flex dispatcher (0: the all-to-all dispatcher)."""
+    ep_domain_group: Any = None
+    """This rank's NVLink domain of its EP group (consecutive EP ranks; flex dispatcher only)."""
+    ep_rail_group: Any = None
+    """The EP ranks of this rank's index in every domain of its EP group (flex dispatcher only)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -296,6 +302,11 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         # last here so that every other group keeps the number it has in runs without it.
         make("amax", "dp", [[g(t, c, d, p) for d in range(dp) for c in range(cp) for t in range(tp)]
                             for p in range(pp)])
+    dom = min(pcfg.ep_nvl_domain or 0, ep)
+    if dom:  # the flex dispatcher's two stages, made last so that the other groups keep their numbers
+        eps = [[eg(t, e, d, p) for e in range(ep)] for p in range(pp) for d in range(edp) for t in range(etp)]
+        make("ep_domain", "ep", [ranks[n:n + dom] for ranks in eps for n in range(0, ep, dom)])
+        make("ep_rail", "ep", [ranks[i::dom] for ranks in eps for i in range(dom)])
     assert all(k in mine for k in ("dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp")), W
 
     co = rank_coords(pcfg, rank)
@@ -315,4 +326,6 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
         async_tp_allreduce=pcfg.async_tp_allreduce,
         tp_comm_overlap=ub, tp_comm_aggregate=pcfg.tp_comm_aggregate if ub else (),
         tp_comm_sm_margin=pcfg.tp_comm_sm_margin if ub else (), tp_comm_fp8_buf=pcfg.tp_comm_fp8_buf if ub else (),
+        ep_domain=dom, ep_domain_group=mine["ep_domain"][0] if dom else None,
+        ep_rail_group=mine["ep_rail"][0] if dom else None,
     )

@@ -308,3 +308,21 @@ def test_pipeline_layout_and_mtp_reach_the_configs():
                                           r"--num-layers-per-virtual-pipeline-stage"):
         parse_args(base + ["--pipeline-model-parallel-layout", "Et|tt|t|tL",
                            "--num-layers-per-virtual-pipeline-stage", "1"], 2)
+
+
+def test_flex_dispatcher_domain_from_the_backend(monkeypatch):
+    """--moe-token-dispatcher-type flex: DeepEP's NVLink domain is 8 ranks; HybridEP's comes from
+    NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (8 when unset); the all-to-all dispatcher has none."""
+    base = ["--preset", "tiny", "--num-experts", "8", "--expert-model-parallel-size", "8", "--global-batch-size", "16"]
+    flex = base + ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend"]
+    assert parse_args(base, 8).parallel.ep_nvl_domain is None
+    assert parse_args(flex + ["deepep"], 8).parallel.ep_nvl_domain == 8
+    monkeypatch.setenv("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "4")
+    assert parse_args(flex + ["hybridep"], 8).parallel.ep_nvl_domain == 4
+    monkeypatch.setenv("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "3")
+    with pytest.raises(ConfigError, match=r"flex dispatcher: 3 EP ranks per NVLink domain do not divide "
+                                          r"--expert-model-parallel-size 8; give a domain size that divides it"):
+        parse_args(flex + ["hybridep"], 8)
+    with pytest.raises(ConfigError, match=r"--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend "
+                                          r"deepep or hybridep"):
+        parse_args(base + ["--moe-token-dispatcher-type", "flex"], 8)

@@ -511,7 +511,8 @@ BRIDGE = Path(__file__).resolve().parents[1] / "validation" / "bridge_cases.yaml
 
 def test_every_bridge_row_reads():
     """All 18 rows of the Megatron Bridge tables become flags as written; those sources name Megatron
-    Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and MoE rows with TP keep whole experts."""
+    Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and MoE rows with TP keep whole experts;
+    the two rows whose recipes run the flex dispatcher get it (HybridEP, DeepEP)."""
     cases = load_cases(BRIDGE)
     assert len(cases) == 18
     for c in cases:
@@ -521,6 +522,9 @@ def test_every_bridge_row_reads():
         assert ci.nccl_env["NCCL_NVLS_ENABLE"] == "0"
         if "ep" in p and p["tp"] > 1:
             assert ci.flags[ci.flags.index("--expert-tensor-parallel-size") + 1] == "1"
+    flex = {c.id: megatron_flags(c).flags for c in cases if "--moe-token-dispatcher-type" in megatron_flags(c).flags}
+    assert {k: f[f.index("--moe-flex-dispatcher-backend") + 1] for k, f in flex.items()} == {
+        "e2e-bridge-26.06-h100-qwen3-30b-a3b-fp8-16": "hybridep", "e2e-bridge-26.04.01-b200-deepseekv3-mxfp8-256": "deepep"}
 
 
 def _hopper(case_id: str) -> Case:

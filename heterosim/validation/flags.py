@@ -309,6 +309,11 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         etp = f.recipe("expert_tp", "parallelism.etp")
     if isinstance(etp, int) and size["tp"] > 1 and etp != size["tp"]:
         flags += ["--expert-tensor-parallel-size", str(etp)]
+    if size["ep"] > 1 and f.pub.get("moe_dispatcher") in ("deepep", "hybridep"):
+        backend = f.recipe("moe_dispatcher", "MoE dispatcher")
+        flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend]
+        f.notes.append("flex dispatcher: a token crosses to each other node holding one of its experts once, "
+                       "then fans out over NVLink (models/layers/moe_flex.py)")
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.

@@ -53,6 +53,7 @@ SETTINGS: dict[str, Any] = {
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
     "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int, "pipeline_layout": "layout",
+    "moe_dispatcher": ("alltoall", "deepep", "hybridep"),
 }
 MATCH_KEYS = {
     "framework": "the framework the source names: megatron-bridge (frameworks.names_megatron_bridge)",

@@ -47,6 +47,7 @@ from models.config import ModelConfig
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, group_size, reduce_scatter_to_sp
 from models.layers.mlp import MLP, activation_fn
+from models.layers.moe_flex import flex_dispatch_combine
 
 __all__ = ["MoELayer", "balanced_permutation"]
 
@@ -115,6 +116,9 @@ class MoELayer(nn.Module):
             raise ConfigError(f"--num-experts {E} must be divisible by --expert-model-parallel-size {ep}")
         if not 1 <= mcfg.moe_router_topk <= E:
             raise ConfigError(f"--moe-router-topk {mcfg.moe_router_topk} must be in [1, {E}]")
+        if pstate.ep_domain and tp > 1:
+            raise ConfigError("the flex dispatcher runs whole experts on each rank: give "
+                              "--expert-tensor-parallel-size 1 with --moe-token-dispatcher-type flex")
         if pstate.tp_size > 1 and not pstate.sequence_parallel:
             raise ConfigError("MoE with tensor parallelism needs --sequence-parallel (as in Megatron)")
         ffn = mcfg.moe_ffn_hidden_size or mcfg.ffn_size
@@ -157,6 +161,10 @@ class MoELayer(nn.Module):
         counts = torch.full((self.E,), T * self.topk // self.E, dtype=torch.int64, device=x.device)
         if ps.ep_size > 1:  # tokens per expert, exchanged so each rank can size its all-to-all
             counts = all_gather_dim0(counts, ps.ep_group)
+        if ps.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
+            counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
+            combined = flex_dispatch_combine(tokens, probs, ps, self.topk, self.E, self._experts).view(s, b, h)
+            return self._plus_shared(combined, x), None
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
@@ -166,17 +174,25 @@ class MoELayer(nn.Module):
         if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
             recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
         sources, n = etp * ps.ep_size, T * self.topk // self.E
-        grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local, sources * n, h)
-        inter = self.act(_GroupedGemm.apply(grouped, self.fc1, self.fp8))
-        out = _GroupedGemm.apply(inter, self.fc2, self.fp8)  # [local, sources*n, h], partial over TP
+        grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local * sources * n, h)
+        out = self._experts(grouped)  # [local * sources*n, h], partial over TP
         out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
         if etp > 1:
             out = reduce_scatter_to_sp(out, ps.tp_group)
         out = _AllToAll.apply(out, ps.ep_group)  # back in this rank's expert-major order
         weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
         combined = torch.zeros_like(tokens).index_add(0, rows, weighted).view(s, b, h)
-        if self.shared_experts is not None:  # every token, beside the routed experts
-            shared, _ = self.shared_experts(x)
-            combined = combined + shared
-        return combined, None
+        return self._plus_shared(combined, x), None
+
+    def _experts(self, x: torch.Tensor) -> torch.Tensor:
+        """The local experts on ``x [local * rows, h]``, expert-major: one batched GEMM per projection."""
+        grouped = x.view(self.local, -1, x.shape[-1])
+        inter = self.act(_GroupedGemm.apply(grouped, self.fc1, self.fp8))
+        return _GroupedGemm.apply(inter, self.fc2, self.fp8).reshape(x.shape)
+
+    def _plus_shared(self, combined: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.shared_experts is None:
+            return combined
+        shared, _ = self.shared_experts(x)  # every token, beside the routed experts
+        return combined + shared
 
