@@ -14,6 +14,9 @@ Per layer and micro-batch, with ``T = s/cp/tp * b`` local tokens, ``E`` experts,
 5. the reverse: reduce-scatter over TP, ``all_to_all_single`` back, un-permute with the routing
    probabilities (index-add into the token rows).
 
+With Megatron-core's flex dispatcher (``--moe-token-dispatcher-type flex``, DeepEP / HybridEP) steps
+2, 3 and 5 are the two-level exchange of :mod:`models.layers.moe_flex` instead.
+
 **Balanced routing (an assumption):** routing decided by the data cannot run under
 FakeTensorMode (token counts per expert are data, split sizes need a device-to-host copy), so
 every expert receives exactly ``T*k/E`` token copies from every rank: the permutation is fixed
