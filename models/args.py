@@ -225,13 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-comm-overlap in fp8 runs: the pipelined reduce-scatters that move fp8 (the "
              "GEMM writes fp8 into the userbuffer; Transformer Engine's ub_tp_comm_overlap_cfg "
              f"'fp8_buf: true'), comma-separated from {','.join(PIPELINE_OPS)}")
-    for f, choices in (("--cp-comm-type", ("p2p", "all_gather", "a2a")),
-                       ("--recompute-granularity", ("full", "selective")), ("--recompute-method", ("uniform", "block")),
-                       ("--moe-token-dispatcher-type", ("alltoall", "flex")),
-                       ("--moe-flex-dispatcher-backend", ("deepep", "hybridep")), ("--fp8-format", ("e4m3", "hybrid")),
-                       ("--normalization", ("LayerNorm", "RMSNorm")),
-                       ("--position-embedding-type", ("learned_absolute", "rope", "none"))):
-        add(f, str, choices)
+    for f, choices in (("--cp-comm-type", "p2p all_gather a2a"), ("--recompute-granularity", "full selective"),
+                       ("--recompute-method", "uniform block"), ("--moe-token-dispatcher-type", "alltoall flex"),
+                       ("--moe-flex-dispatcher-backend", "deepep hybridep"), ("--fp8-format", "e4m3 hybrid"),
+                       ("--normalization", "LayerNorm RMSNorm"),
+                       ("--position-embedding-type", "learned_absolute rope none")):
+        add(f, str, tuple(choices.split()))
     add("--fp8-recipe", str, FP8_RECIPES,
         help="how fp8 scales are chosen (Megatron-core's --fp8-recipe): delayed (from an amax history, "
              "Transformer Engine's DelayedScaling), tensorwise (current scaling: each tensor's own amax, "
