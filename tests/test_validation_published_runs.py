@@ -121,6 +121,7 @@ def test_precision_kinds():
     ("{framework: nemo}", "{}", "run #0: match.framework 'nemo' is unknown; valid: megatron-bridge"),
     ("{precision: fp16}", "{}", "run #0: match.precision 'fp16' is unknown; valid: bf16, fp8, mxfp8, nvfp4"),
     ("{gpu: H100}", "{}", "run #0: match.gpu 'H100' is not a canonical GPU name; give 'H100-SXM5-80GB'"),
+    ("{gpu: Z9000}", "{}", "run #0: match.gpu: unknown GPU 'Z9000'"),
     ("{}", "{pipeline_layout: 'Et|tx'}", "run #0: pipeline_layout must be a Megatron-core layout string"),
 ])
 def test_bad_match_or_layout_is_one_clear_error(tmp_path, match, settings, message):

@@ -162,9 +162,14 @@ def _check_match(where: str, match: Any) -> None:
     if match.get("precision", "bf16") not in PRECISION_KINDS:
         raise ConfigError(f"{where}: match.precision {match['precision']!r} is unknown; valid: "
                           f"{', '.join(PRECISION_KINDS)}")
-    if "gpu" in match and get_gpu(str(match["gpu"])).name != match["gpu"]:
-        raise ConfigError(f"{where}: match.gpu {match['gpu']!r} is not a canonical GPU name; give "
-                          f"{get_gpu(str(match['gpu'])).name!r}")
+    if "gpu" not in match:
+        return
+    try:
+        name = get_gpu(str(match["gpu"])).name
+    except UnknownGPUError as e:
+        raise ConfigError(f"{where}: match.gpu: {e}") from None
+    if name != match["gpu"]:
+        raise ConfigError(f"{where}: match.gpu {match['gpu']!r} is not a canonical GPU name; give {name!r}")
 
 
 def _check(where: str, key: str, value: Any) -> None:
