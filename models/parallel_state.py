@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -293,8 +292,8 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
     def eg(t: int, e: int, d: int, p: int) -> int:
         return t + etp * (e + ep * (d + edp * p))
 
-    make("ep", "ep", [[eg(t, e, d, p) for e in range(ep)]
-                      for p in range(pp) for d in range(edp) for t in range(etp)])
+    ep_groups = [[eg(t, e, d, p) for e in range(ep)] for p in range(pp) for d in range(edp) for t in range(etp)]
+    make("ep", "ep", ep_groups)
     make("expert_dp", "dp", [[eg(t, e, d, p) for d in range(edp)]
                              for p in range(pp) for e in range(ep) for t in range(etp)])
     if pcfg.amax_reduction_group:
@@ -304,9 +303,8 @@ def initialize(pcfg: ParallelConfig, rank: int) -> ParallelState:
                             for p in range(pp)])
     dom = min(pcfg.ep_nvl_domain or 0, ep)
     if dom:  # the flex dispatcher's two stages, made last so that the other groups keep their numbers
-        eps = [[eg(t, e, d, p) for e in range(ep)] for p in range(pp) for d in range(edp) for t in range(etp)]
-        make("ep_domain", "ep", [ranks[n:n + dom] for ranks in eps for n in range(0, ep, dom)])
-        make("ep_rail", "ep", [ranks[i::dom] for ranks in eps for i in range(dom)])
+        make("ep_domain", "ep", [ranks[n:n + dom] for ranks in ep_groups for n in range(0, ep, dom)])
+        make("ep_rail", "ep", [ranks[i::dom] for ranks in ep_groups for i in range(dom)])
     assert all(k in mine for k in ("dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp")), W
 
     co = rank_coords(pcfg, rank)

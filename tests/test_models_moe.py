@@ -264,5 +264,6 @@ def test_flex_plan_sends_a_token_once_per_domain_and_rank():
     p = flex_plan(4096, 8, 256, 32, 8, 5)
     remote = (sum(p.in1) - p.in1[0]) / 4096
     assert abs(remote - 3 * (1 - comb(192, 8) / comb(256, 8))) < 0.05
-    assert len(p.expand) == 8 * 32 * 128 and len(set(p.expand)) <= sum(p.out2)
+    assert len(p.expand) == 8 * 32 * 128
+    assert set(p.expand) == set(range(sum(p.out2)))  # each row arriving feeds at least one local expert
     assert p.out1 == (p.in1[0],) * 4 and len(p.send2) == sum(p.in2)

@@ -42,15 +42,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
-from models.layers.mappings import all_gather_dim0, gather_from_sp, group_size, reduce_scatter_to_sp
+from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
 from models.layers.mlp import MLP, activation_fn
-from models.layers.moe_flex import flex_dispatch_combine
+from models.layers.moe_flex import all_to_all, flex_dispatch_combine
 
 __all__ = ["MoELayer", "balanced_permutation"]
 
@@ -65,27 +64,6 @@ def balanced_permutation(tokens: int, topk: int, experts: int) -> torch.Tensor:
     copies = torch.arange(tokens * topk)
     expert = copies % experts
     return torch.argsort(expert * (tokens * topk) + copies)
-
-
-class _AllToAll(torch.autograd.Function):
-    """Equal-split ``all_to_all_single`` along dim 0; its gradient is the same exchange."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _a2a(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _a2a(g.contiguous(), ctx.group), None
-
-
-def _a2a(x: torch.Tensor, group: Any) -> torch.Tensor:
-    if group_size(group) == 1:
-        return x
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x.contiguous(), group=group)
-    return out
 
 
 class _GroupedGemm(torch.autograd.Function):
@@ -172,7 +150,7 @@ class MoELayer(nn.Module):
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
         counts.cpu()  # the splits read back: a host sync (Megatron's cuda_sync_point)
-        recv = _AllToAll.apply(permuted, ps.ep_group)  # [ep (source), local, n, h]
+        recv = all_to_all(permuted, ps.ep_group)  # [ep (source), local, n, h]
         etp = ps.etp_size
         if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
             recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
@@ -182,7 +160,7 @@ class MoELayer(nn.Module):
         out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
         if etp > 1:
             out = reduce_scatter_to_sp(out, ps.tp_group)
-        out = _AllToAll.apply(out, ps.ep_group)  # back in this rank's expert-major order
+        out = all_to_all(out, ps.ep_group)  # back in this rank's expert-major order
         weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
         combined = torch.zeros_like(tokens).index_add(0, rows, weighted).view(s, b, h)
         return self._plus_shared(combined, x), None

@@ -34,7 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["FlexPlan", "flex_plan", "flex_dispatch_combine"]
+from models.layers.mappings import group_size
+
+__all__ = ["FlexPlan", "flex_plan", "flex_dispatch_combine", "all_to_all"]
 
 
 @dataclass(frozen=True)
@@ -96,26 +98,39 @@ def flex_plan(tokens: int, topk: int, experts: int, ep: int, domain: int, ep_ran
     return FlexPlan(tuple(send1), in1, out1, tuple(send2), tuple(in2), out2, tuple(expand), tuple(column))
 
 
-class _AllToAllV(torch.autograd.Function):
-    """``all_to_all_single`` with split sizes; its gradient is the reverse exchange."""
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` along dim 0, equal splits (None) or the given ones; its gradient is the
+    reverse exchange."""
 
     @staticmethod
     def forward(ctx, x, group, in_splits, out_splits):
         ctx.group, ctx.splits = group, (in_splits, out_splits)
-        return _a2av(x, group, in_splits, out_splits)
+        return _a2a(x, group, in_splits, out_splits)
 
     @staticmethod
     def backward(ctx, g):
         in_splits, out_splits = ctx.splits
-        return _a2av(g.contiguous(), ctx.group, out_splits, in_splits), None, None, None
+        return _a2a(g.contiguous(), ctx.group, out_splits, in_splits), None, None, None
 
 
-def _a2av(x: torch.Tensor, group: Any, in_splits: tuple[int, ...], out_splits: tuple[int, ...]) -> torch.Tensor:
-    if len(in_splits) == 1:
+def _a2a(x: torch.Tensor, group: Any, in_splits: tuple[int, ...] | None,
+         out_splits: tuple[int, ...] | None) -> torch.Tensor:
+    if group_size(group) == 1:
         return x
+    if in_splits is None:
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
     return out
+
+
+def all_to_all(x: torch.Tensor, group: Any, in_splits: tuple[int, ...] | None = None,
+               out_splits: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Differentiable ``all_to_all_single`` of ``x``'s rows over ``group``: equal splits by default,
+    else ``in_splits`` rows to each peer and ``out_splits`` from each."""
+    return _AllToAll.apply(x, group, in_splits, out_splits)
 
 
 def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int,
@@ -131,15 +146,15 @@ def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, to
     def idx(rows: tuple[int, ...]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=dev)
 
+    send1, send2, expand = idx(plan.send1), idx(plan.send2), idx(plan.expand)
     payload = torch.cat([tokens, probs.to(tokens.dtype)], dim=1)  # the weights travel with the token
-    rail = _AllToAllV.apply(payload.index_select(0, idx(plan.send1)), ps.ep_rail_group, plan.in1, plan.out1)
-    held = _AllToAllV.apply(rail.index_select(0, idx(plan.send2)), ps.ep_domain_group, plan.in2, plan.out2)
-    expand = idx(plan.expand)
+    rail = all_to_all(payload.index_select(0, send1), ps.ep_rail_group, plan.in1, plan.out1)
+    held = all_to_all(rail.index_select(0, send2), ps.ep_domain_group, plan.in2, plan.out2)
     x = held[:, :h].index_select(0, expand)
     weight = held[:, h:].index_select(0, expand).gather(1, idx(plan.column).unsqueeze(1))
     out = run_experts(x) * weight  # one row per (token, local expert), weighted
     per_rank = torch.zeros((held.shape[0], h), dtype=out.dtype, device=dev).index_add(0, expand, out)
-    back = _AllToAllV.apply(per_rank, ps.ep_domain_group, plan.out2, plan.in2)
-    per_domain = torch.zeros((rail.shape[0], h), dtype=out.dtype, device=dev).index_add(0, idx(plan.send2), back)
-    home = _AllToAllV.apply(per_domain, ps.ep_rail_group, plan.out1, plan.in1)
-    return torch.zeros_like(tokens).index_add(0, idx(plan.send1), home)
+    back = all_to_all(per_rank, ps.ep_domain_group, plan.out2, plan.in2)
+    per_domain = torch.zeros((rail.shape[0], h), dtype=out.dtype, device=dev).index_add(0, send2, back)
+    home = all_to_all(per_domain, ps.ep_rail_group, plan.out1, plan.in1)
+    return torch.zeros_like(tokens).index_add(0, send1, home)
