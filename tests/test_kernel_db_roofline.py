@@ -109,6 +109,19 @@ def test_power_capped_clock_slows_tensor_math_only():
     assert m1.seconds == m2.seconds
 
 
+def test_blackwell_boards_sustain_the_published_b200_throttled_rate():
+    """A 1,000 W B200 under back-to-back FlashAttention-4 forwards: 1,450 TFLOP/s at boost, 1,237 once
+    throttled (flashinfer PR 2899), 0.853. The GB200 (same die, 1,200 W, best GEMM 1,822 TF/s against the
+    B200's 1,745 at boost) sustains the cube root of the power more in absolute rate: 0.853 x 1.2^(1/3)
+    x 1,745 / 1,822 = 0.868 of its own boost. The Blackwell Ultra boards are not measured: boost."""
+    b, gb = get_gpu("B200"), get_gpu("GB200")
+    assert b.power_clock_ratio == pytest.approx(1237 / 1450, abs=5e-4)
+    assert gb.power_clock_ratio == pytest.approx(1237 / 1450 * 1.2 ** (1 / 3) * 1745 / 1822, abs=5e-4)
+    # the same die: sustained absolute rates go as the cube root of the power limits
+    assert gb.power_clock_ratio * 1822 / (b.power_clock_ratio * 1745) == pytest.approx(1.2 ** (1 / 3), rel=1e-3)
+    assert get_gpu("B300").power_clock_ratio == 1.0 and get_gpu("GB300").power_clock_ratio == 1.0
+
+
 def test_t4_sustains_the_published_power_capped_gemm_rate():
     """A T4 under back-to-back 4096^3 fp16 GEMMs runs at about 24 TFLOP/s (NVIDIA forum thread
     264462: power capping at 70 W); the catalogue's measured sustained ratio (0.52 of boost) prices
