@@ -510,11 +510,12 @@ BRIDGE = Path(__file__).resolve().parents[1] / "validation" / "bridge_cases.yaml
 
 
 def test_every_bridge_row_reads():
-    """All 18 rows of the Megatron Bridge tables become flags as written; those sources name Megatron
-    Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and MoE rows with TP keep whole experts;
-    the two rows whose recipes run the flex dispatcher get it (HybridEP, DeepEP)."""
+    """All 20 rows (18 of the Megatron Bridge tables, 2 of its expert-parallel overlap A/B) become flags
+    as written; those sources name Megatron Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and
+    MoE rows with TP keep whole experts; the rows whose recipes run the flex dispatcher get it (HybridEP
+    for Qwen3 30B on 16 H100s in fp8 and in the A/B's bf16, DeepEP for DeepSeek-V3 on B200)."""
     cases = load_cases(BRIDGE)
-    assert len(cases) == 18
+    assert len(cases) == 20
     for c in cases:
         ci = megatron_flags(c)
         p = c.parallelism
@@ -524,7 +525,9 @@ def test_every_bridge_row_reads():
             assert ci.flags[ci.flags.index("--expert-tensor-parallel-size") + 1] == "1"
     flex = {c.id: megatron_flags(c).flags for c in cases if "--moe-token-dispatcher-type" in megatron_flags(c).flags}
     assert {k: f[f.index("--moe-flex-dispatcher-backend") + 1] for k, f in flex.items()} == {
-        "e2e-bridge-26.06-h100-qwen3-30b-a3b-fp8-16": "hybridep", "e2e-bridge-26.04.01-b200-deepseekv3-mxfp8-256": "deepep"}
+        "e2e-bridge-26.06-h100-qwen3-30b-a3b-fp8-16": "hybridep", "e2e-bridge-26.04.01-b200-deepseekv3-mxfp8-256": "deepep",
+        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-off": "hybridep",
+        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on": "hybridep"}
 
 
 def _hopper(case_id: str) -> Case:
