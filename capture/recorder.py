@@ -16,7 +16,7 @@ autograd sequence numbers in backward (exact; ``docs/capture.md``, "Interception
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Hashable, Iterator
 
 import torch
@@ -78,6 +78,7 @@ class _Tags:
     comm_dtype: str | None = None
     sm_margin: int | None = None
     region: str | None = None
+    comm_kernel: bool = False
 
 
 class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispatchMode, Annotator):
@@ -246,6 +247,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
         comm_dtype: str | None = None,
         sm_margin: int | None = None,
         region: str | None = None,
+        comm_kernel: bool | None = None,
     ) -> Iterator[None]:
         old = self.tags
         self.tags = _Tags(
@@ -256,6 +258,7 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             comm_dtype if comm_dtype is not None else old.comm_dtype,
             sm_margin if sm_margin is not None else old.sm_margin,
             region if region is not None else old.region,
+            comm_kernel if comm_kernel is not None else old.comm_kernel,
         )
         try:
             yield
@@ -411,6 +414,8 @@ class Recorder(BlockRecorder, CommRecorder, HostSyncs, GraphRecorder, TorchDispa
             # which fused kernel the script names (Transformer Engine's flash / fused backends):
             # kernel_db prices that implementation's curve
             cost.dims["impl"] = self.model["attention_backend"]
+        if self.tags.comm_kernel:  # moved by a communication kernel as it sends (Annotator.scope)
+            cost = replace(cost, kernel_class="comm")
         if cost.kernel_class == "gemm" and self.tags.sm_margin:
             cost.dims["sm_margin"] = int(self.tags.sm_margin)  # SMs left to a comm kernel (TE set_sm_margin)
         region = self._region(func, cost.kernel_class, in_bwd)

@@ -56,12 +56,16 @@ class Annotator:
         comm_dtype: str | None = None,
         sm_margin: int | None = None,
         region: str | None = None,
+        comm_kernel: bool | None = None,
     ) -> Iterator[None]:
         """Tag ops issued inside with a phase, micro-batch, model chunk, a GEMM dtype (``fp8``), the
         element type collectives move on the wire (``fp8``: one byte per element, as Transformer
         Engine's fp8 userbuffers do while the tensors here stay in the activation dtype), or the SMs
         a GEMM leaves to a communication kernel beside it (``sm_margin``: TE's ``set_sm_margin``).
-        ``region`` names the ops for the capture alone, not in the trace (``block(bare_without=)``)."""
+        ``region`` names the ops for the capture alone, not in the trace (``block(bare_without=)``).
+        ``comm_kernel``: the tensor ops inside are data movement a communication library's own kernels
+        do while they send (DeepEP / HybridEP gather the rows they send and sum the rows they
+        receive): recorded with kernel class ``comm``, so they take no compute time of their own."""
         yield
 
     def block(self, key: Hashable, fn: Callable[..., Any], *args: Any, bare_key: Hashable | None = None,

@@ -139,6 +139,7 @@ _DEFAULTS: dict[str, Any] = {
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
     "pipeline_model_parallel_layout": None, "expert_tensor_parallel_size": None, "mtp_num_layers": 0,
     "mtp_loss_scaling_factor": 0.1, "moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None,
+    "moe_permute_fusion_into_hybridep": False,
 }
 
 
@@ -146,10 +147,15 @@ def _nvl_domain(a: dict[str, Any]) -> int | None:
     """EP ranks per NVLink domain of the flex dispatcher: DeepEP's NUM_MAX_NVL_PEERS (8), HybridEP's
     NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (environment, 8 when unset); None for all-to-all."""
     if a["moe_token_dispatcher_type"] != "flex":
+        if a["moe_permute_fusion_into_hybridep"]:
+            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-token-dispatcher-type flex "
+                              "--moe-flex-dispatcher-backend hybridep")
         return None
     if a["moe_flex_dispatcher_backend"] is None:
         raise ConfigError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep")
     if a["moe_flex_dispatcher_backend"] == "deepep":
+        if a["moe_permute_fusion_into_hybridep"]:
+            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-flex-dispatcher-backend hybridep")
         return 8
     env = os.environ.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "8")
     if not env.isdigit() or int(env) < 1:
@@ -198,15 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
               "--loss-scale", "--mtp-loss-scaling-factor"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
-              "--no-align-grad-reduce", "--no-align-param-gather",
-              "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather", "--no-align-grad-reduce",
+              "--no-align-param-gather", "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-              "--first-last-layers-bf16", "--multi-latent-attention", "--qk-layernorm"):
+              "--first-last-layers-bf16", "--multi-latent-attention", "--qk-layernorm",
+              "--moe-permute-fusion-into-hybridep"):
         add(f)
     add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
         "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")
@@ -497,6 +503,7 @@ def _model_config(a: dict[str, Any], groups: int | None, tp: int) -> ModelConfig
         kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
         v_head_dim=a["v_head_dim"], moe_layer_pattern=_moe_pattern(a),
         moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
+        moe_permute_fusion_into_hybridep=bool(a["moe_permute_fusion_into_hybridep"]),
         hybrid_layer_pattern=a["hybrid_override_pattern"], mamba_state_dim=a["mamba_state_dim"],
         mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
         mamba_num_heads=a["mamba_num_heads"], qk_layernorm=a["qk_layernorm"], window_size=_window(a),

@@ -57,6 +57,10 @@ class ModelConfig:
     moe_shared_expert_intermediate_size: int | None = None
     """Width of the shared experts' MLP every MoE layer runs beside its routed experts on all
     tokens (``--moe-shared-expert-intermediate-size``; DeepSeek-V3: one expert, 2048)."""
+    moe_permute_fusion_into_hybridep: bool = False
+    """The flex dispatcher's HybridEP kernels also sort the tokens it receives into expert order and
+    back (Megatron-core's ``moe_permute_fusion_into_hybridep``, ``--moe-permute-fusion-into-hybridep``);
+    otherwise Megatron-core permutes and un-permutes them in kernels of their own."""
     hidden_dropout: float = 0.1
     """Dropout after attention / MLP (bias-dropout-add) and on embeddings (``--hidden-dropout``)."""
     norm_epsilon: float = 1e-5

@@ -326,3 +326,19 @@ def test_flex_dispatcher_domain_from_the_backend(monkeypatch):
     with pytest.raises(ConfigError, match=r"--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend "
                                           r"deepep or hybridep"):
         parse_args(base + ["--moe-token-dispatcher-type", "flex"], 8)
+
+
+def test_permute_fusion_belongs_to_hybridep():
+    """--moe-permute-fusion-into-hybridep (Megatron-core's moe_permute_fusion_into_hybridep) sets the
+    model's flag with HybridEP and is refused with DeepEP or the all-to-all dispatcher."""
+    base = ["--preset", "tiny", "--num-experts", "8", "--expert-model-parallel-size", "8", "--global-batch-size", "16",
+            "--moe-permute-fusion-into-hybridep"]
+    flex = base + ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend"]
+    assert parse_args(flex + ["hybridep"], 8).model.moe_permute_fusion_into_hybridep is True
+    assert parse_args(base[:-1], 8).model.moe_permute_fusion_into_hybridep is False
+    with pytest.raises(ConfigError, match=r"^--moe-permute-fusion-into-hybridep needs --moe-flex-dispatcher-backend "
+                                          r"hybridep$"):
+        parse_args(flex + ["deepep"], 8)
+    with pytest.raises(ConfigError, match=r"^--moe-permute-fusion-into-hybridep needs --moe-token-dispatcher-type "
+                                          r"flex --moe-flex-dispatcher-backend hybridep$"):
+        parse_args(base, 8)

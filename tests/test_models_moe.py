@@ -85,17 +85,19 @@ result = dict(comm=comm_ops(log.ops), ranks=sorted({tuple(o["ranks"]) for o in l
 
 def test_moe_dispatch_combine_traffic_in_fake_world():
     """EP 2, TP 2 (SP), 8 experts top-2, 32 local tokens: token counts (8 int64) all-gathered over
-    EP, a2a of the 64 token copies over EP,
-    all-gather / reduce-scatter over TP, one batched GEMM per projection for the 4 local experts."""
+    EP, a2a of the 64 token copies over EP and then of their 64 routing weights (Megatron-core's
+    probs all-to-all), all-gather / reduce-scatter over TP, one batched GEMM per projection for the
+    4 local experts; the backward runs the probs' collectives before the tokens'."""
     r = run_fake(FAKE, rank=3, world=8)
     assert r["ep"] == [1, 3] and r["local"] == 4
-    copies = 32 * 2 * 64 * 2  # T*k rows x h x bf16
+    copies, weights = 32 * 2 * 64 * 2, 32 * 2 * 2  # T*k rows x h (or 1) x bf16
     fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
-    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
+    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["alltoall_base_", weights],
+                   ["_allgather_base_", 2 * copies], ["_allgather_base_", 2 * weights],
                    ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", copies]]
     bwd = [c[:2] for c in r["comm"] if c[2] == "bwd"]
-    assert bwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies],
-                   ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", copies]]
+    assert bwd == [["alltoall_base_", copies], ["_allgather_base_", 2 * copies], ["_reduce_scatter_base_", 2 * weights],
+                   ["_reduce_scatter_base_", 2 * copies], ["alltoall_base_", weights], ["alltoall_base_", copies]]
     # each local expert sees n = 32*2/8 = 8 copies from each of tp*ep = 4 sources
     assert r["bmm"][:2] == [[[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"], [[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"]]
     assert len(r["bmm"]) == 2 + 4 and all(b[2] == "fp8" for b in r["bmm"])
@@ -170,15 +172,17 @@ def test_shared_experts_add_a_dense_mlp_on_every_token():
 def test_expert_tensor_parallel_one_keeps_whole_experts_and_no_tp_collectives():
     """--expert-tensor-parallel-size 1 with TP 2, EP 2 on 8 ranks: rank 3's EP group is ranks 2, 3 (consecutive,
     TP peers included), its experts are whole (fc1 [4, 64, 128]), and the dispatch runs no TP collective:
-    counts all-gather, a2a, experts, a2a back; each local expert sees 8 copies from each of the 2 EP sources."""
+    counts all-gather, a2a of the tokens and of their weights, experts, a2a back; each local expert sees 8 copies
+    from each of the 2 EP sources."""
     body = FAKE.replace("ParallelConfig(world_size=8, tp=2, ep=2, sequence_parallel=True)",
                         "ParallelConfig(world_size=8, tp=2, ep=2, etp=1, sequence_parallel=True)")
     body = body.replace("local=moe.fc1.shape[0])", "local=list(moe.fc1.shape))")
     r = run_fake(body, rank=3, world=8)
     assert r["ep"] == [2, 3] and r["local"] == [4, 64, 128]
-    copies = 32 * 2 * 64 * 2
+    copies, weights = 32 * 2 * 64 * 2, 32 * 2 * 2
     fwd = [c[:2] for c in r["comm"] if c[2] == "fwd"]
-    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["alltoall_base_", copies]]
+    assert fwd == [["_allgather_base_", 2 * 8 * 8], ["alltoall_base_", copies], ["alltoall_base_", weights],
+                   ["alltoall_base_", copies]]
     assert r["bmm"][:2] == [[[[4, 16, 64], [4, 64, 128]], "fwd", "fp8"], [[[4, 16, 128], [4, 128, 64]], "fwd", "fp8"]]
 
 
@@ -226,7 +230,7 @@ x = torch.randn(4, 2, 8, dtype=torch.float64) + rank
 y, _ = moe(x)
 tok = x.reshape(8, 8)
 probs = torch.softmax(torch.topk(tok @ ref.router.T, k, dim=-1)[0], dim=-1)
-every = ref._experts(tok.repeat(E, 1)).view(E, 8, 8)  # every expert on every token
+every = ref._experts(tok.repeat(E, 1), torch.ones(E * 8, 1, dtype=torch.float64)).view(E, 8, 8)  # unweighted
 y_ref = torch.stack([sum(probs[t, j] * every[e, t] for j, e in enumerate(token_experts(t, k, E)))
                      for t in range(8)]).view(4, 2, 8)
 y.square().sum().backward()
@@ -241,13 +245,16 @@ result = dict(y=float((y - y_ref).abs().max()), fc1=float((mine - g).abs().max()
 """
 
 
-def test_flex_dispatcher_equals_all_experts_on_one_rank(tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_flex_dispatcher_equals_all_experts_on_one_rank(tmp_path, fused):
     """EP 4 in two NVLink domains of 2 (4 gloo ranks, 8 experts, top-3): the two-level exchange
-    with the weights travelling beside the tokens gives, on every rank, the output and router
-    gradient of a one-rank layer with all experts under the same routing; expert gradients agree."""
+    with the weights travelling beside the tokens, applied in the experts' fused weighted SwiGLU,
+    gives on every rank the output and router gradient of a one-rank layer with all experts under
+    the same routing; expert gradients agree; with the permute inside HybridEP's kernels too."""
     from test_models_mappings import run_gloo
 
-    res = run_gloo(FLEX_BODY, world=4, tmp_path=tmp_path)
+    body = FLEX_BODY.replace('activation="swiglu")', f'activation="swiglu", moe_permute_fusion_into_hybridep={fused})')
+    res = run_gloo(body, world=4, tmp_path=tmp_path)
     for key, err in res.items():  # float64; the sums run in another order (per rank, then per domain)
         assert err < 1e-10, (key, err)
 
@@ -267,3 +274,36 @@ def test_flex_plan_sends_a_token_once_per_domain_and_rank():
     assert len(p.expand) == 8 * 32 * 128
     assert set(p.expand) == set(range(sum(p.out2)))  # each row arriving feeds at least one local expert
     assert p.out1 == (p.in1[0],) * 4 and len(p.send2) == sum(p.in2)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_flex_exchange_moves_rows_inside_its_kernels(tmp_path, monkeypatch, fused):
+    """HybridEP (2 ranks per NVLink domain, EP 4, tiny: 8 MoE layers, one micro-batch): the rows the
+    dispatch gathers and forwards, and the sums the combine makes, are recorded as the communication
+    kernels' own work (kernel class comm, no compute time); the sort into expert order and back is
+    Megatron-core's permute / unpermute (2 gathers, tokens and weights, and 1 sum per layer forward;
+    the reverse in the backward) unless --moe-permute-fusion-into-hybridep puts it in HybridEP too."""
+    from collections import Counter
+    from pathlib import Path
+
+    from capture import capture
+    from heterosim.trace import load_trace
+
+    monkeypatch.setenv("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "2")
+    root = Path(__file__).resolve().parents[1]
+    argv = ["--preset", "tiny", "--bf16", "--swiglu", "--num-experts", "8", "--moe-router-topk", "2",
+            "--expert-model-parallel-size", "4", "--global-batch-size", "8", "--moe-token-dispatcher-type", "flex",
+            "--moe-flex-dispatcher-backend", "hybridep"] + (["--moe-permute-fusion-into-hybridep"] if fused else [])
+    ops = load_trace(capture(str(root / "models" / "pretrain_gpt.py"), argv, tmp_path / "t",
+                             world_size=4)).roles[0].ops()
+    rows = Counter((o.phase, o.name, o.kernel_class) for o in ops
+                   if o.name in ("aten.index_select.default", "aten.index_add.default"))
+    in_kernel = {k: n for k, n in rows.items() if k[2] == "comm"}
+    priced = {k: n for k, n in rows.items() if k[2] != "comm"}
+    assert priced == ({} if fused else {("fwd", "aten.index_select.default", "copy"): 16,
+                                        ("fwd", "aten.index_add.default", "copy"): 8,
+                                        ("bwd", "aten.index_add.default", "copy"): 16,
+                                        ("bwd", "aten.index_select.default", "copy"): 8})
+    # two gathers (to the other domain, then forwarded in it) and two sums (back) per layer and direction
+    assert in_kernel[("fwd", "aten.index_select.default", "comm")] == 16 + (16 if fused else 0)
+    assert in_kernel[("fwd", "aten.index_add.default", "comm")] == 16 + (8 if fused else 0)

@@ -513,7 +513,8 @@ def test_every_bridge_row_reads():
     """All 20 rows (18 of the Megatron Bridge tables, 2 of its expert-parallel overlap A/B) become flags
     as written; those sources name Megatron Bridge, so NVLS is off (its recipes' NCCL_NVLS_ENABLE=0) and
     MoE rows with TP keep whole experts; the rows whose recipes run the flex dispatcher get it (HybridEP
-    for Qwen3 30B on 16 H100s in fp8 and in the A/B's bf16, DeepEP for DeepSeek-V3 on B200)."""
+    for Qwen3 30B and Nemotron 3 Nano on H100 and B200, the A/B's bf16 one with HybridEP's permute
+    fusion; DeepEP for DeepSeek-V3 on B200)."""
     cases = load_cases(BRIDGE)
     assert len(cases) == 20
     for c in cases:
@@ -526,8 +527,14 @@ def test_every_bridge_row_reads():
     flex = {c.id: megatron_flags(c).flags for c in cases if "--moe-token-dispatcher-type" in megatron_flags(c).flags}
     assert {k: f[f.index("--moe-flex-dispatcher-backend") + 1] for k, f in flex.items()} == {
         "e2e-bridge-26.06-h100-qwen3-30b-a3b-fp8-16": "hybridep", "e2e-bridge-26.04.01-b200-deepseekv3-mxfp8-256": "deepep",
+        "e2e-bridge-26.06-h100-nemotron-3-nano-fp8-16": "hybridep",
+        "e2e-bridge-26.04.01-b200-qwen3-30b-a3b-mxfp8-8": "hybridep",
+        "e2e-bridge-26.04.01-b200-nemotron-3-nano-mxfp8-8": "hybridep",
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-off": "hybridep",
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on": "hybridep"}
+    assert [k for k, f in flex.items() if "--moe-permute-fusion-into-hybridep" in f] == [
+        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-off",
+        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
 
 
 def _hopper(case_id: str) -> Case:

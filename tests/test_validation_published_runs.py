@@ -110,6 +110,32 @@ def test_bridge_recipe_matches_framework_gpu_precision_and_layout():
     assert published_settings(_bridge_70b(hardware={"gpu": "NVIDIA B200"})) == ({}, None)
 
 
+def test_bridge_recipe_matches_a_released_model_named_alone():
+    """A case naming Nemotron 3 Nano without its shape matches Bridge's recipes through the released
+    configuration (52 layers, hidden 2,688): HybridEP on H100 and B200, not on an unlisted GPU; a
+    stated shape that differs does not match. Qwen3 30B-A3B on 16 H100s: bf16 with HybridEP's permute
+    fusion, fp8 without."""
+    def nano(**kw) -> Case:
+        base = dict(id="n", category="end_to_end", source=BRIDGE, hardware=H100, precision="FP8",
+                    model={"name": "Nemotron 3 Nano 30B-A3B"}, parallelism={"tp": 1, "pp": 1, "ep": 8},
+                    batch={"global": 1024})
+        return Case(**{**base, **kw})
+
+    settings, script = published_settings(nano())
+    assert settings["moe_dispatcher"] == "hybridep" and "nemotron_3_nano_pretrain_16gpu_h100" in script
+    assert published_settings(nano(hardware={"gpu": "NVIDIA B200"}))[0]["moe_dispatcher"] == "hybridep"
+    assert published_settings(nano(hardware={"gpu": "NVIDIA A100 80GB"})) == ({}, None)
+    assert published_settings(nano(model={"name": "Nemotron 3 Nano", "layers": 40})) == ({}, None)
+
+    def qwen(precision: str) -> Case:
+        return Case(id="q", category="end_to_end", source=BRIDGE, hardware=H100, precision=precision,
+                    model={"layers": 48, "hidden": 2048}, parallelism={"tp": 1, "pp": 1, "ep": 16},
+                    batch={"global": 1024})
+
+    assert published_settings(qwen("BF16"))[0]["hybridep_permute_fusion"] is True
+    assert "hybridep_permute_fusion" not in published_settings(qwen("FP8"))[0]
+
+
 def test_precision_kinds():
     from heterosim.validation.published_runs import precision_kind
     assert [precision_kind(t) for t in ("FP8-CS", "fp8 (hybrid) with bf16", "MXFP8", "FP8 (MX)", "FP8-MX", "NVFP4",

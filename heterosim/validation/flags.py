@@ -314,6 +314,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend]
         f.notes.append("flex dispatcher: a token crosses to each other node holding one of its experts once, "
                        "then fans out over NVLink (models/layers/moe_flex.py)")
+        if backend == "hybridep" and f.recipe("hybridep_permute_fusion", "HybridEP permute fusion"):
+            flags += ["--moe-permute-fusion-into-hybridep"]
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.

@@ -29,6 +29,7 @@ from ncclshim.tuning import ENV_NAME
 
 from .frameworks import framework_settings, names_megatron_bridge
 from .hardware import gpu_from_text
+from .released import released
 
 __all__ = ["PublishedRun", "load_published_runs", "published_settings", "DEFAULT_PATH", "SCHEMA_VERSION"]
 
@@ -53,7 +54,7 @@ SETTINGS: dict[str, Any] = {
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
     "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int, "pipeline_layout": "layout",
-    "moe_dispatcher": ("alltoall", "deepep", "hybridep"),
+    "moe_dispatcher": ("alltoall", "deepep", "hybridep"), "hybridep_permute_fusion": bool,
 }
 MATCH_KEYS = {
     "framework": "the framework the source names: megatron-bridge (frameworks.names_megatron_bridge)",
@@ -62,6 +63,8 @@ MATCH_KEYS = {
 }
 """Match keys beyond the case's ``model`` / ``parallelism`` / ``batch`` fields."""
 _LAYOUT = re.compile(r"[EtmL|()*0-9,\s]+")
+_RELEASED_SHAPE = ("layers", "hidden")
+"""Model fields a case may leave to the released configuration it names (:func:`.released.released`)."""
 DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")
 
@@ -113,6 +116,9 @@ class PublishedRun:
                     return False
                 continue
             got = [sect[key] for sect in (case.model, case.parallelism, case.batch) if key in sect]
+            if not got and key in _RELEASED_SHAPE:  # a released model the case names by name alone
+                rel = released(dict(case.model))
+                got = [rel[0][key]] if rel and key in rel[0] else []
             if not got or str(got[0]).strip() != str(want):
                 return False
         return True

@@ -1,4 +1,4 @@
-"""Megatron-core's fused elementwise kernels: SwiGLU and rotary embedding.
+"""Megatron-core's fused elementwise kernels: SwiGLU (plain and token-weighted) and rotary embedding.
 
 Megatron-core runs the SwiGLU activation as ``bias_swiglu_impl`` (``bias_activation_fusion``,
 ``megatron/core/fusions/fused_bias_swiglu.py``): an autograd function whose forward ``swiglu`` and
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from heterosim.annotate import get_annotator
 
-__all__ = ["jit_fuser", "swiglu", "rope"]
+__all__ = ["jit_fuser", "swiglu", "weighted_swiglu", "rope"]
 
 
 def jit_fuser(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,6 +73,43 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(y: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``y = [gate, up]`` (last dim), fused forward and backward."""
     return _SwiGLU.apply(y)
+
+
+@jit_fuser
+def _weighted_swiglu_fwd(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y_1, y_2 = torch.chunk(y, 2, -1)
+    return (F.silu(y_1) * y_2 * w).to(y.dtype)
+
+
+@jit_fuser
+def _weighted_swiglu_back(g: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # fused_bias_swiglu.weighted_swiglu_back: the input gradient of swiglu at g * w, and the
+    # weight's gradient sum(swiglu(y) * g) over the row.
+    y_1, y_2 = torch.chunk(y, 2, -1)
+    s = torch.sigmoid(y_1)
+    gw = (g * w).to(y.dtype)
+    dy = torch.cat((gw * s * (1 + y_1 * (1 - s)) * y_2, gw * F.silu(y_1)), -1)
+    return dy, (F.silu(y_1) * y_2 * g).to(w.dtype).sum(-1, keepdim=True)
+
+
+class _WeightedSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y, w)
+        return _weighted_swiglu_fwd(y, w)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, w = ctx.saved_tensors
+        return _weighted_swiglu_back(g, y, w)
+
+
+def weighted_swiglu(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``swiglu(y) * w`` with one weight per row (``w [rows, 1]``: a token's routing weight for the
+    expert the row belongs to), fused forward and backward as Megatron-core's
+    ``weighted_bias_swiglu_impl`` (the MoE experts' activation: ``experts.py`` applies the router's
+    probabilities there, not when it un-permutes)."""
+    return _WeightedSwiGLU.apply(y, w)
 
 
 def _half_signs(freqs: torch.Tensor, first: float) -> torch.Tensor:

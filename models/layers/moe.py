@@ -10,9 +10,12 @@ Per layer and micro-batch, with ``T = s/cp/tp * b`` local tokens, ``E`` experts,
    ``--expert-tensor-parallel-size 1``: then each rank holds whole experts and its EP group spans
    TP peers too, and no TP collective runs;
 4. regroup the received rows by local expert, run the ``E/ep`` local experts as one batched GEMM
-   per projection (a grouped GEMM with equal group sizes), activation in between;
-5. the reverse: reduce-scatter over TP, ``all_to_all_single`` back, un-permute with the routing
-   probabilities (index-add into the token rows).
+   per projection (a grouped GEMM with equal group sizes), activation in between, weighted by the
+   routing probabilities there (Megatron-core's ``experts.py``: each row's probability, sent with
+   it by a second all-to-all, scales the activation's output; with SwiGLU fusion one fused kernel,
+   ``weighted_bias_swiglu_impl``);
+5. the reverse: reduce-scatter over TP, ``all_to_all_single`` back, un-permute (index-add of the
+   weighted rows into the token rows).
 
 With Megatron-core's flex dispatcher (``--moe-token-dispatcher-type flex``, DeepEP / HybridEP) steps
 2, 3 and 5 are the two-level exchange of :mod:`models.layers.moe_flex` instead.
@@ -48,6 +51,7 @@ from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
+from models.layers.fusions import weighted_swiglu
 from models.layers.mlp import MLP, activation_fn
 from models.layers.moe_flex import all_to_all, flex_dispatch_combine
 
@@ -108,6 +112,8 @@ class MoELayer(nn.Module):
         self.E, self.topk, self.local = E, mcfg.moe_router_topk, E // ep
         self.pstate, self.fp8 = pstate, fp8
         self.act = activation_fn(mcfg.activation, fused=mcfg.bias_swiglu_fusion)
+        self.weighted_swiglu = mcfg.activation == "swiglu" and mcfg.bias_swiglu_fusion
+        self.permute_in_dispatch = mcfg.moe_permute_fusion_into_hybridep
         h, std = mcfg.hidden_size, mcfg.init_method_std
         gated = 2 if mcfg.activation == "swiglu" else 1
         self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))
@@ -144,31 +150,38 @@ class MoELayer(nn.Module):
             counts = all_gather_dim0(counts, ps.ep_group)
         if ps.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
             counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
-            combined = flex_dispatch_combine(tokens, probs, ps, self.topk, self.E, self._experts).view(s, b, h)
+            combined = flex_dispatch_combine(tokens, probs, ps, self.topk, self.E, self._experts,
+                                             permute_in_kernel=self.permute_in_dispatch).view(s, b, h)
             return self._plus_shared(combined, x), None
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
+        permuted_probs = probs.reshape(-1, 1).index_select(0, order)  # [T*k, 1], permuted with the tokens
         counts.cpu()  # the splits read back: a host sync (Megatron's cuda_sync_point)
         recv = all_to_all(permuted, ps.ep_group)  # [ep (source), local, n, h]
+        recv_probs = all_to_all(permuted_probs, ps.ep_group)  # Megatron's probs all-to-all, after the tokens'
         etp = ps.etp_size
         if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
             recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
+            recv_probs = gather_from_sp(recv_probs, ps.tp_group)
         sources, n = etp * ps.ep_size, T * self.topk // self.E
         grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local * sources * n, h)
-        out = self._experts(grouped)  # [local * sources*n, h], partial over TP
+        weights = recv_probs.view(sources, self.local, n, 1).transpose(0, 1).reshape(self.local * sources * n, 1)
+        out = self._experts(grouped, weights)  # [local * sources*n, h], weighted, partial over TP
         out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
         if etp > 1:
             out = reduce_scatter_to_sp(out, ps.tp_group)
         out = all_to_all(out, ps.ep_group)  # back in this rank's expert-major order
-        weighted = out * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
-        combined = torch.zeros_like(tokens).index_add(0, rows, weighted).view(s, b, h)
+        combined = torch.zeros_like(tokens).index_add(0, rows, out).view(s, b, h)
         return self._plus_shared(combined, x), None
 
-    def _experts(self, x: torch.Tensor) -> torch.Tensor:
-        """The local experts on ``x [local * rows, h]``, expert-major: one batched GEMM per projection."""
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The local experts on ``x [local * rows, h]``, expert-major: one batched GEMM per projection,
+        the activation's output scaled by each row's routing weight (``weights [local * rows, 1]``)."""
         grouped = x.view(self.local, -1, x.shape[-1])
-        inter = self.act(_GroupedGemm.apply(grouped, self.fc1, self.fp8))
+        w = weights.view(self.local, -1, 1)
+        fc1 = _GroupedGemm.apply(grouped, self.fc1, self.fp8)
+        inter = weighted_swiglu(fc1, w) if self.weighted_swiglu else self.act(fc1) * w
         return _GroupedGemm.apply(inter, self.fc2, self.fp8).reshape(x.shape)
 
     def _plus_shared(self, combined: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,13 @@ the forwarding rank sums its domain's rows, the source sums the domains'. Megatr
 dispatcher instead sends each (token, expert) copy: top-8 of 256 experts over 4 domains is about
 2.7 remote copies a token here against 6 there.
 
+DeepEP's and HybridEP's kernels read the rows they send straight from their source and sum the rows
+they receive as they arrive, so those gathers and sums are recorded as the kernels' own work
+(``Annotator.scope(comm_kernel=True)``: no compute time beside the exchange's). The sort of a rank's
+received tokens into expert order and back is Megatron-core's permute / unpermute kernels (compute),
+or HybridEP's own with ``moe_permute_fusion_into_hybridep``. The routing weights scale the experts'
+activation (:meth:`models.layers.moe.MoELayer._experts`), as in Megatron-core.
+
 Routing (an assumption, as in :mod:`models.layers.moe`): data-decided routing cannot run under
 FakeTensorMode, so it is fixed, and balanced. Copy ``j`` of local token ``t`` goes to expert
 ``perm[(t*k + j) mod E]`` with ``perm`` a fixed pseudo-random permutation of the experts: every
@@ -20,12 +27,14 @@ expert gets exactly ``T*k/E`` copies from each rank (so the experts' GEMMs have 
 path's shapes), and a token's ``k`` experts are ``k`` distinct experts spread as a uniform draw
 without replacement spreads them, which is what the deduplication depends on (Megatron Bridge's
 benchmarks force-balance routing with random logits, ``moe_router_force_load_balancing``). Split
-sizes follow from that routing in Python. This ignores DeepEP's SMs taken from compute (its
-kernels run on 20-32 SMs beside the GEMMs) and the all-to-all's chunked pipelining.
+sizes follow from that routing in Python. The exchange is priced as NCCL all-to-alls of the same
+bytes (ncclshim), not as DeepEP's / HybridEP's own kernels: their SMs (20-32, taken from compute
+when they overlap it) and chunked pipelining are ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from heterosim.annotate import get_annotator
 from models.layers.mappings import group_size
 
 __all__ = ["FlexPlan", "flex_plan", "flex_dispatch_combine", "all_to_all"]
@@ -133,12 +143,85 @@ def all_to_all(x: torch.Tensor, group: Any, in_splits: tuple[int, ...] | None = 
     return _AllToAll.apply(x, group, in_splits, out_splits)
 
 
+class _Gather(torch.autograd.Function):
+    """Rows ``idx`` of ``x`` (``out[i] = x[idx[i]]``); the gradient sums back into those rows. ``in_kernel``:
+    data movement DeepEP's / HybridEP's own kernels do as they send (``Annotator.scope(comm_kernel=)``)."""
+
+    @staticmethod
+    def forward(ctx, x, idx, in_kernel):
+        ctx.save_for_backward(idx)
+        ctx.rows, ctx.in_kernel = x.shape[0], in_kernel
+        with _moved(in_kernel):
+            return x.index_select(0, idx)
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        with _moved(ctx.in_kernel):
+            return g.new_zeros((ctx.rows, *g.shape[1:])).index_add(0, idx, g), None, None
+
+
+class _SumInto(torch.autograd.Function):
+    """``rows`` rows, row ``idx[i]`` the sum of every ``y[i]`` sent to it; the gradient is gathered back."""
+
+    @staticmethod
+    def forward(ctx, y, idx, rows, in_kernel):
+        ctx.save_for_backward(idx)
+        ctx.in_kernel = in_kernel
+        with _moved(in_kernel):
+            return y.new_zeros((rows, *y.shape[1:])).index_add(0, idx, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        with _moved(ctx.in_kernel):
+            return g.index_select(0, idx), None, None, None
+
+
+class _Pack(torch.autograd.Function):
+    """``[tokens | probs]`` side by side, the rows DeepEP / HybridEP send (a token with its k routing
+    weights), and the split of the received rows; inside their kernels both ways."""
+
+    @staticmethod
+    def forward(ctx, tokens, probs):
+        ctx.h = tokens.shape[1]
+        with _moved(True):
+            return torch.cat([tokens, probs.to(tokens.dtype)], dim=1)
+
+    @staticmethod
+    def backward(ctx, g):
+        with _moved(True):
+            return g[:, :ctx.h].contiguous(), g[:, ctx.h:].contiguous()
+
+
+class _Unpack(torch.autograd.Function):
+    """Received ``[tokens | weights]`` rows split in two (inside the kernels both ways, as :class:`_Pack`)."""
+
+    @staticmethod
+    def forward(ctx, rows, h):
+        with _moved(True):
+            return rows[:, :h].contiguous(), rows[:, h:].contiguous()
+
+    @staticmethod
+    def backward(ctx, gx, gw):
+        with _moved(True):
+            return torch.cat([gx, gw.to(gx.dtype)], dim=1), None
+
+
+def _moved(in_kernel: bool) -> Any:
+    return get_annotator().scope(comm_kernel=True) if in_kernel else contextlib.nullcontext()
+
+
 def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int,
-                          run_experts: Any) -> torch.Tensor:
+                          run_experts: Any, *, permute_in_kernel: bool = False) -> torch.Tensor:
     """``tokens [T, h]``, routing weights ``probs [T, k]`` -> the combined expert output ``[T, h]``.
 
-    ``run_experts(x [local * ep * T*k/E, h]) -> [same]`` runs the local experts on their inputs,
-    expert-major (each expert's ``ep * T*k/E`` rows together)."""
+    ``run_experts(x [local * ep * T*k/E, h], weights [same rows, 1]) -> [same rows, h]`` runs the local
+    experts on their inputs, expert-major (each expert's ``ep * T*k/E`` rows together), weighting each
+    row's output by its routing weight. The rows DeepEP / HybridEP gather to send, forward and sum up
+    are their kernels' own work (no compute time here: ``Annotator.scope(comm_kernel=True)``); the
+    sort of the received tokens into expert order and back is Megatron-core's permute / unpermute
+    kernels, or HybridEP's own with ``permute_in_kernel`` (``moe_permute_fusion_into_hybridep``)."""
     T, h = tokens.shape
     plan = flex_plan(T, topk, experts, ps.ep_size, ps.ep_domain, ps.ep_rank)
     dev = tokens.device
@@ -147,14 +230,13 @@ def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, to
         return torch.tensor(rows, dtype=torch.long, device=dev)
 
     send1, send2, expand = idx(plan.send1), idx(plan.send2), idx(plan.expand)
-    payload = torch.cat([tokens, probs.to(tokens.dtype)], dim=1)  # the weights travel with the token
-    rail = all_to_all(payload.index_select(0, send1), ps.ep_rail_group, plan.in1, plan.out1)
-    held = all_to_all(rail.index_select(0, send2), ps.ep_domain_group, plan.in2, plan.out2)
-    x = held[:, :h].index_select(0, expand)
-    weight = held[:, h:].index_select(0, expand).gather(1, idx(plan.column).unsqueeze(1))
-    out = run_experts(x) * weight  # one row per (token, local expert), weighted
-    per_rank = torch.zeros((held.shape[0], h), dtype=out.dtype, device=dev).index_add(0, expand, out)
+    payload = _Pack.apply(tokens, probs)  # the weights travel with the token
+    rail = all_to_all(_Gather.apply(payload, send1, True), ps.ep_rail_group, plan.in1, plan.out1)
+    held = all_to_all(_Gather.apply(rail, send2, True), ps.ep_domain_group, plan.in2, plan.out2)
+    x, w = _Unpack.apply(held, h)
+    weight = _Gather.apply(w, expand, permute_in_kernel).gather(1, idx(plan.column).unsqueeze(1))
+    out = run_experts(_Gather.apply(x, expand, permute_in_kernel), weight)  # one row per (token, expert), weighted
+    per_rank = _SumInto.apply(out, expand, held.shape[0], permute_in_kernel)
     back = all_to_all(per_rank, ps.ep_domain_group, plan.out2, plan.in2)
-    per_domain = torch.zeros((rail.shape[0], h), dtype=out.dtype, device=dev).index_add(0, send2, back)
-    home = all_to_all(per_domain, ps.ep_rail_group, plan.out1, plan.in1)
-    return torch.zeros_like(tokens).index_add(0, send1, home)
+    home = all_to_all(_SumInto.apply(back, send2, rail.shape[0], True), ps.ep_rail_group, plan.out1, plan.in1)
+    return _SumInto.apply(home, send1, T, True)
