@@ -282,7 +282,8 @@ def test_flex_exchange_moves_rows_inside_its_kernels(tmp_path, monkeypatch, fuse
     dispatch gathers and forwards, and the sums the combine makes, are recorded as the communication
     kernels' own work (kernel class comm, no compute time); the sort into expert order and back is
     Megatron-core's permute / unpermute (2 gathers, tokens and weights, and 1 sum per layer forward;
-    the reverse in the backward) unless --moe-permute-fusion-into-hybridep puts it in HybridEP too."""
+    the reverse in the backward) unless --moe-permute-fusion-into-hybridep puts it in HybridEP too.
+    The host reads back the receive sizes before each dispatch and the experts' token counts after it."""
     from collections import Counter
     from pathlib import Path
 
@@ -307,3 +308,8 @@ def test_flex_exchange_moves_rows_inside_its_kernels(tmp_path, monkeypatch, fuse
     # two gathers (to the other domain, then forwarded in it) and two sums (back) per layer and direction
     assert in_kernel[("fwd", "aten.index_select.default", "comm")] == 16 + (16 if fused else 0)
     assert in_kernel[("fwd", "aten.index_add.default", "comm")] == 16 + (8 if fused else 0)
+    # two host reads per layer forward: the receive sizes before the dispatch, and TEGroupedMLP's
+    # tokens_per_expert.tolist() once the exchange is done (the first op after it is the unpack)
+    synced = [(ops[i - 1].name, o.name) for i, o in enumerate(ops) if o.host_sync]
+    assert synced == [("aten._to_copy.default", "aten.cat.default"),
+                      ("aten._to_copy.default", "aten.clone.default")] * 8

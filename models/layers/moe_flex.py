@@ -233,6 +233,12 @@ def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, to
     payload = _Pack.apply(tokens, probs)  # the weights travel with the token
     rail = all_to_all(_Gather.apply(payload, send1, True), ps.ep_rail_group, plan.in1, plan.out1)
     held = all_to_all(_Gather.apply(rail, send2, True), ps.ep_domain_group, plan.in2, plan.out2)
+    local = experts // ps.ep_size
+    with _moved(True):  # the dispatch returns its tokens per local expert on the GPU
+        per_expert = held.new_full((local,), len(plan.expand) // local, dtype=torch.long)
+    # Megatron-core's TEGroupedMLP reads them back for its grouped GEMMs' splits
+    # (tokens_per_expert.tolist(), experts.py): the host waits for the exchange, once per layer forward.
+    per_expert.cpu()
     x, w = _Unpack.apply(held, h)
     weight = _Gather.apply(w, expand, permute_in_kernel).gather(1, idx(plan.column).unsqueeze(1))
     out = run_experts(_Gather.apply(x, expand, permute_in_kernel), weight)  # one row per (token, expert), weighted
