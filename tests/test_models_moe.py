@@ -78,6 +78,8 @@ with log:
     with ann.scope(phase="bwd"):
         y.backward(torch.ones_like(y))
 result = dict(comm=comm_ops(log.ops), ranks=sorted({tuple(o["ranks"]) for o in log.ops if "ranks" in o}),
+              casts=[[o["shapes"][0], o["phase"]] for o in log.ops
+                     if o["name"] == "aten._to_copy.default" and len(o["shapes"][0]) == 3],
               bmm=[[o["shapes"][:2], o["phase"], o["gemm_dtype"]] for o in log.ops if o["name"].startswith("aten.bmm")],
               ep=list(ps.ep_ranks), local=moe.fc1.shape[0])
 """
@@ -87,7 +89,8 @@ def test_moe_dispatch_combine_traffic_in_fake_world():
     """EP 2, TP 2 (SP), 8 experts top-2, 32 local tokens: token counts (8 int64) all-gathered over
     EP, a2a of the 64 token copies over EP and then of their 64 routing weights (Megatron-core's
     probs all-to-all), all-gather / reduce-scatter over TP, one batched GEMM per projection for the
-    4 local experts; the backward runs the probs' collectives before the tokens'."""
+    4 local experts, its input cast to fp8 (and its output gradient in the backward); the backward
+    runs the probs' collectives before the tokens'."""
     r = run_fake(FAKE, rank=3, world=8)
     assert r["ep"] == [1, 3] and r["local"] == 4
     copies, weights = 32 * 2 * 64 * 2, 32 * 2 * 2  # T*k rows x h (or 1) x bf16
@@ -101,6 +104,8 @@ def test_moe_dispatch_combine_traffic_in_fake_world():
     # each local expert sees n = 32*2/8 = 8 copies from each of tp*ep = 4 sources
     assert r["bmm"][:2] == [[[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"], [[[4, 32, 64], [4, 64, 64]], "fwd", "fp8"]]
     assert len(r["bmm"]) == 2 + 4 and all(b[2] == "fp8" for b in r["bmm"])
+    # Transformer Engine's GroupedLinear quantizes each projection's bf16 input, and its output gradient
+    assert r["casts"] == [[[4, 32, 64], "fwd"]] * 2 + [[[4, 32, 64], "bwd"]] * 2
     assert sorted(map(tuple, r["ranks"])) == [(1, 3), (2, 3)]
 
 

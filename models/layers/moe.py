@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
+from models.layers import fp8 as te_fp8
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
 from models.layers.fusions import weighted_swiglu
@@ -71,20 +72,35 @@ def balanced_permutation(tokens: int, topk: int, experts: int) -> torch.Tensor:
 
 
 class _GroupedGemm(torch.autograd.Function):
-    """``x [G, n, a] @ w [G, a, c]`` per expert group; all three GEMMs carry the fp8 scope."""
+    """``x [G, n, a] @ w [G, a, c]`` per expert group; all three GEMMs carry the fp8 scope.
+
+    In fp8 (or fp4) Transformer Engine's ``GroupedLinear`` quantizes what it is given in bf16
+    (``tex.split_quantize`` of the experts' inputs: the dispatched tokens before FC1, the
+    activation's output before FC2; nothing before them writes fp8 or takes their amax), casts and
+    transposes the output gradient, and transposes its fp8 input for the weight-gradient GEMM, as
+    ``models.layers.linear`` does for a dense layer (:mod:`models.layers.fp8`). NB: one cast over
+    all experts' rows where TE runs one per expert (same bytes, fewer launches); the weights'
+    casts, cached across micro-batches, are left out as for the dense layers."""
 
     @staticmethod
     def forward(ctx, x, w, fp8):
         ctx.save_for_backward(x, w)
         ctx.fp8 = fp8
+        if fp8:
+            te_fp8.cast(x)
         with gemm_scope(fp8):
             return torch.bmm(x, w)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
+        if ctx.fp8:
+            te_fp8.transpose(te_fp8.cast(g))
         with gemm_scope(ctx.fp8):
             gx = torch.bmm(g, w.transpose(1, 2))
+        if ctx.fp8:
+            te_fp8.transpose(te_fp8.fp8_like(x))
+        with gemm_scope(ctx.fp8):
             gw = torch.bmm(x.transpose(1, 2), g)
         return gx, gw, None
 
