@@ -318,3 +318,17 @@ def test_flex_exchange_moves_rows_inside_its_kernels(tmp_path, monkeypatch, fuse
     synced = [(ops[i - 1].name, o.name) for i, o in enumerate(ops) if o.host_sync]
     assert synced == [("aten._to_copy.default", "aten.cat.default"),
                       ("aten._to_copy.default", "aten.clone.default")] * 8
+
+
+def test_current_scaling_quantizes_each_expert_apart():
+    """Under current scaling (fp8-cs) Transformer Engine's split_quantize runs one amax, scale and cast
+    per expert (only delayed scaling has a fused multi-tensor cast-transpose): with 4 local experts,
+    each projection's input [4, 32, 64] is 4 casts of [32, 64] forward and its output gradient 4
+    backward, each after its amax (2 x 4 + 2 x 4 = 16)."""
+    body = FAKE.replace("with log:\n    y, _ = moe(x)",
+                        "from models.layers import fp8 as te_fp8\nwith log, te_fp8.recipe('tensorwise'):\n    y, _ = moe(x)")
+    body = body.replace("bmm=[", 'per_expert=[o["phase"] for o in log.ops if o["name"] == "aten._to_copy.default" '
+                        'and o["shapes"][0] == [32, 64]], amax=sum(o["name"].startswith("aten.linalg_vector_norm") '
+                        "for o in log.ops), bmm=[")
+    r = run_fake(body, rank=3, world=8)
+    assert r["per_expert"] == ["fwd"] * 8 + ["bwd"] * 8 and r["amax"] == 16

@@ -82,7 +82,7 @@ from heterosim.annotate import get_annotator
 from models.layers import block_scaling
 
 __all__ = ["FP8", "RECIPES", "FP8_RECIPES", "FP4_RECIPES", "AMAX_HISTORY_LEN", "recipe", "delayed", "current_scaling",
-           "block_scaled", "gemm_dtype", "cast", "transpose", "fp8_like", "wire", "DelayedScaling"]
+           "block_scaled", "split_quantize_fused", "gemm_dtype", "cast", "transpose", "fp8_like", "wire", "DelayedScaling"]
 
 FP8 = torch.float8_e4m3fn
 """The storage type of the casts (e4m3 and e5m2 both take one byte; pricing needs no more)."""
@@ -156,6 +156,15 @@ def current_scaling() -> bool:
 def block_scaled() -> bool:
     """Whether one quantize writes both copies (``mxfp8``, ``blockwise``, ``nvfp4``): no transposes."""
     return _WIRE[_RECIPE[0]] is not None
+
+
+def split_quantize_fused() -> bool:
+    """Whether Transformer Engine quantizes the splits of a grouped GEMM's operand (``GroupedLinear``'s
+    ``tex.split_quantize``, one split per expert) in one kernel: delayed scaling
+    (``nvte_multi_cast_transpose``) and NVFP4 (``split_quantize_nvfp4_impl``) do; current scaling,
+    MXFP8 and blockwise quantize each split on its own (``multi_tensor_quantize_impl``: "only have
+    fused kernel for FP8 delayed scaling"; TE ``pytorch/csrc/extensions/cast.cpp``)."""
+    return _RECIPE[0] in ("delayed", "nvfp4")
 
 
 def gemm_dtype() -> str:

@@ -78,16 +78,17 @@ class _GroupedGemm(torch.autograd.Function):
     (``tex.split_quantize`` of the experts' inputs: the dispatched tokens before FC1, the
     activation's output before FC2; nothing before them writes fp8 or takes their amax), casts and
     transposes the output gradient, and transposes its fp8 input for the weight-gradient GEMM, as
-    ``models.layers.linear`` does for a dense layer (:mod:`models.layers.fp8`). NB: one cast over
-    all experts' rows where TE runs one per expert (same bytes, fewer launches); the weights'
-    casts, cached across micro-batches, are left out as for the dense layers."""
+    ``models.layers.linear`` does for a dense layer (:mod:`models.layers.fp8`): one kernel for all
+    experts under delayed scaling and NVFP4, one per expert otherwise
+    (:func:`models.layers.fp8.split_quantize_fused`). NB: the weights' casts, cached across
+    micro-batches, are left out as for the dense layers."""
 
     @staticmethod
     def forward(ctx, x, w, fp8):
         ctx.save_for_backward(x, w)
         ctx.fp8 = fp8
         if fp8:
-            te_fp8.cast(x)
+            _split_quantize(x)
         with gemm_scope(fp8):
             return torch.bmm(x, w)
 
@@ -95,7 +96,8 @@ class _GroupedGemm(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         if ctx.fp8:
-            te_fp8.transpose(te_fp8.cast(g))
+            for g8 in _split_quantize(g):
+                te_fp8.transpose(g8)
         with gemm_scope(ctx.fp8):
             gx = torch.bmm(g, w.transpose(1, 2))
         if ctx.fp8:
@@ -103,6 +105,13 @@ class _GroupedGemm(torch.autograd.Function):
         with gemm_scope(ctx.fp8):
             gw = torch.bmm(x.transpose(1, 2), g)
         return gx, gw, None
+
+
+def _split_quantize(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t [experts, rows, cols]`` quantized as ``GroupedLinear`` does, all experts at once or each apart."""
+    if te_fp8.split_quantize_fused():
+        return [te_fp8.cast(t)]
+    return [te_fp8.cast(part) for part in t.unbind(0)]
 
 
 class MoELayer(nn.Module):
