@@ -50,9 +50,9 @@ import torch.nn as nn
 from heterosim.errors import ConfigError
 from models.config import ModelConfig
 from models.layers import fp8 as te_fp8
+from models.layers.fusions import weighted_swiglu
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
-from models.layers.fusions import weighted_swiglu
 from models.layers.mlp import MLP, activation_fn
 from models.layers.moe_flex import all_to_all, flex_dispatch_combine
 
