@@ -204,15 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
               "--loss-scale", "--mtp-loss-scaling-factor"):
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather", "--no-align-grad-reduce",
-              "--no-align-param-gather", "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
+              "--no-align-grad-reduce", "--no-align-param-gather",
+              "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
               "--scatter-gather-tensors-in-pipeline", "--accumulate-allreduce-grads-in-fp32",
               "--grad-reduce-in-bf16", "--tp-comm-overlap", "--overlap-p2p-communication",
-              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-              "--first-last-layers-bf16", "--multi-latent-attention", "--qk-layernorm",
-              "--moe-permute-fusion-into-hybridep"):
+              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--qk-layernorm",
+              "--first-last-layers-bf16", "--multi-latent-attention", "--moe-permute-fusion-into-hybridep"):
         add(f)
     add("--use-megatron-fsdp", help="fully sharded data parallelism as Megatron-core's Megatron-FSDP runs "
         "it (models/fsdp.py); needs --data-parallel-sharding-strategy optim_grads_params")

@@ -148,7 +148,12 @@ def test_precision_kinds():
     ("{precision: fp16}", "{}", "run #0: match.precision 'fp16' is unknown; valid: bf16, fp8, mxfp8, nvfp4"),
     ("{gpu: H100}", "{}", "run #0: match.gpu 'H100' is not a canonical GPU name; give 'H100-SXM5-80GB'"),
     ("{gpu: Z9000}", "{}", "run #0: match.gpu: unknown GPU 'Z9000'"),
-    ("{}", "{pipeline_layout: 'Et|tx'}", "run #0: pipeline_layout must be a Megatron-core layout string"),
+    ("{}", "{pipeline_layout: 'Et|tx'}", "run #0: pipeline_layout must be a Megatron-core layout string "
+     "(e.g. 'Et|(tt|)*30mL'): --pipeline-model-parallel-layout 'Et|tx': unknown symbol 'x'"),
+    ("{}", "{pipeline_layout: 'tE|tL'}", "run #0: pipeline_layout must be a Megatron-core layout string "
+     "(e.g. 'Et|(tt|)*30mL'): --pipeline-model-parallel-layout 'tE|tL': E may only open the first virtual stage"),
+    ("{}", "{pipeline_layout: 3}", "run #0: pipeline_layout must be a Megatron-core layout string "
+     "(e.g. 'Et|(tt|)*30mL'), not 3"),
 ])
 def test_bad_match_or_layout_is_one_clear_error(tmp_path, match, settings, message):
     p = tmp_path / "runs.yaml"

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Protocol
 
 from heterosim.cluster.gpus import get_gpu
 from heterosim.errors import ConfigError, UnknownGPUError
+from heterosim.layout import parse_pipeline_layout
 from heterosim.yamlfile import read_yaml
 from ncclshim.tuning import ENV_NAME
 
@@ -62,7 +63,6 @@ MATCH_KEYS = {
     "precision": "the case's precision kind: bf16, fp8 (delayed or current scaling), mxfp8 or nvfp4",
 }
 """Match keys beyond the case's ``model`` / ``parallelism`` / ``batch`` fields."""
-_LAYOUT = re.compile(r"[EtmL|()*0-9,\s]+")
 _RELEASED_SHAPE = ("layers", "hidden")
 """Model fields a case may leave to the released configuration it names (:func:`.released.released`)."""
 DDP_KINDS = SETTINGS["ddp"]
@@ -110,6 +110,7 @@ class PublishedRun:
         text = " ".join(str(case.source.get(k, "")) for k in ("title", "url", "software"))
         if _norm(self.source) not in _norm(text):
             return False
+        rel: tuple[dict[str, Any], str] | None | bool = False  # the released model, looked up once if needed
         for key, want in self.match.items():
             if key in MATCH_KEYS:
                 if not _matches(key, str(want), case, text):
@@ -117,7 +118,7 @@ class PublishedRun:
                 continue
             got = [sect[key] for sect in (case.model, case.parallelism, case.batch) if key in sect]
             if not got and key in _RELEASED_SHAPE:  # a released model the case names by name alone
-                rel = released(dict(case.model))
+                rel = released(dict(case.model)) if rel is False else rel
                 got = [rel[0][key]] if rel and key in rel[0] else []
             if not got or str(got[0]).strip() != str(want):
                 return False
@@ -182,9 +183,13 @@ def _check(where: str, key: str, value: Any) -> None:
     """One ConfigError if ``value`` is not what setting ``key`` takes."""
     want = SETTINGS[key]
     if want == "layout":
-        if not isinstance(value, str) or not _LAYOUT.fullmatch(value):
-            raise ConfigError(f"{where}: {key} must be a Megatron-core layout string of E, t, m, L, '|', "
-                              f"'(...)*N' and 'X*N' (e.g. 'Et|(tt|)*30mL'), not {value!r}")
+        what = f"{where}: {key} must be a Megatron-core layout string (e.g. 'Et|(tt|)*30mL')"
+        if not isinstance(value, str):
+            raise ConfigError(f"{what}, not {value!r}")
+        try:  # the symbols and the places of E and L; the stage count is checked against each case
+            parse_pipeline_layout(value, 1)
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {e}") from None
     elif want == "env":
         if not isinstance(value, Mapping) or not value:
             raise ConfigError(f"{where}: {key} must be a mapping of NCCL_* variables to values, not {value!r}")

@@ -137,8 +137,8 @@ class MoELayer(nn.Module):
         self.E, self.topk, self.local = E, mcfg.moe_router_topk, E // ep
         self.pstate, self.fp8 = pstate, fp8
         self.act = activation_fn(mcfg.activation, fused=mcfg.bias_swiglu_fusion)
-        self.weighted_swiglu = mcfg.activation == "swiglu" and mcfg.bias_swiglu_fusion
-        self.permute_in_dispatch = mcfg.moe_permute_fusion_into_hybridep
+        self.fused_weighting = mcfg.activation == "swiglu" and mcfg.bias_swiglu_fusion  # weighted_bias_swiglu_impl
+        self.permute_in_kernel = mcfg.moe_permute_fusion_into_hybridep
         h, std = mcfg.hidden_size, mcfg.init_method_std
         gated = 2 if mcfg.activation == "swiglu" else 1
         self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))
@@ -176,7 +176,7 @@ class MoELayer(nn.Module):
         if ps.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
             counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
             combined = flex_dispatch_combine(tokens, probs, ps, self.topk, self.E, self._experts,
-                                             permute_in_kernel=self.permute_in_dispatch).view(s, b, h)
+                                             permute_in_kernel=self.permute_in_kernel).view(s, b, h)
             return self._plus_shared(combined, x), None
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
@@ -206,7 +206,7 @@ class MoELayer(nn.Module):
         grouped = x.view(self.local, -1, x.shape[-1])
         w = weights.view(self.local, -1, 1)
         fc1 = _GroupedGemm.apply(grouped, self.fc1, self.fp8)
-        inter = weighted_swiglu(fc1, w) if self.weighted_swiglu else self.act(fc1) * w
+        inter = weighted_swiglu(fc1, w) if self.fused_weighting else self.act(fc1) * w
         return _GroupedGemm.apply(inter, self.fc2, self.fp8).reshape(x.shape)
 
     def _plus_shared(self, combined: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
