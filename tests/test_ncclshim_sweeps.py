@@ -28,6 +28,10 @@ _NVLS_GAPS = {
 GAPS = {(sid, size): why for sid in ("h100x8-nvls-together-2026-03", "h100x8-nvls-azure-ndv5")
         for size, why in _NVLS_GAPS.items()}
 GAPS[("h100x8-nvls-together-2026-03", 4 * _MIB)] = "two loops per channel: fill charged as whole loops (+6.8%)"
+# NVIDIA's own sweep (one process per GPU, NCCL's default choice): no floor at 1 MiB (27 us, ring LL,
+# +2.4%); the same NVLS fill over-count at one or two loops per channel, measured 42 / 54 / 83 us.
+GAPS.update({("h100x8-default-dgxc-nvidia", m * _MIB): f"NVLS, {loops} loop(s) per channel: fill charged as whole "
+             f"loops ({err})" for m, loops, err in ((2, 1, "+17.4%"), (4, 2, "+10.0%"), (8, 2, "+6.7%"))})
 GAPS.update({
     ("h100x8-ring-together-2026-03", 1 * _MIB): "launch / harness floor (42 us at 1-2 MiB)",
     ("h100x8-ring-together-2026-03", 4 * _MIB): "NCCL's LL128 estimate at 4 MiB (the protocol switch)",
@@ -119,3 +123,12 @@ def test_fit_needs_two_nvls_sizes():
     with pytest.raises(ConfigError, match=r"^sweep 'h100x8-ring-together-2026-03': 0 size\(s\) of one-node NVLS "
                        r"all-reduce from 67108864 B; the fit needs two or more$"):
         fit_nvls(ring)
+
+
+def test_default_sweep_plans_nccls_own_choice():
+    """Without NCCL_ALGO, NVIDIA's sweep runs what NCCL picks on one DGX H100 (nccl-tests#309: RING/LL
+    up to 1 MB, NVLS/SIMPLE from 2 MB to 16 GB); ncclshim plans the same at every recorded size."""
+    rows = _ROWS["h100x8-default-dgxc-nvidia"]
+    assert [(r.algo, r.proto) for r in rows] == [("RING", "LL")] + [("NVLS", "SIMPLE")] * (len(rows) - 1)
+    assert (rows[0].size_bytes, rows[-1].size_bytes) == (_MIB, 16 << 30)
+    assert rows[0].error == pytest.approx(28.01 / 27.37 - 1, abs=1e-3)
