@@ -58,12 +58,12 @@ def test_nodes_must_be_positive(capsys):
 
 
 def test_sweeps_prints_a_table_per_sweep(capsys):
-    """`sweeps` compares ncclshim with the shipped published sweeps (five: NVLS x2, ring all-reduce,
-    reduce-scatter, all-gather), one markdown table each."""
+    """`sweeps` compares ncclshim with the shipped published sweeps (six: NVLS x2, NCCL's default choice,
+    ring all-reduce, reduce-scatter, all-gather), one markdown table each."""
     assert main(["sweeps"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("# tolerance 5%")
-    assert text.count("| size | measured us |") == 5 and "| 8 GiB |" in text and "| figure |" in text
+    assert text.count("| size | measured us |") == 6 and "| 16 GiB |" in text and "| figure |" in text
 
 
 def test_sweeps_bad_file_exits_2(tmp_path, capsys):
