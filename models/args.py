@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -29,6 +28,8 @@ from typing import Any, Sequence
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
 from models.layers.fp8 import FP4_RECIPES, FP8_RECIPES
+from models.layers.moe_flex import flex_domain
+from models.layers.recompute import RECOMPUTE_MODULES, selective_modules
 from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
 from models.parallel_state import parse_pipeline_layout, split_stage_layers
 from models.presets import get_preset
@@ -83,6 +84,8 @@ class RunConfig:
                 "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
                 "num_microbatches": self.num_microbatches, "seq_length": self.model.seq_length,
                 "recompute": t.recompute_granularity, "distributed_optimizer": p.use_distributed_optimizer,
+                **({"recompute_modules": list(t.recompute_modules)}
+                   if t.recompute_granularity == "selective" and t.recompute_modules != ("core_attn",) else {}),
                 "stage_layers": list(self.stage_layers),
                 **({"virtual_stage_layers": list(p.virtual_stage_layers)} if p.virtual_stage_layers else {}),
                 **({"expert_tensor_parallel": p.etp} if p.etp is not None and p.etp != p.tp else {}),
@@ -139,28 +142,8 @@ _DEFAULTS: dict[str, Any] = {
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
     "pipeline_model_parallel_layout": None, "expert_tensor_parallel_size": None, "mtp_num_layers": 0,
     "mtp_loss_scaling_factor": 0.1, "moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None,
-    "moe_permute_fusion_into_hybridep": False,
+    "moe_permute_fusion_into_hybridep": False, "recompute_modules": None,
 }
-
-
-def _nvl_domain(a: dict[str, Any]) -> int | None:
-    """EP ranks per NVLink domain of the flex dispatcher: DeepEP's NUM_MAX_NVL_PEERS (8), HybridEP's
-    NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (environment, 8 when unset); None for all-to-all."""
-    if a["moe_token_dispatcher_type"] != "flex":
-        if a["moe_permute_fusion_into_hybridep"]:
-            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-token-dispatcher-type flex "
-                              "--moe-flex-dispatcher-backend hybridep")
-        return None
-    if a["moe_flex_dispatcher_backend"] is None:
-        raise ConfigError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep")
-    if a["moe_flex_dispatcher_backend"] == "deepep":
-        if a["moe_permute_fusion_into_hybridep"]:
-            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-flex-dispatcher-backend hybridep")
-        return 8
-    env = os.environ.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "8")
-    if not env.isdigit() or int(env) < 1:
-        raise ConfigError(f"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={env!r}: give a positive integer")
-    return int(env)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -266,10 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="core attention: auto (one fused kernel, priced by the GPU's default curve), flash "
              "(FlashAttention-2) or fused (cuDNN fused attention), Transformer Engine's two backends, "
              "or unfused (Megatron-LM 2020-21: baddbmm, fused scale-mask-softmax, dropout, bmm)")
-    add("--attention-dropout", float,
-        help="dropout on the attention probabilities, unfused backend only (Megatron-LM's argument "
-             "default is 0.1, its modern LLM recipes set 0)")
+    add("--attention-dropout", float, help="dropout on the attention probabilities, unfused backend only "
+        "(Megatron-LM's argument default is 0.1, its modern LLM recipes set 0)")
+    _add_list_flags(p)
     return p
+
+
+def _add_list_flags(p: argparse.ArgumentParser) -> None:
+    """Flags that take several words (Megatron's ``nargs``)."""
+    p.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE", help="with --recompute-granularity "
+                   f"selective: what is recomputed, from {', '.join(RECOMPUTE_MODULES)} (default: core_attn)")
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -562,7 +551,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         tp_comm_overlap=a["tp_comm_overlap"], tp_comm_aggregate=_aggregate(a), tp_comm_sm_margin=_sm_margin(a),
         tp_comm_fp8_buf=_fp8_buf(a),
         # Megatron uses it in the interleaved schedule only; without virtual stages it does nothing.
-        overlap_p2p_comm=a["overlap_p2p_communication"], ep_nvl_domain=_nvl_domain(a))
+        overlap_p2p_comm=a["overlap_p2p_communication"],
+        ep_nvl_domain=flex_domain(a["moe_token_dispatcher_type"], a["moe_flex_dispatcher_backend"],
+                                  a["moe_permute_fusion_into_hybridep"]))
     pcfg.check()
     mcfg = _model_config(a, groups, tp)
     mcfg.check_attention(pcfg.cp)
@@ -576,7 +567,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         bf16_layers=((a["num_layers_at_start_in_bf16"], a["num_layers_at_end_in_bf16"])
                      if a["first_last_layers_bf16"] else (0, 0)),
         recompute_granularity=a["recompute_granularity"],
-        recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"])
+        recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"],
+        recompute_modules=selective_modules(a["recompute_granularity"], a["recompute_modules"],
+                                            moe=bool(a["num_experts"]), mla=a["multi_latent_attention"]))
     m = tcfg.num_microbatches(pcfg.dp)
     if vpp is not None and m % pp:
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches ({m} = "

@@ -344,7 +344,14 @@ class TrainConfig:
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """With ``recompute_granularity`` selective: the parts recomputed (``--recompute-modules``,
+    :func:`models.layers.recompute.selective_modules`)."""
     extra: dict = field(default_factory=dict)
+
+    def recomputes(self, module: str) -> bool:
+        """``module`` is recomputed (selective granularity with it among ``recompute_modules``)."""
+        return self.recompute_granularity == "selective" and module in self.recompute_modules
 
     def num_microbatches(self, dp: int) -> int:
         """Micro-batches per iteration per data-parallel replica."""

@@ -87,23 +87,30 @@ class TransformerLayer(nn.Module):
         self.self_attention = self.mixer = self.mlp = None
         if kind in ("transformer", "attention", "mamba"):
             self.input_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
-        attention = dict(dtype=dtype, init_std=std, fp8=fp8, selective_recompute=tcfg.recompute_granularity == "selective")
+        attention = dict(dtype=dtype, init_std=std, fp8=fp8, selective_recompute=tcfg.recomputes("core_attn"))
         if kind == "mamba":
             self.mixer = MambaMixer(mcfg, pstate, dtype=dtype, fp8=fp8,
                                     seed=None if replicated_seed is None else replicated_seed + 104729 + layer_number)
         elif kind in ("transformer", "attention") and mcfg.multi_latent_attention:
             self.self_attention = MultiLatentAttention(
-                mcfg, pstate, **attention,
+                mcfg, pstate, **attention, up_proj_recompute=tcfg.recomputes("mla_up_proj"),
                 replicated_seed=None if replicated_seed is None else replicated_seed + 7919 + 2 * layer_number)
         elif kind in ("transformer", "attention"):
             self.self_attention = SelfAttention(mcfg, pstate, **attention, layer_number=layer_number)
+        # Selective recomputation (models/layers/recompute.py): the MLA input norm is a norm of its
+        # own in Megatron-core's spec, every other attention's is fused into its QKV GEMM.
+        self.recompute_input_norm = tcfg.recomputes("layernorm") and mcfg.multi_latent_attention
+        self.recompute_pre_mlp_norm = self.recompute_mlp = self.recompute_moe = False
         if kind in ("attention", "mamba"):
             return
         self.pre_mlp_layernorm = build_norm(mcfg.normalization, mcfg.hidden_size, **norm)
         if mcfg.is_moe_layer(layer_number):
-            self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8,
+            self.recompute_pre_mlp_norm, self.recompute_moe = tcfg.recomputes("layernorm"), tcfg.recomputes("moe")
+            self.mlp = MoELayer(mcfg, pstate, dtype=dtype, fp8=fp8, recompute_act=tcfg.recomputes("moe_act"),
+                                recompute_shared=tcfg.recomputes("shared_experts"),
                                 replicated_seed=None if replicated_seed is None else replicated_seed + 1 + layer_number)
         else:
+            self.recompute_mlp = tcfg.recomputes("mlp")
             self.mlp = MLP(
                 mcfg.hidden_size, mcfg.ffn_size, activation=mcfg.activation, tp_group=pstate.tp_group,
                 sequence_parallel=sp, bias=mcfg.add_bias_linear, dtype=dtype, init_std=std,
@@ -115,12 +122,20 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         mixer = self.self_attention or self.mixer
         if mixer is not None:
-            out, bias = mixer(self.input_layernorm(x), rotary)
+            normed = recompute(self.input_layernorm, x) if self.recompute_input_norm else self.input_layernorm(x)
+            out, bias = mixer(normed, rotary)
             x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
         if self.mlp is None:
             return x
-        out, bias = self.mlp(self.pre_mlp_layernorm(x))
+        if self.recompute_mlp:  # the dense MLP with its norm, fused into linear_fc1 by Transformer Engine
+            out, bias = recompute(self._norm_mlp, x)
+        else:
+            normed = recompute(self.pre_mlp_layernorm, x) if self.recompute_pre_mlp_norm else self.pre_mlp_layernorm(x)
+            out, bias = recompute(self.mlp, normed) if self.recompute_moe else self.mlp(normed)
         return bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+
+    def _norm_mlp(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.mlp(self.pre_mlp_layernorm(x))
 
 
 class TransformerBlock(nn.Module):

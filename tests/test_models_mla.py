@@ -92,13 +92,14 @@ result = dict(comm=comm_ops(log.ops), mm=[o["shapes"][:2] for o in log.ops if o[
 
 def test_tp2_sequence_parallel_shapes_and_traffic():
     """TP 2 with SP, 16 tokens x batch 2 (8 per rank), 4 heads (2 per rank): the down projections
-    run on the rank's 16 rows with whole weights (their grads summed over TP like the norms'); the
-    rotary key part [16, 2, 8] is all-gathered; each up projection gathers its [16, 2, r] latent;
-    attention over 2 heads of 24 (value padded from 16); the output reduce-scattered."""
+    run first, on the rank's 16 rows with whole weights (their grads summed over TP like the norms'),
+    as in Megatron-core; the rotary key part [16, 2, 8] is all-gathered; each up projection gathers
+    its [16, 2, r] latent; attention over 2 heads of 24 (value padded from 16); the output
+    reduce-scattered."""
     r = run_fake(TP2, rank=1, world=2)
-    assert [c[:2] for c in r["comm"]] == [["_allgather_base_", 16 * 2 * 32 * 2], ["_allgather_base_", 16 * 2 * 8 * 2],
+    assert [c[:2] for c in r["comm"]] == [["_allgather_base_", 16 * 2 * 8 * 2], ["_allgather_base_", 16 * 2 * 32 * 2],
                                           ["_allgather_base_", 16 * 2 * 16 * 2], ["_reduce_scatter_base_", 16 * 2 * 64 * 2]]
-    assert r["mm"] == [[[16, 64], [64, 32]], [[32, 32], [32, 48]], [[16, 64], [64, 24]], [[32, 16], [16, 64]],
+    assert r["mm"] == [[[16, 64], [64, 32]], [[16, 64], [64, 24]], [[32, 32], [32, 48]], [[32, 16], [16, 64]],
                        [[32, 32], [32, 64]]]
     assert r["attn"] == [[[2, 2, 16, 24]] * 3]
     assert r["sp"] == ["kv_layernorm.weight", "linear_kv_down_proj.weight", "linear_q_down_proj.weight",

@@ -83,6 +83,14 @@ def test_tp_overlap_names_are_the_models_ones():
     assert tuple(SETTINGS["tp_comm_sm_margin"]) == PIPELINE_OPS
 
 
+def test_recompute_module_names_are_the_models_ones():
+    """recompute_modules accepts exactly what models/layers/recompute.py recomputes."""
+    from heterosim.validation.published_runs import SETTINGS
+    from models.layers.recompute import RECOMPUTE_MODULES
+
+    assert SETTINGS["recompute_modules"] == frozenset(RECOMPUTE_MODULES)
+
+
 BRIDGE = {"title": "NVIDIA Megatron Bridge performance summary, 26.04.01 NeMo Container",
           "url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/x/docs/performance-summary-archive.md"}
 H100 = {"gpu": "NVIDIA H100 80GB HBM3 (SXM5)", "gpus_per_node": 8}
@@ -123,6 +131,9 @@ def test_bridge_recipe_matches_a_released_model_named_alone():
 
     settings, script = published_settings(nano())
     assert settings["moe_dispatcher"] == "hybridep" and "nemotron_3_nano_pretrain_16gpu_h100" in script
+    # the recipe's selective recomputation: fp8cs recomputes the norms, bf16 the MoE layers too
+    assert (settings["recompute"], settings["recompute_modules"]) == ("selective", ["layernorm"])
+    assert published_settings(nano(precision="BF16"))[0]["recompute_modules"] == ["moe", "layernorm"]
     assert published_settings(nano(hardware={"gpu": "NVIDIA B200"}))[0]["moe_dispatcher"] == "hybridep"
     assert published_settings(nano(hardware={"gpu": "NVIDIA A100 80GB"})) == ({}, None)
     assert published_settings(nano(model={"name": "Nemotron 3 Nano", "layers": 40})) == ({}, None)

@@ -340,6 +340,9 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif rc == "selective":
         flags += ["--recompute-granularity", "selective"]
+        modules = f.recipe("recompute_modules", "recomputed modules", shown=", ".join(f.pub.get("recompute_modules", ())))
+        if modules:
+            flags += ["--recompute-modules", *modules]
     flag = "--pipeline-model-parallel-layout"
     layout = flags[flags.index(flag) + 1] if flag in flags else ""
     interleaved = ("--num-layers-per-virtual-pipeline-stage" in flags

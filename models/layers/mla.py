@@ -72,7 +72,8 @@ class MultiLatentAttention(nn.Module):
     """``x [s(/tp), b, h] -> (out [s(/tp), b, h], bias)``: one layer's MLA (module docstring)."""
 
     def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, init_std: float,
-                 fp8: bool, selective_recompute: bool, replicated_seed: int | None = None) -> None:
+                 fp8: bool, selective_recompute: bool, up_proj_recompute: bool = False,
+                 replicated_seed: int | None = None) -> None:
         super().__init__()
         tp, heads = pstate.tp_size, mcfg.num_attention_heads
         if heads % tp:
@@ -85,6 +86,7 @@ class MultiLatentAttention(nn.Module):
         self.dn, self.dr, self.dv = mcfg.qk_head_dim, mcfg.qk_pos_emb_head_dim, mcfg.v_head_dim
         self.kv_lora = mcfg.kv_lora_rank
         self.rope_fusion, self.selective_recompute = mcfg.rope_fusion, selective_recompute
+        self.up_proj_recompute = up_proj_recompute  # --recompute-modules mla_up_proj
         h, sp = mcfg.hidden_size, self.sp
         col = dict(tp_group=pstate.tp_group, sequence_parallel=sp, bias=False, dtype=dtype, init_std=init_std,
                    fp8=fp8, async_allreduce=pstate.async_tp_allreduce)
@@ -105,17 +107,32 @@ class MultiLatentAttention(nn.Module):
             heads * self.dv, h, tp_group=pstate.tp_group, sequence_parallel=sp, bias=False, dtype=dtype,
             init_std=scaled_init_std(init_std, mcfg.num_layers), fp8=fp8)
 
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "linear_q_up_proj"):
-            return self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x)))
-        return self.linear_q_proj(x)
-
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None):
-        q = self._queries(x)  # [s, b, np * (dn + dr)]
+        # Down projections (replicated over TP); the rest up to the core attention is what
+        # Megatron-core's mla_up_proj recomputation re-runs (qkv_up_proj_and_rope_apply).
+        q_c = self.linear_q_down_proj(x) if hasattr(self, "linear_q_up_proj") else x
         kv_c, k_pe = torch.split(self.linear_kv_down_proj(x), [self.kv_lora, self.dr], dim=-1)
         if self.sp:
             k_pe = all_gather_dim0(k_pe.contiguous(), self.tp_group)  # [s, b, dr]
-        kv = self.linear_kv_up_proj(self.kv_layernorm(kv_c.contiguous()))  # [s, b, np * (dn + dv)]
+        args = (q_c, kv_c.contiguous(), k_pe, rotary)
+        q, k, v = recompute(self._up, *args) if self.up_proj_recompute else self._up(*args)
+        s, b = q.shape[:2]
+        ctx = recompute(core_attention, q, k, v) if self.selective_recompute else core_attention(q, k, v)
+        ctx = ctx.view(s, b, self.np, self.dn + self.dr)[..., :self.dv].reshape(s, b, self.np * self.dv)
+        return self.linear_proj(ctx)
+
+    def _up(self, q_c: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+            rotary: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Up projections, RoPE and the concatenations: queries, keys and values ``[s, b, np, dn + dr]``.
+        NB: with SP the up projections all-gather their latents themselves (ColumnParallelLinear), so
+        a recomputation re-runs those all-gathers, where Megatron-core gathers the latents once
+        before its checkpoint: with --recompute-modules mla_up_proj this adds two small all-gathers
+        (q_lora_rank and kv_lora_rank values a token) to each layer's backward."""
+        if hasattr(self, "linear_q_up_proj"):
+            q = self.linear_q_up_proj(self.q_layernorm(q_c))  # [s, b, np * (dn + dr)]
+        else:
+            q = self.linear_q_proj(q_c)
+        kv = self.linear_kv_up_proj(self.kv_layernorm(kv_c))  # [s, b, np * (dn + dv)]
         s, b = q.shape[:2]
         q_nope, q_pe = torch.split(q.view(s, b, self.np, self.dn + self.dr), [self.dn, self.dr], dim=-1)
         k_nope, v = torch.split(kv.view(s, b, self.np, self.dn + self.dv), [self.dn, self.dv], dim=-1)
@@ -125,7 +142,4 @@ class MultiLatentAttention(nn.Module):
             k_pe = apply_rotary(k_pe, rotary, fused=self.rope_fusion)
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(s, b, self.np, self.dr)], dim=-1)
-        v = F.pad(v, (0, self.dn + self.dr - self.dv))  # NB in the module docstring
-        ctx = recompute(core_attention, q, k, v) if self.selective_recompute else core_attention(q, k, v)
-        ctx = ctx.view(s, b, self.np, self.dn + self.dr)[..., :self.dv].reshape(s, b, self.np * self.dv)
-        return self.linear_proj(ctx)
+        return q, k, F.pad(v, (0, self.dn + self.dr - self.dv))  # NB in the module docstring

@@ -55,6 +55,7 @@ from models.layers.linear import gemm_scope, init_normal, init_replicated, scale
 from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
 from models.layers.mlp import MLP, activation_fn
 from models.layers.moe_flex import all_to_all, flex_dispatch_combine
+from models.layers.recompute import recompute
 
 __all__ = ["MoELayer", "balanced_permutation"]
 
@@ -117,8 +118,8 @@ def _split_quantize(t: torch.Tensor) -> list[torch.Tensor]:
 class MoELayer(nn.Module):
     """``x [s/tp, b, h] -> (out [s/tp, b, h], None)`` through ``num_experts`` top-k experts."""
 
-    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool,
-                 replicated_seed: int | None = None) -> None:
+    def __init__(self, mcfg: ModelConfig, pstate: Any, *, dtype: torch.dtype, fp8: bool, recompute_act: bool = False,
+                 recompute_shared: bool = False, replicated_seed: int | None = None) -> None:
         super().__init__()
         E, ep = mcfg.num_experts, pstate.ep_size
         tp = pstate.etp_size  # ranks each expert is split over: the TP group's, or 1 (whole experts)
@@ -139,6 +140,8 @@ class MoELayer(nn.Module):
         self.act = activation_fn(mcfg.activation, fused=mcfg.bias_swiglu_fusion)
         self.fused_weighting = mcfg.activation == "swiglu" and mcfg.bias_swiglu_fusion  # weighted_bias_swiglu_impl
         self.permute_in_kernel = mcfg.moe_permute_fusion_into_hybridep
+        # Selective recomputation (--recompute-modules moe_act / shared_experts, models/layers/recompute.py)
+        self.recompute_act, self.recompute_shared = recompute_act, recompute_shared
         h, std = mcfg.hidden_size, mcfg.init_method_std
         gated = 2 if mcfg.activation == "swiglu" else 1
         self.router = nn.Parameter(torch.empty(E, h, dtype=dtype))
@@ -206,12 +209,16 @@ class MoELayer(nn.Module):
         grouped = x.view(self.local, -1, x.shape[-1])
         w = weights.view(self.local, -1, 1)
         fc1 = _GroupedGemm.apply(grouped, self.fc1, self.fp8)
-        inter = weighted_swiglu(fc1, w) if self.fused_weighting else self.act(fc1) * w
+        inter = recompute(self._activation, fc1, w) if self.recompute_act else self._activation(fc1, w)
         return _GroupedGemm.apply(inter, self.fc2, self.fp8).reshape(x.shape)
+
+    def _activation(self, fc1: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return weighted_swiglu(fc1, w) if self.fused_weighting else self.act(fc1) * w
 
     def _plus_shared(self, combined: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.shared_experts is None:
             return combined
-        shared, _ = self.shared_experts(x)  # every token, beside the routed experts
+        # every token, beside the routed experts
+        shared, _ = recompute(self.shared_experts, x) if self.recompute_shared else self.shared_experts(x)
         return combined + shared
 

@@ -35,6 +35,7 @@ when they overlap it) and chunked pipelining are ignored.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,9 +45,32 @@ import torch
 import torch.distributed as dist
 
 from heterosim.annotate import get_annotator
+from heterosim.errors import ConfigError
 from models.layers.mappings import group_size
 
-__all__ = ["FlexPlan", "flex_plan", "flex_dispatch_combine", "all_to_all"]
+__all__ = ["FlexPlan", "flex_domain", "flex_plan", "flex_dispatch_combine", "all_to_all"]
+
+
+def flex_domain(dispatcher: str, backend: str | None, permute_fusion: bool) -> int | None:
+    """EP ranks per NVLink domain of the flex dispatcher (``--moe-token-dispatcher-type flex``):
+    DeepEP's NUM_MAX_NVL_PEERS (8), HybridEP's NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (environment,
+    8 when unset); None for Megatron-core's all-to-all dispatcher. Checks the flex flags together:
+    ``--moe-permute-fusion-into-hybridep`` (``permute_fusion``) needs HybridEP."""
+    if dispatcher != "flex":
+        if permute_fusion:
+            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-token-dispatcher-type flex "
+                              "--moe-flex-dispatcher-backend hybridep")
+        return None
+    if backend is None:
+        raise ConfigError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep")
+    if backend == "deepep":
+        if permute_fusion:
+            raise ConfigError("--moe-permute-fusion-into-hybridep needs --moe-flex-dispatcher-backend hybridep")
+        return 8
+    env = os.environ.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "8")
+    if not env.isdigit() or int(env) < 1:
+        raise ConfigError(f"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={env!r}: give a positive integer")
+    return int(env)
 
 
 @dataclass(frozen=True)
