@@ -842,6 +842,20 @@ def test_grace_blackwell_without_fabric_text_is_an_nvl72_rack(hw, tray):
     assert f"NVLink domain of 72 GPUs: modelled as NVSwitch nodes of 64 GPUs (16 trays of {tray}) with their trays' NICs" in notes
 
 
+def test_grace_hosts_issue_ops_slower():
+    """A Grace-Blackwell tray's host is Grace: every op costs the CPU 37.08 / 13.48 = 2.75x the x86
+    default (TransformerEngine#2053), so the loaded node's forward dispatch is 10.93 x 2.75 us; an x86
+    DGX B200 node keeps the default."""
+    from heterosim.cluster.spec import DEFAULT_DISPATCH_US, US
+    d, _, notes = cluster_for({"gpu": "NVIDIA GB200", "system": "GB200 NVL72"}, 128)
+    assert d["node_types"]["node"]["cpu"]["dispatch_us"]["fwd"] == round(DEFAULT_DISPATCH_US["fwd"] * 2.75, 2) == 30.06
+    assert any(n.startswith("host CPU: Grace, 2.75x") for n in notes)
+    (t,) = load_cluster(d, num_gpus=128).spec.node_types
+    assert t.dispatch.fwd == pytest.approx(30.06 * US)
+    b200, _, _ = cluster_for({"gpu": "NVIDIA B200", "gpus_per_node": 8}, 16)
+    assert "dispatch_us" not in b200["node_types"]["node"]["cpu"]
+
+
 @pytest.mark.parametrize("gpu,rate", [("A100-SXM4-80GB", 200.0), ("H100", 400.0), ("H200", 400.0), ("B200", 400.0),
                                       ("B300", 800.0)])
 def test_unstated_network_is_the_generations_nic(gpu, rate):

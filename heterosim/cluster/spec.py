@@ -43,6 +43,7 @@ __all__ = [
     "CUDA_LAUNCH_US",
     "FRAMEWORK_US",
     "DEFAULT_DISPATCH_US",
+    "GRACE_DISPATCH_FACTOR",
     "HostDispatch",
     "PcieSwitch",
     "NicSpec",
@@ -89,6 +90,13 @@ DEFAULT_DISPATCH_US: dict[str, float] = {
     k: round(v + (0.0 if k == "wait" else CUDA_LAUNCH_US), 2) for k, v in FRAMEWORK_US.items()}
 """CPU time to issue one op of each class, us, when the YAML gives none (``cpu.dispatch_us``): the
 framework cost plus one kernel launch (a wait launches nothing)."""
+
+GRACE_DISPATCH_FACTOR = round(37.08 / 13.48, 2)
+"""How much longer an NVIDIA Grace host (Arm Neoverse V2) takes to issue an eager op than the x86
+server CPUs :data:`DEFAULT_DISPATCH_US` stands for: a ``torch.nn.Linear`` forward costs the CPU
+37.08 us on a GB200 and 13.48 us on a DGX H100's Xeon Platinum 8480C, same script and shapes
+(NVIDIA/TransformerEngine issue 2053, "High CPU overhead on Grace systems", 2025; GH200: 33.17 us).
+NB: one op's ratio for every class of op."""
 
 GB = 1e9
 US = 1e-6
