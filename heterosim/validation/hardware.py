@@ -208,6 +208,13 @@ def _grace_blackwell(spec: Any) -> bool:
     return spec.vendor == "nvidia" and spec.name.upper().startswith("GB") and spec.nvlink_bw > 0
 
 
+def _grace_host(node: dict[str, Any], notes: list[str]) -> None:
+    """A Grace-Blackwell tray's host is two Grace CPUs, slower to issue ops than x86 servers."""
+    node["cpu"]["dispatch_us"] = {k: round(v * GRACE_DISPATCH_FACTOR, 2) for k, v in DEFAULT_DISPATCH_US.items()}
+    notes.append(f"host CPU: Grace, {GRACE_DISPATCH_FACTOR}x an x86 server's time to issue an op "
+                 "(TransformerEngine#2053: nn.Linear forward 37.08 us on GB200, 13.48 us on DGX H100)")
+
+
 def _nvlink_gen(spec: Any) -> int:
     return 5 if spec.compute_capability >= 100 else 4 if spec.compute_capability >= 90 else 3
 
@@ -289,10 +296,8 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         node = {"gpus_per_node": gpn, "pcie": {"gen": gen}, "cpu": {"sockets": 2, "vendor": "other"}}
         notes.append(f"node built from the text: PCIe Gen{gen} (the GPU's), a switch per GPU pair, 2 sockets, "
                      "rail-optimized fabric, 32 nodes per leaf")
-        if _grace_blackwell(spec):  # the tray's host is two Grace CPUs
-            node["cpu"]["dispatch_us"] = {k: round(v * GRACE_DISPATCH_FACTOR, 2) for k, v in DEFAULT_DISPATCH_US.items()}
-            notes.append(f"host CPU: Grace, {GRACE_DISPATCH_FACTOR}x an x86 server's time to issue an op "
-                         "(TransformerEngine#2053: nn.Linear forward 37.08 us on GB200, 13.48 us on DGX H100)")
+        if _grace_blackwell(spec):
+            _grace_host(node, notes)
     domain = _nvlink_domain(f"{intra} {hardware.get('system', '')}")
     if domain is None and base is None and not intra and _grace_blackwell(spec):
         domain = GB_NVLINK_DOMAIN
