@@ -299,15 +299,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
         flags += ["--context-parallel-size", str(size["cp"])]
     if size["ep"] > 1:
         flags += ["--expert-model-parallel-size", str(size["ep"])]
-    etp = par.get("etp", par.get("expert_tp"))
-    if not is_unstated(etp) and size["tp"] > 1:
-        try:
-            etp = count(etp, "parallelism.etp")[0]
-        except ConfigError as e:
-            raise ConfigError(f"case {f.case.id}: {e}") from None
-    elif size["tp"] > 1 and size["ep"] > 1:
-        etp = f.recipe("expert_tp", "parallelism.etp")
-    if isinstance(etp, int) and size["tp"] > 1 and etp != size["tp"]:
+    etp = _expert_tp(f, par, size)
+    if etp is not None and etp != size["tp"]:
         flags += ["--expert-tensor-parallel-size", str(etp)]
     if size["ep"] > 1 and f.pub.get("moe_dispatcher") in ("deepep", "hybridep"):
         backend = f.recipe("moe_dispatcher", "MoE dispatcher")
@@ -348,6 +341,21 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
     interleaved = ("--num-layers-per-virtual-pipeline-stage" in flags
                    or bool(layout) and parse_pipeline_layout(layout, size["pp"])[1] > 1)
     return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved)
+
+
+def _expert_tp(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> int | None:
+    """The expert tensor-parallel size of an MoE job with TP: the case's ``etp`` (or ``expert_tp``),
+    else the recipe's; None without TP (experts follow TP, Megatron-core's default) or when neither says."""
+    if size["tp"] <= 1:
+        return None
+    etp = par.get("etp", par.get("expert_tp"))
+    if not is_unstated(etp):
+        try:
+            return count(etp, "parallelism.etp")[0]
+        except ConfigError as e:
+            raise ConfigError(f"case {f.case.id}: {e}") from None
+    got = f.recipe("expert_tp", "parallelism.etp") if size["ep"] > 1 else None
+    return got if isinstance(got, int) else None
 
 
 def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:
