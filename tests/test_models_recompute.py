@@ -17,9 +17,9 @@ SOLO = SimpleNamespace(tp_size=1, cp_size=1, sequence_parallel=False, tp_group=N
 MCFG = ModelConfig(num_layers=3, hidden_size=16, num_attention_heads=2, seq_length=8, hidden_dropout=0.0)
 
 
-def _grads(**tkw):
+def _grads(mcfg=MCFG, pstate=SOLO, **tkw):
     torch.manual_seed(0)
-    block = TransformerBlock(MCFG, TrainConfig(params_dtype="fp32", **tkw), SOLO, layers=range(3),
+    block = TransformerBlock(mcfg, TrainConfig(params_dtype="fp32", **tkw), pstate, layers=range(mcfg.num_layers),
                              post_process=True)
     x = torch.randn(8, 2, 16, requires_grad=True)
     y = block(x)
@@ -92,15 +92,8 @@ MOE_CFG = ModelConfig(num_layers=2, hidden_size=16, num_attention_heads=2, seq_l
 ])
 def test_recompute_modules_give_identical_gradients(modules, mcfg):
     """Recomputing modules changes memory and time, never numbers (bitwise)."""
-    def grads(**tkw):
-        torch.manual_seed(0)
-        block = TransformerBlock(mcfg, TrainConfig(params_dtype="fp32", **tkw), MOE_SOLO, layers=range(2),
-                                 post_process=True)
-        x = torch.randn(8, 2, 16, requires_grad=True)
-        y = block(x)
-        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-        return [y.detach(), x.grad] + [p.grad for p in block.parameters()]
-    for a, b in zip(grads(), grads(recompute_granularity="selective", recompute_modules=modules)):
+    plain = _grads(mcfg, MOE_SOLO)
+    for a, b in zip(plain, _grads(mcfg, MOE_SOLO, recompute_granularity="selective", recompute_modules=modules)):
         assert torch.equal(a, b)
 
 
