@@ -42,6 +42,7 @@ expert-data-parallel group, not the data-parallel group.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ from models.layers.fusions import weighted_swiglu
 from models.layers.linear import gemm_scope, init_normal, init_replicated, scaled_init_std
 from models.layers.mappings import all_gather_dim0, gather_from_sp, reduce_scatter_to_sp
 from models.layers.mlp import MLP, activation_fn
-from models.layers.moe_flex import all_to_all, flex_dispatch_combine
+from models.layers.moe_flex import all_to_all, flex_combine, flex_dispatch
 from models.layers.recompute import recompute
 
 __all__ = ["MoELayer", "balanced_permutation"]
@@ -115,6 +116,22 @@ def _split_quantize(t: torch.Tensor) -> list[torch.Tensor]:
     return [te_fp8.cast(part) for part in t.unbind(0)]
 
 
+@dataclass
+class _Routed:
+    """One MoE layer's routing of its local tokens (:meth:`MoELayer._route`)."""
+
+    tokens: torch.Tensor
+    """``[T, h]``."""
+    probs: torch.Tensor
+    """Routing weights ``[T, k]``."""
+    counts: torch.Tensor
+    """Tokens per expert, gathered over EP (read back by the host before the exchange)."""
+    rows: torch.Tensor | None = None
+    """All-to-all dispatcher: the token row of each expert-major copy."""
+    permuted: torch.Tensor | None = None
+    permuted_probs: torch.Tensor | None = None
+
+
 class MoELayer(nn.Module):
     """``x [s/tp, b, h] -> (out [s/tp, b, h], None)`` through ``num_experts`` top-k experts."""
 
@@ -163,6 +180,23 @@ class MoELayer(nn.Module):
                 async_allreduce=pstate.async_tp_allreduce, fused_activation=mcfg.bias_swiglu_fusion)
 
     def forward(self, x: torch.Tensor):
+        # Megatron-core's stages (models/common fine_grained_callables.py names them): route and
+        # preprocess, dispatch, the experts, combine; the shared experts beside them.
+        routed = self._route(x)
+        s, b, h = x.shape
+        if self.pstate.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
+            routed.counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
+            inputs, weights, exchange = flex_dispatch(routed.tokens, routed.probs, self.pstate, self.topk, self.E,
+                                                      permute_in_kernel=self.permute_in_kernel)
+            combined = flex_combine(self._experts(inputs, weights), exchange, self.pstate).view(s, b, h)
+        else:
+            recv, recv_probs = self._dispatch(routed)
+            combined = self._combine(self._expert_mlp(recv, recv_probs, routed), routed).view(s, b, h)
+        return self._plus_shared(combined, x), None
+
+    def _route(self, x: torch.Tensor) -> _Routed:
+        """Router GEMM, top-k and softmax, the tokens-per-expert exchange, and (all-to-all dispatcher)
+        the permutation into expert-major order."""
         s, b, h = x.shape
         T = s * b
         if (T * self.topk) % self.E:
@@ -176,32 +210,45 @@ class MoELayer(nn.Module):
         counts = torch.full((self.E,), T * self.topk // self.E, dtype=torch.int64, device=x.device)
         if ps.ep_size > 1:  # tokens per expert, exchanged so each rank can size its all-to-all
             counts = all_gather_dim0(counts, ps.ep_group)
-        if ps.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
-            counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
-            combined = flex_dispatch_combine(tokens, probs, ps, self.topk, self.E, self._experts,
-                                             permute_in_kernel=self.permute_in_kernel).view(s, b, h)
-            return self._plus_shared(combined, x), None
+        if ps.ep_domain:
+            return _Routed(tokens=tokens, probs=probs, counts=counts)
         order = balanced_permutation(T, self.topk, self.E).to(x.device)
         rows = order // self.topk
         permuted = tokens.index_select(0, rows)  # [T*k, h] expert-major
         permuted_probs = probs.reshape(-1, 1).index_select(0, order)  # [T*k, 1], permuted with the tokens
-        counts.cpu()  # the splits read back: a host sync (Megatron's cuda_sync_point)
-        recv = all_to_all(permuted, ps.ep_group)  # [ep (source), local, n, h]
-        recv_probs = all_to_all(permuted_probs, ps.ep_group)  # Megatron's probs all-to-all, after the tokens'
-        etp = ps.etp_size
-        if etp > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
+        return _Routed(tokens=tokens, probs=probs, counts=counts, rows=rows, permuted=permuted,
+                       permuted_probs=permuted_probs)
+
+    def _dispatch(self, r: _Routed) -> tuple[torch.Tensor, torch.Tensor]:
+        """The all-to-all dispatcher's exchange: tokens, then their routing weights, to the experts'
+        ranks (and with TP-split experts to every TP peer)."""
+        ps = self.pstate
+        r.counts.cpu()  # the splits read back: a host sync (Megatron's cuda_sync_point)
+        recv = all_to_all(r.permuted, ps.ep_group)  # [ep (source), local, n, h]
+        recv_probs = all_to_all(r.permuted_probs, ps.ep_group)  # Megatron's probs all-to-all, after the tokens'
+        if ps.etp_size > 1:  # experts split over TP: every TP rank computes on all of its peers' tokens
             recv = gather_from_sp(recv, ps.tp_group)  # [tp * ep (sources), local, n, h]
             recv_probs = gather_from_sp(recv_probs, ps.tp_group)
-        sources, n = etp * ps.ep_size, T * self.topk // self.E
+        return recv, recv_probs
+
+    def _expert_mlp(self, recv: torch.Tensor, recv_probs: torch.Tensor, r: _Routed) -> torch.Tensor:
+        """The received rows regrouped by local expert, the experts, and the rows back in source order
+        (reduce-scattered over TP when the experts are split over it)."""
+        ps = self.pstate
+        h = recv.shape[-1]
+        sources, n = ps.etp_size * ps.ep_size, r.tokens.shape[0] * self.topk // self.E
         grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local * sources * n, h)
         weights = recv_probs.view(sources, self.local, n, 1).transpose(0, 1).reshape(self.local * sources * n, 1)
         out = self._experts(grouped, weights)  # [local * sources*n, h], weighted, partial over TP
         out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
-        if etp > 1:
+        if ps.etp_size > 1:
             out = reduce_scatter_to_sp(out, ps.tp_group)
-        out = all_to_all(out, ps.ep_group)  # back in this rank's expert-major order
-        combined = torch.zeros_like(tokens).index_add(0, rows, out).view(s, b, h)
-        return self._plus_shared(combined, x), None
+        return out
+
+    def _combine(self, out: torch.Tensor, r: _Routed) -> torch.Tensor:
+        """The all-to-all back, then the un-permutation: each token's weighted expert rows summed."""
+        out = all_to_all(out, self.pstate.ep_group)  # back in this rank's expert-major order
+        return torch.zeros_like(r.tokens).index_add(0, r.rows, out)
 
     def _experts(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The local experts on ``x [local * rows, h]``, expert-major: one batched GEMM per projection,

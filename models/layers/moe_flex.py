@@ -48,7 +48,7 @@ from heterosim.annotate import get_annotator
 from heterosim.errors import ConfigError
 from models.layers.mappings import group_size
 
-__all__ = ["FlexPlan", "flex_domain", "flex_plan", "flex_dispatch_combine", "all_to_all"]
+__all__ = ["FlexExchange", "FlexPlan", "flex_combine", "flex_dispatch", "flex_domain", "flex_plan", "all_to_all"]
 
 
 def flex_domain(dispatcher: str, backend: str | None, permute_fusion: bool) -> int | None:
@@ -236,16 +236,33 @@ def _moved(in_kernel: bool) -> Any:
     return get_annotator().scope(comm_kernel=True) if in_kernel else contextlib.nullcontext()
 
 
-def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int,
-                          run_experts: Any, *, permute_in_kernel: bool = False) -> torch.Tensor:
-    """``tokens [T, h]``, routing weights ``probs [T, k]`` -> the combined expert output ``[T, h]``.
+@dataclass(frozen=True)
+class FlexExchange:
+    """What one layer's flex dispatch leaves for its combine (:func:`flex_dispatch`, :func:`flex_combine`)."""
 
-    ``run_experts(x [local * ep * T*k/E, h], weights [same rows, 1]) -> [same rows, h]`` runs the local
-    experts on their inputs, expert-major (each expert's ``ep * T*k/E`` rows together), weighting each
-    row's output by its routing weight. The rows DeepEP / HybridEP gather to send, forward and sum up
-    are their kernels' own work (no compute time here: ``Annotator.scope(comm_kernel=True)``); the
-    sort of the received tokens into expert order and back is Megatron-core's permute / unpermute
-    kernels, or HybridEP's own with ``permute_in_kernel`` (``moe_permute_fusion_into_hybridep``)."""
+    plan: FlexPlan
+    send1: torch.Tensor
+    send2: torch.Tensor
+    expand: torch.Tensor
+    tokens: int
+    """Local tokens ``T``."""
+    rail_rows: int
+    """Rows the rail stage delivered to this rank."""
+    held_rows: int
+    """Rows the domain stage delivered to this rank (one per token held here)."""
+    permute_in_kernel: bool
+
+
+def flex_dispatch(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int, *,
+                  permute_in_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor, FlexExchange]:
+    """``tokens [T, h]``, routing weights ``probs [T, k]`` -> the local experts' inputs ``[local * ep *
+    T*k/E, h]`` (expert-major: each expert's ``ep * T*k/E`` rows together), their routing weights
+    ``[same rows, 1]`` and the state :func:`flex_combine` sums the experts' outputs back with.
+
+    The rows DeepEP / HybridEP gather to send and forward are their kernels' own work (no compute
+    time here: ``Annotator.scope(comm_kernel=True)``); the sort of the received tokens into expert
+    order is Megatron-core's permute kernel, or HybridEP's own with ``permute_in_kernel``
+    (``moe_permute_fusion_into_hybridep``)."""
     T, h = tokens.shape
     plan = flex_plan(T, topk, experts, ps.ep_size, ps.ep_domain, ps.ep_rank)
     dev = tokens.device
@@ -265,8 +282,18 @@ def flex_dispatch_combine(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, to
     per_expert.cpu()
     x, w = _Unpack.apply(held, h)
     weight = _Gather.apply(w, expand, permute_in_kernel).gather(1, idx(plan.column).unsqueeze(1))
-    out = run_experts(_Gather.apply(x, expand, permute_in_kernel), weight)  # one row per (token, expert), weighted
-    per_rank = _SumInto.apply(out, expand, held.shape[0], permute_in_kernel)
+    exchange = FlexExchange(plan=plan, send1=send1, send2=send2, expand=expand, tokens=T, rail_rows=rail.shape[0],
+                            held_rows=held.shape[0], permute_in_kernel=permute_in_kernel)
+    return _Gather.apply(x, expand, permute_in_kernel), weight, exchange
+
+
+def flex_combine(out: torch.Tensor, ex: FlexExchange, ps: Any) -> torch.Tensor:
+    """The experts' weighted outputs (one row per (token, expert), as :func:`flex_dispatch` gave the
+    inputs) -> the combined output ``[T, h]``: summed on this rank (Megatron-core's unpermute, or
+    HybridEP's kernel), sent back over NVLink and summed per domain, sent back over the rails and
+    summed per token (the kernels' own sums)."""
+    plan = ex.plan
+    per_rank = _SumInto.apply(out, ex.expand, ex.held_rows, ex.permute_in_kernel)
     back = all_to_all(per_rank, ps.ep_domain_group, plan.out2, plan.in2)
-    home = all_to_all(_SumInto.apply(back, send2, rail.shape[0], True), ps.ep_rail_group, plan.out1, plan.in1)
-    return _SumInto.apply(home, send1, T, True)
+    home = all_to_all(_SumInto.apply(back, ex.send2, ex.rail_rows, True), ps.ep_rail_group, plan.out1, plan.in1)
+    return _SumInto.apply(home, ex.send1, ex.tokens, True)
