@@ -98,3 +98,35 @@ def test_a_released_model_fills_its_unstated_shape():
     assert f"model.vocab not stated: 131072 ({src})" in ci.assumptions
     with pytest.raises(ConfigError, match=r"case t: model.layers is None; give an integer"):
         megatron_flags(_case(model={"name": "Some 7B", "seq_len": 4096}, precision="bf16"))
+
+
+def test_names_of_more_released_models():
+    """Qwen3 MoE, DeepSeek-V3, Kimi K2, Llama 3 / 3.1 and Mixtral by name; not DeepSeek-V3.2 (its
+    sparse attention differs), Kimi K2.5 (a vision model) or a Llama 3.2."""
+    assert released({"name": "Qwen3 30B-A3B"})[0]["moe_ffn"] == 768
+    assert released({"name": "Qwen3-235B-A22B"})[0]["layers"] == 94
+    assert released({"name": "DeepSeek V3 671B"})[0]["experts"] == 256 and released({"name": "Kimi-K2"})[0]["experts"] == 384
+    assert released({"name": "Llama 3.1 405B"})[0]["ffn"] == 53248 and released({"name": "Llama3-70B"})[0]["layers"] == 80
+    assert released({"name": "Mixtral 8x22B"})[0]["hidden"] == 6144
+    assert all(released({"name": n}) is None for n in ("DeepSeek-V3.2", "Kimi K2.5", "Llama 3.2 3B", "Qwen3 32B"))
+
+
+def test_a_row_naming_a_released_moe_model_alone_reads_its_shape():
+    """A DGX Cloud table row gives a model name, layers and sequence length only: Qwen3 30B-A3B reads
+    hidden 2,048, 32 heads, 4 KV heads, 128 experts of width 768, top-8, vocab 151,936 from the
+    released config.json; DeepSeek-V3 also its MLA, one shared expert and 3 leading dense layers
+    (58 MoE layers of 61, no key-value head count)."""
+    qwen = {"name": "Qwen3 30B-A3B", "layers": 48, "seq_len": 4096}
+    ci = megatron_flags(_case(model=qwen, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8}, precision="bf16"))
+    f = list(ci.flags)
+    assert [_flag(f, x) for x in ("--hidden-size", "--num-attention-heads", "--num-query-groups", "--num-experts",
+                                  "--moe-ffn-hidden-size", "--moe-router-topk", "--vocab-size", "--kv-channels")] \
+        == ["2048", "32", "4", "128", "768", "8", "151936", "128"]
+    assert "model.hidden not stated: 2048 (qwen3 30b-a3b's released configuration (config.json))" in ci.assumptions
+    ds = {"name": "DeepSeek-V3", "seq_len": 4096}
+    ci = megatron_flags(_case(model=ds, parallelism={"tp": 1, "pp": 1, "dp": 64, "ep": 64}, precision="bf16"))
+    f = list(ci.flags)
+    assert [_flag(f, x) for x in ("--num-layers", "--hidden-size", "--num-experts", "--ffn-hidden-size",
+                                  "--moe-shared-expert-intermediate-size", "--moe-layer-freq")] \
+        == ["61", "7168", "256", "18432", "2048", "[0]*3+[1]*58"]
+    assert "--multi-latent-attention" in f and "--group-query-attention" not in f

@@ -40,7 +40,7 @@ def deepseek_moe_flags(f: Fields, moe_ffn: int | None) -> list[str]:
             raise ConfigError(f"case {f.case.id}: shared experts need the expert width; give model.moe_ffn")
         flags += ["--moe-shared-expert-intermediate-size", str(shared * moe_ffn)]
     if dense:
-        layers = f.count("model", "layers")
+        layers = f.count("model", "layers", required=f.released is None) or f.released[0]["layers"]
         if dense >= layers:
             raise ConfigError(f"case {f.case.id}: {dense} dense layers leave no MoE layer of {layers}")
         flags += ["--moe-layer-freq", f"[0]*{dense}+[1]*{layers - dense}"]

@@ -132,7 +132,7 @@ def _arch_flags(f: Fields, heads: int) -> list[str]:
         kv = 1
     if kv is None and feats.get("attn") != "mha":
         kv = f.recipe("kv_heads", "model.kv_heads")
-    if kv is None and feats.get("attn") != "mha" and (rel := f.released) is not None:
+    if kv is None and feats.get("attn") != "mha" and (rel := f.released) is not None and "kv_heads" in rel[0]:
         kv = rel[0]["kv_heads"]
         f.notes.append(f"model.kv_heads not stated: {kv} ({rel[1]})")
     if feats.get("attn") == "gqa" and kv is None:
@@ -224,7 +224,7 @@ def _moe_flags(f: Fields) -> list[str]:
         experts = int(hit.group(1))
     rel = f.released
     if experts is None and rel is not None and "experts" in rel[0]:
-        return released_moe_flags(*rel, f.notes)
+        return released_moe_flags(*rel, f.notes) + deepseek_moe_flags(f, rel[0]["moe_ffn"])
     named = bool(re.search(r"\bmoe\b|mixture[\s-]+of[\s-]+experts", arch, re.I))
     if experts is None:
         if named:

@@ -51,7 +51,28 @@ RELEASED: dict[str, dict[str, Any]] = {
     "nemotron 3 nano": dict(layers=52, hidden=2688, ffn=1856, heads=32, kv_heads=2, mamba_heads=64, mamba_head_dim=64,
                             mamba_state_dim=128, mamba_groups=8, experts=128, topk=6, moe_ffn=1856, shared_ffn=3712,
                             vocab=131072, pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
+    # Hugging Face config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B: every layer MoE
+    # (decoder_sparse_step 1, mlp_only_layers []), no shared expert, untied output; head_dim 128 is
+    # QWEN3_HEAD_DIM's; their dense intermediate_size no layer uses.
+    "qwen3 30b-a3b": dict(layers=48, hidden=2048, heads=32, kv_heads=4, experts=128, topk=8, moe_ffn=768, vocab=151936),
+    "qwen3 235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, experts=128, topk=8, moe_ffn=1536,
+                            vocab=151936),
+    # deepseek-ai/DeepSeek-V3 and moonshotai/Kimi-K2-Base config.json (MLA: heterosim/validation/
+    # deepseek.py; shared experts and leading dense layers come from there too); ffn is the dense
+    # layers' intermediate_size; MLA has no key-value head count.
+    "deepseek-v3": dict(layers=61, hidden=7168, ffn=18432, heads=128, experts=256, topk=8, moe_ffn=2048, vocab=129280),
+    "kimi k2": dict(layers=61, hidden=7168, ffn=18432, heads=64, experts=384, topk=8, moe_ffn=2048, vocab=163840),
+    # meta-llama Llama-3.1-{8B,70B,405B} config.json (Llama 3 8B / 70B have the same shapes).
+    "llama 3.1 8b": dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
+    "llama 3.1 70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256),
+    "llama 3.1 405b": dict(layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8, vocab=128256),
+    # mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1 config.json.
+    "mixtral 8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, experts=8, topk=2, moe_ffn=14336, vocab=32000),
+    "mixtral 8x22b": dict(layers=56, hidden=6144, heads=48, kv_heads=8, experts=8, topk=2, moe_ffn=16384, vocab=32768),
 }
+_SOURCES = {"gpt-oss": "config.json; Megatron Bridge gpt_oss_bridge.py", "qwen3": "config.json",
+            "deepseek": "config.json", "kimi": "config.json", "llama": "config.json", "mixtral": "config.json"}
+"""Where an entry of :data:`RELEASED` comes from, by its key's first word (else a Megatron Bridge recipe)."""
 _NAMES = [  # (pattern over the lower-cased model name, RELEASED key)
     (re.compile(rf"gpt[\s_-]*oss[\s_-]*{size}\b"), f"gpt-oss {size}") for size in ("120b", "20b")
 ] + [
@@ -59,7 +80,14 @@ _NAMES = [  # (pattern over the lower-cased model name, RELEASED key)
 ] + [
     (re.compile(rf"nemotron[\s_-]*nano[\s_-]*(?:v2\b.*?\b{size}\b|{size}[\s_-]*v2)"), f"nemotron nano {size} v2")
     for size in ("9b", "12b")
-] + [(re.compile(r"nemotron[\s_-]*3[\s_-]*nano|nemotron[\s_-]*v3[\s_-]*nano"), "nemotron 3 nano")]
+] + [(re.compile(r"nemotron[\s_-]*3[\s_-]*nano|nemotron[\s_-]*v3[\s_-]*nano"), "nemotron 3 nano")] + [
+    (re.compile(rf"qwen[\s_-]*3[\s_-]*(?:moe[\s_-]*)?{size}[\s_-]*{active}\b"), f"qwen3 {size}-{active}")
+    for size, active in (("30b", "a3b"), ("235b", "a22b"))
+] + [
+    (re.compile(r"deepseek[\s_-]*v3(?!\.[2-9])"), "deepseek-v3"), (re.compile(r"kimi[\s_-]*k2(?!\.\d)"), "kimi k2"),
+] + [
+    (re.compile(rf"llama[\s_-]*3(?:\.1)?[\s_-]*{size}\b"), f"llama 3.1 {size}") for size in ("8b", "70b", "405b")
+] + [(re.compile(rf"mixtral[\s_-]*{size}\b"), f"mixtral {size}") for size in ("8x7b", "8x22b")]
 
 
 def released(model: dict) -> tuple[dict[str, Any], str] | None:
@@ -67,7 +95,7 @@ def released(model: dict) -> tuple[dict[str, Any], str] | None:
     name = str(model.get("name", "")).lower()
     for pat, key in _NAMES:
         if pat.search(name):
-            how = "config.json; Megatron Bridge gpt_oss_bridge.py" if key.startswith("gpt-oss") else "Megatron Bridge recipe"
+            how = next((v for k, v in _SOURCES.items() if key.startswith(k)), "Megatron Bridge recipe")
             return RELEASED[key], f"{key}'s released configuration ({how})"
     return None
 
