@@ -171,3 +171,18 @@ def test_bad_match_or_layout_is_one_clear_error(tmp_path, match, settings, messa
     p.write_text(f"schema_version: 1\nruns:\n- {{source: x, script: s, match: {match}, settings: {settings}}}\n")
     with pytest.raises(ConfigError, match=f"published runs file {p}.*" + re.escape(message)):
         load_published_runs(p)
+
+
+def test_kimi_k2_recipes_match_by_the_released_shape():
+    """A row naming Kimi K2 alone on 256 GB200s (pp 4 x vp 4, ep 64) takes Bridge's recipe: the layout
+    of 16 virtual stages (embedding + 4 layers, 14 x 4, the last layer + loss), HybridEP, mla_up_proj
+    recomputed; DeepSeek-V3 (128 heads, same layers and hidden) on the same layout does not match."""
+    def case(name: str) -> Case:
+        return Case(id="k", category="end_to_end", source=BRIDGE, hardware={"gpu": "NVIDIA GB200"}, precision="BF16",
+                    model={"name": name}, parallelism={"tp": 1, "pp": 4, "vpp": 4, "ep": 64}, batch={"global": 2048})
+
+    settings, script = published_settings(case("Kimi K2"))
+    assert (settings["pipeline_layout"], settings["moe_dispatcher"], settings["recompute_modules"]) \
+        == ("Etttt|(tttt|)*14tL", "hybridep", ["mla_up_proj"])
+    assert script.endswith("kimi_k2_pretrain_256gpu_gb200_{bf16,fp8cs,fp8mx}_config")
+    assert published_settings(case("DeepSeek-V3")) == ({}, None)

@@ -66,7 +66,7 @@ MATCH_KEYS = {
     "precision": "the case's precision kind: bf16, fp8 (delayed or current scaling), mxfp8 or nvfp4",
 }
 """Match keys beyond the case's ``model`` / ``parallelism`` / ``batch`` fields."""
-_RELEASED_SHAPE = ("layers", "hidden")
+_RELEASED_SHAPE = ("layers", "hidden", "heads")
 """Model fields a case may leave to the released configuration it names (:func:`.released.released`)."""
 DDP_KINDS = SETTINGS["ddp"]
 _SECTIONS = ("model", "parallelism", "batch")
