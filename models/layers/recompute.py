@@ -64,7 +64,10 @@ def recompute(fn: Callable[..., Any], *args: Any) -> Any:
 def selective_modules(granularity: str | None, modules: Sequence[str] | None, *, moe: bool,
                       mla: bool) -> tuple[str, ...]:
     """The modules recomputed under ``--recompute-granularity granularity`` with ``--recompute-modules
-    modules`` (None: not given), checked as Megatron-core checks them (``TransformerConfig``).
+    modules`` (None: not given). Megatron-core (``TransformerConfig``) rejects unknown names and
+    ``mla_up_proj`` without MLA; here a module that would recompute nothing is an error too (Megatron-core
+    ignores modules without selective granularity and MoE modules in a dense model), so a flag never
+    silently does nothing.
 
     Raises:
         ConfigError: a module not in :data:`RECOMPUTE_MODULES`, modules without selective
