@@ -864,3 +864,19 @@ def test_unstated_network_is_the_generations_nic(gpu, rate):
     d, _, notes = cluster_for({"gpu": gpu, "gpus_per_node": 8}, 16)
     assert d["node_types"]["node"]["nics"] == {"count": 8, "bw_Gbps": rate}
     assert any(n.startswith(f"no inter-node network stated: one {rate:g} Gb/s NIC per GPU") for n in notes)
+
+
+def test_global_batch_from_gradient_accumulation():
+    """A row with micro-batch 4, GA 4 and DP 16 (CP 2 aside) runs a global batch of 256 (Megatron:
+    global = micro x accumulation steps x data-parallel), said so; a stated global batch wins and a
+    disagreeing GA is printed; neither given is one error naming both fields."""
+    par = {"tp": 1, "pp": 1, "cp": 2, "dp": 16}
+    ci = megatron_flags(_case(parallelism=par, batch={"micro": 4, "ga": 4}))
+    f = list(ci.flags)
+    assert f[f.index("--global-batch-size") + 1] == "256"
+    assert "batch.global not stated: 256 = micro-batch 4 x 4 accumulation steps x data-parallel 16" in ci.assumptions
+    ci = megatron_flags(_case(parallelism=par, batch={"micro": 4, "global": 256, "gradient_accumulation": 2}))
+    assert "batch.global 256 differs from micro-batch 4 x 2 accumulation steps x data-parallel 16 = 128; the global " \
+           "batch is used" in ci.assumptions
+    with pytest.raises(ConfigError, match=r"^case t: batch.global is None; give an integer, or batch.ga"):
+        megatron_flags(_case(parallelism=par, batch={"micro": 4}))

@@ -455,9 +455,15 @@ def fp8_buf_flags(f: Fields, overlap: bool, fp8: bool) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- batch
-def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool) -> list[str]:
+_GA_KEYS = ("ga", "gradient_accumulation", "gradient_accumulation_steps", "grad_accum", "grad_accum_steps",
+            "accumulation_steps")
+"""Names a case may give the gradient-accumulation steps by (the DGX Cloud tables' GA column)."""
+
+
+def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: int) -> list[str]:
     """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
-    ``micro_batch_default``)."""
+    ``micro_batch_default``; global batch: stated, else micro-batch x gradient-accumulation steps x
+    ``dp``, the data-parallel size)."""
     mb = f.count("batch", "micro", required=False) if not is_unstated(f.case.batch.get("micro")) else None
     if mb is None:
         mb = f.recipe("micro_batch", "micro-batch")
@@ -466,11 +472,21 @@ def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool) -> l
         f.notes.append(f"micro-batch not stated: {mb} (Megatron-LM's --micro-batch-size has no default; 1 "
                        "gives the most micro-batches per pipeline)")
     flags = _ddp_flags(f, fp8, bf16)
-    gb = f.case.batch.get("global")
+    batch = f.case.batch
+    ga_key = next((k for k in _GA_KEYS if k in batch and not is_unstated(batch[k])), None)
+    ga = f.count("batch", ga_key) if ga_key else None
+    gb = batch.get("global")
+    if is_unstated(gb) and ga is not None:
+        gb = mb * ga * dp
+        f.notes.append(f"batch.global not stated: {gb} = micro-batch {mb} x {ga} accumulation steps x data-parallel {dp}")
     try:
         gb = count(gb, "batch.global")[0]
     except ConfigError:
-        raise ConfigError(f"case {f.case.id}: batch.global is {gb!r}; give an integer") from None
+        raise ConfigError(f"case {f.case.id}: batch.global is {gb!r}; give an integer, or batch.ga (gradient "
+                          "accumulation steps)") from None
+    if ga is not None and gb != mb * ga * dp:
+        f.notes.append(f"batch.global {gb} differs from micro-batch {mb} x {ga} accumulation steps x data-parallel "
+                       f"{dp} = {mb * ga * dp}; the global batch is used")
     return flags + ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
 
 
