@@ -354,8 +354,7 @@ def _expert_tp(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> in
             return count(etp, "parallelism.etp")[0]
         except ConfigError as e:
             raise ConfigError(f"case {f.case.id}: {e}") from None
-    got = f.recipe("expert_tp", "parallelism.etp") if size["ep"] > 1 else None
-    return got if isinstance(got, int) else None
+    return f.recipe("expert_tp", "parallelism.etp") if size["ep"] > 1 else None
 
 
 def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:

@@ -59,20 +59,25 @@ def _swiglu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class _SwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(y)
-        return _swiglu_fwd(y)
+    """Plain (``w`` None: ``bias_swiglu_impl``) or token-weighted (``weighted_bias_swiglu_impl``)."""
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, y: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+        ctx.weighted = w is not None
+        ctx.save_for_backward(y, *((w,) if ctx.weighted else ()))
+        return _weighted_swiglu_fwd(y, w) if ctx.weighted else _swiglu_fwd(y)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if ctx.weighted:
+            return _weighted_swiglu_back(g, *ctx.saved_tensors)
         (y,) = ctx.saved_tensors
-        return _swiglu_back(g, y)
+        return _swiglu_back(g, y), None
 
 
 def swiglu(y: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``y = [gate, up]`` (last dim), fused forward and backward."""
-    return _SwiGLU.apply(y)
+    return _SwiGLU.apply(y, None)
 
 
 @jit_fuser
@@ -92,24 +97,12 @@ def _weighted_swiglu_back(g: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> 
     return dy, (F.silu(y_1) * y_2 * g).to(w.dtype).sum(-1, keepdim=True)
 
 
-class _WeightedSwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(y, w)
-        return _weighted_swiglu_fwd(y, w)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, w = ctx.saved_tensors
-        return _weighted_swiglu_back(g, y, w)
-
-
 def weighted_swiglu(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``swiglu(y) * w`` with one weight per row (``w [rows, 1]``: a token's routing weight for the
     expert the row belongs to), fused forward and backward as Megatron-core's
     ``weighted_bias_swiglu_impl`` (the MoE experts' activation: ``experts.py`` applies the router's
     probabilities there, not when it un-permutes)."""
-    return _WeightedSwiGLU.apply(y, w)
+    return _SwiGLU.apply(y, w)
 
 
 def _half_signs(freqs: torch.Tensor, first: float) -> torch.Tensor:

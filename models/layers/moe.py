@@ -180,7 +180,7 @@ class MoELayer(nn.Module):
                 async_allreduce=pstate.async_tp_allreduce, fused_activation=mcfg.bias_swiglu_fusion)
 
     def forward(self, x: torch.Tensor):
-        # Megatron-core's stages (models/common fine_grained_callables.py names them): route and
+        # Megatron-core's stages (megatron/core/models/gpt/fine_grained_callables.py): route and
         # preprocess, dispatch, the experts, combine; the shared experts beside them.
         routed = self._route(x)
         s, b, h = x.shape

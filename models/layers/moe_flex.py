@@ -246,11 +246,17 @@ class FlexExchange:
     expand: torch.Tensor
     tokens: int
     """Local tokens ``T``."""
-    rail_rows: int
-    """Rows the rail stage delivered to this rank."""
-    held_rows: int
-    """Rows the domain stage delivered to this rank (one per token held here)."""
     permute_in_kernel: bool
+
+    @property
+    def rail_rows(self) -> int:
+        """Rows the rail stage delivered to this rank."""
+        return sum(self.plan.out1)
+
+    @property
+    def held_rows(self) -> int:
+        """Rows the domain stage delivered to this rank (one per token held here)."""
+        return sum(self.plan.out2)
 
 
 def flex_dispatch(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int, *,
@@ -282,8 +288,8 @@ def flex_dispatch(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int,
     per_expert.cpu()
     x, w = _Unpack.apply(held, h)
     weight = _Gather.apply(w, expand, permute_in_kernel).gather(1, idx(plan.column).unsqueeze(1))
-    exchange = FlexExchange(plan=plan, send1=send1, send2=send2, expand=expand, tokens=T, rail_rows=rail.shape[0],
-                            held_rows=held.shape[0], permute_in_kernel=permute_in_kernel)
+    exchange = FlexExchange(plan=plan, send1=send1, send2=send2, expand=expand, tokens=T,
+                            permute_in_kernel=permute_in_kernel)
     return _Gather.apply(x, expand, permute_in_kernel), weight, exchange
 
 
