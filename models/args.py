@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from heterosim.errors import ConfigError
 from models.config import ATTENTION_BACKENDS, ModelConfig, ParallelConfig, TrainConfig
 from models.layers.fp8 import FP4_RECIPES, FP8_RECIPES
+from models.ep_overlap import ep_overlap_flag
 from models.layers.moe_flex import flex_domain
 from models.layers.recompute import RECOMPUTE_MODULES, selective_modules
 from models.layers.tp_overlap import PIPELINE_OPS, RING_EXCHANGE_OPS
@@ -142,7 +143,7 @@ _DEFAULTS: dict[str, Any] = {
     "window_size": None, "window_attn_skip_freq": None, "softmax_type": "vanilla",
     "pipeline_model_parallel_layout": None, "expert_tensor_parallel_size": None, "mtp_num_layers": 0,
     "mtp_loss_scaling_factor": 0.1, "moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None,
-    "moe_permute_fusion_into_hybridep": False, "recompute_modules": None,
+    "moe_permute_fusion_into_hybridep": False, "recompute_modules": None, "overlap_moe_expert_parallel_comm": False,
 }
 
 
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(f, float)
     for f in ("--group-query-attention", "--sequence-parallel", "--use-distributed-optimizer",
               "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-param-gather",
-              "--no-align-grad-reduce", "--no-align-param-gather",
+              "--no-align-grad-reduce", "--no-align-param-gather", "--overlap-moe-expert-parallel-comm",
               "--no-bias-swiglu-fusion", "--no-rope-fusion", "--cross-entropy-loss-fusion", "--bf16",
               "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--disable-bias-linear", "--no-async-tensor-model-parallel-allreduce",
@@ -569,7 +570,8 @@ def parse_args(argv: Sequence[str] | None, world_size: int) -> RunConfig:
         recompute_granularity=a["recompute_granularity"],
         recompute_method=a["recompute_method"], recompute_num_layers=a["recompute_num_layers"],
         recompute_modules=selective_modules(a["recompute_granularity"], a["recompute_modules"],
-                                            moe=bool(a["num_experts"]), mla=a["multi_latent_attention"]))
+                                            moe=bool(a["num_experts"]), mla=a["multi_latent_attention"]),
+        overlap_moe_expert_parallel_comm=ep_overlap_flag(a, pp, vpp))
     m = tcfg.num_microbatches(pcfg.dp)
     if vpp is not None and m % pp:
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches ({m} = "

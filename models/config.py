@@ -347,6 +347,8 @@ class TrainConfig:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """With ``recompute_granularity`` selective: the parts recomputed (``--recompute-modules``,
     :func:`models.layers.recompute.selective_modules`)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron-core's expert-parallel overlap: the combined 1F1B schedule (:mod:`models.ep_overlap`)."""
     extra: dict = field(default_factory=dict)
 
     def recomputes(self, module: str) -> bool:

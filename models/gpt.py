@@ -151,7 +151,7 @@ class GPTModel(nn.Module):
                 x = scatter_to_sp(x, pstate.tp_group)
         return dropout(x, self.mcfg.hidden_dropout, self.training)
 
-    def _rotary(self, device: torch.device) -> torch.Tensor | None:
+    def rotary(self, device: torch.device) -> torch.Tensor | None:
         if self.mcfg.position_embedding_type != "rope":
             return None
         return rotary_freqs(self.mcfg.seq_length, self.mcfg.rotary_dim, base=self.mcfg.rotary_base,
@@ -159,12 +159,20 @@ class GPTModel(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids ``[b, s]`` (first stage) or hidden states -> hidden states, logits or loss."""
-        if self.pre_process:
-            if x.dtype not in (torch.int64, torch.int32):
-                raise ConfigError(f"the first pipeline stage takes token ids [b, s] (int64), got "
-                                  f"{tuple(x.shape)} {x.dtype}")
-            x = self._embed(x)
-        h = self.decoder(x, self._rotary(x.device))
+        x = self.embed_input(x)
+        return self.head(self.decoder(x, self.rotary(x.device)), labels)
+
+    def embed_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The chunk's input as the decoder takes it: token ids embedded on the first stage."""
+        if not self.pre_process:
+            return x
+        if x.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"the first pipeline stage takes token ids [b, s] (int64), got "
+                              f"{tuple(x.shape)} {x.dtype}")
+        return self._embed(x)
+
+    def head(self, h: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """The decoder's output -> itself (not the last stage), logits, or the loss."""
         if not self.post_process:
             return h
         logits = self.output_layer(h)  # [s/cp, b, V/tp]
@@ -177,7 +185,7 @@ class GPTModel(nn.Module):
         # Multi-token prediction (models/layers/mtp.py): depth k reads the tokens k ahead of the
         # input (the labels rolled by k - 1) and predicts the labels rolled by k.
         embed = self.word_embeddings if self.pre_process else self.mtp_embedding
-        hidden, rotary, ids, extra = self.decoder.prenorm_output, self._rotary(labels.device), labels, []
+        hidden, rotary, ids, extra = self.decoder.prenorm_output, self.rotary(labels.device), labels, []
         self.decoder.prenorm_output = None
         for layer in self.mtp_layers:
             hidden = layer(hidden, embed(ids), rotary)

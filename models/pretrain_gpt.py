@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,7 @@ from heterosim.annotate import get_annotator
 from models.args import RunConfig, parse_args
 from models.chunks import chunk_classes
 from models.distributed import DataParallel, ModelGradSync
+from models.ep_overlap import ChunkPlan
 from models.fsdp import FullyShardedDataParallel
 from models.gpt import GPTModel
 from models.layers import fp8 as te_fp8
@@ -161,12 +162,20 @@ def train(cfg: RunConfig, rank: int) -> list[float]:
                 out = out * o.loss_scale  # static fp16 loss scaling; the optimizer unscales
             return out
 
+        def plan(chunk: int, mb: int, x: torch.Tensor | None, *, finish: Any, stream: Any) -> ChunkPlan:
+            model = chunks[chunk]
+            ids, labels = synthetic_batch(cfg, it, mb, ps.dp_rank)
+            scaled = finish if not (model.post_process and o.loss_scale) else (lambda y: finish(y * o.loss_scale))
+            return ChunkPlan(model, ids if model.pre_process else x, labels if model.post_process else None,
+                             finish=scaled, stream=stream)
+
         with ann.scope(phase="grad_sync"):
             gs.zero_grad()
             opt.zero_grad()
         with te_fp8.recipe(tcfg.fp8_recipe):  # TE's fp8_autocast(fp8_recipe=...) around the step
             losses = forward_backward(step, num_microbatches=cfg.num_microbatches, num_chunks=vpp,
-                                      comm=comm, grad_sync=gs, chunk_classes=classes)
+                                      comm=comm, grad_sync=gs, chunk_classes=classes,
+                                      plan_step=plan if tcfg.overlap_moe_expert_parallel_comm else None)
         opt.step()
         if losses and not ann.active:
             total = torch.stack([l.detach().float() for l in losses]).sum() / (o.loss_scale or 1.0)

@@ -44,7 +44,7 @@ import torch
 
 from heterosim.errors import ConfigError
 from models.p2p import PipelineComm
-from models.steps import ForwardStep, GradSync, Runner
+from models.steps import ForwardStep, GradSync, PlanStep, Runner
 
 __all__ = [
     "ForwardStep",
@@ -114,6 +114,22 @@ def _no_pipelining(r: Runner) -> None:
             r.set_grad_sync(True)
         out = r.forward(0, mb, None)
         r.backward(0, mb, None, out, None)
+
+
+def _combined_no_pipelining(r: Runner) -> None:
+    """Megatron-core ``combined_1f1b_schedule_for_no_pipelining`` (``--overlap-moe-expert-parallel-comm``,
+    :mod:`models.ep_overlap`): the first forward alone, then each forward merged with the previous
+    micro-batch's backward, then the last backward alone, with grad sync. When that backward issues
+    grad reduction (recorded every iteration, on its own forward's plan), the first two steps are
+    recorded every iteration too, so that a plan stands in for the backward merged into its forward's step."""
+    r.set_grad_sync(False)
+    sync = r.syncs_in_backward(r.m - 1)
+    r.combined((0, 0, None), None, every_call=sync)
+    for mb in range(1, r.m):
+        r.combined((0, mb, None), (0, mb - 1, None), every_call=sync and mb == 1)
+    r.set_grad_sync(True)
+    r.combined(None, (0, r.m - 1, None))
+    r.drop_plans()
 
 
 def _one_f_one_b(r: Runner) -> None:
@@ -399,6 +415,7 @@ def forward_backward(
     comm: PipelineComm | None = None,
     grad_sync: GradSync | None = None,
     chunk_classes: Sequence[int] | None = None,
+    plan_step: PlanStep | None = None,
 ) -> list[Tensor]:
     """Run one iteration's forwards and backwards, then ``grad_sync.finalize()``.
 
@@ -407,7 +424,8 @@ def forward_backward(
     multiple of the pipeline size). Returns the scaled losses of this rank's micro-batches
     (empty unless this rank holds the last virtual stage). ``chunk_classes``: for each chunk, the
     first chunk built like it (:func:`models.chunks.chunk_classes`); a capture then records one
-    forward and backward per class instead of per chunk.
+    forward and backward per class instead of per chunk. ``plan_step``: run Megatron-core's
+    combined 1F1B on it (expert-parallel overlap, :mod:`models.ep_overlap`; without pipelining).
 
     Raises:
         ConfigError: bad micro-batch or chunk counts.
@@ -425,9 +443,14 @@ def forward_backward(
             f"the interleaved schedule needs num_microbatches ({num_microbatches}) to be a multiple "
             f"of the pipeline-parallel size ({pp}); change --global-batch-size or --micro-batch-size"
         )
+    if plan_step is not None and pp > 1:
+        raise ConfigError("expert-parallel overlap (the combined 1F1B schedule) is modelled without pipelining only")
     runner = Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync,
-                     chunk_classes if chunk_classes is not None and len(chunk_classes) == num_chunks else None)
-    if pp == 1:
+                     chunk_classes if chunk_classes is not None and len(chunk_classes) == num_chunks else None,
+                     plan_step)
+    if plan_step is not None:
+        _combined_no_pipelining(runner)
+    elif pp == 1:
         _no_pipelining(runner)
     elif num_chunks == 1:
         _one_f_one_b(runner)

@@ -24,12 +24,16 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 import torch
 
 from heterosim.annotate import get_annotator
+from models.ep_overlap import comm_stream, run_step
 from models.p2p import PipelineComm
 
-__all__ = ["ForwardStep", "GradSync", "Runner"]
+__all__ = ["ForwardStep", "GradSync", "PlanStep", "Runner"]
 
 Tensor = torch.Tensor
 _CALLS = itertools.count()  # numbers the runners, one per forward_backward call (Runner.key_suffix)
+PlanStep = Callable[..., Any]
+"""``plan_step(chunk, mb, input, finish=, stream=)``: the micro-batch as a :class:`models.ep_overlap.ChunkPlan`
+(for Megatron-core's combined 1F1B, ``--overlap-moe-expert-parallel-comm``)."""
 ForwardStep = Callable[[int, int, "Tensor | None"], Tensor]
 """``forward_step(chunk, mb, input)``: input is None on the first virtual stage (the step makes
 its own token ids); returns the chunk output, or the mean loss on the last virtual stage."""
@@ -79,8 +83,15 @@ class Runner:
 
     def __init__(self, forward_step: ForwardStep, num_microbatches: int, num_chunks: int,
                  comm: PipelineComm | None, grad_sync: GradSync | None,
-                 chunk_classes: Sequence[int] | None = None) -> None:
+                 chunk_classes: Sequence[int] | None = None, plan_step: PlanStep | None = None) -> None:
         self.forward_step = forward_step
+        self.plan_step = plan_step
+        self.plans: dict[tuple[int, int], Any] = {}
+        """(chunk, micro-batch) -> the :class:`models.ep_overlap.ChunkPlan` of a combined step's forward that ran."""
+        self.spare: dict[Hashable, list[Any]] = {}
+        """Backward class -> plans whose own backward was a referenced block: they stand in for a
+        backward whose forward was referenced (as :attr:`graphs` for plain steps)."""
+        self.stream: Any = None
         self.classes = list(chunk_classes) if chunk_classes is not None else None
         self.graphs: dict[Hashable, tuple[Tensor | None, Tensor]] = {}
         """Backward key -> (input, output) of a forward that ran with autograd: a referenced
@@ -208,6 +219,70 @@ class Runner:
             self._forget_graph(key, out)
             self.ann.discard(out)
         return dx
+
+    def combined(self, f: tuple[int, int, Tensor | None] | None, b: tuple[int, int, Tensor | None] | None,
+                 grad: Tensor | None = None, *, every_call: bool = False) -> tuple[Tensor | None, Tensor | None]:
+        """One step of Megatron-core's combined 1F1B (:mod:`models.ep_overlap`): the forward of ``f`` =
+        (chunk, micro-batch, input) merged with the backward of ``b`` = (chunk, micro-batch, input;
+        ``grad`` its output's gradient), either None, as one block -> (``f``'s output, ``b``'s input
+        gradient). Keys as :meth:`forward` and :meth:`backward` would give the two halves;
+        ``every_call``: recorded every iteration (a later step needs a plan of its forward to run on)."""
+        def shape(t: Tensor | None) -> Hashable:
+            return None if t is None else tuple(t.shape)
+
+        gather, fkey, bkey = False, None, None
+        if f is not None:
+            gather = bool(self.gs is not None and f[1] == 0 and self.gs.param_sync_pending(f[0]))
+            fkey = (self._class(f[0], f[1]), self.syncs_in_backward(f[1]), shape(f[2]), *self.key_suffix(f[1]))
+        if b is not None:
+            bkey = (self._class(b[0], b[1]), self.syncs_in_backward(b[1]), shape(b[2]), *self.key_suffix(b[1]))
+        rest = (bkey, shape(grad), *((("call", self.call),) if every_call else ()))
+        key, bare = ("1f1b", fkey, gather, *rest), (("1f1b", fkey, False, *rest) if gather else None)
+        ran = []
+
+        def run(x: Tensor | None, dy: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+            ran.append(True)
+            if self.stream is None:
+                self.stream = comm_stream()
+            fplan = None
+            if f is not None:
+                finish = (lambda y: y / self.m) if self.last_virtual(f[0]) else (lambda y: y)
+                fplan = self.plan_step(f[0], f[1], x, finish=finish, stream=self.stream)
+            bplan = self._backward_plan(b) if b is not None else None
+            y, dx = run_step(fplan, bplan, dy)
+            if fplan is not None:
+                self.plans[(f[0], f[1])] = fplan
+            return y, dx
+
+        mb, chunk = (f[1], f[0]) if f is not None else (b[1], b[0])
+        with self.ann.scope(mb=mb, chunk=chunk):
+            y, dx = self.ann.block(key, run, f[2] if f else None, grad, bare_key=bare, bare_without="param_gather",
+                                   any_chunk=True, shared_waits=gather)
+        if not ran and b is not None and (b[0], b[1]) in self.plans:
+            # A forward that ran whose backward was referenced: its plan stands in for a later one.
+            self.spare.setdefault(self._class(b[0], b[1]), []).append(self.plans.pop((b[0], b[1])))
+        if gather:
+            self.gs.param_sync_done(f[0])
+        if f is not None and self.last_virtual(f[0]):
+            self.losses.append(y)
+        return y, dx
+
+    def _backward_plan(self, b: tuple[int, int, Tensor | None]) -> Any:
+        plan = self.plans.pop((b[0], b[1]), None)
+        if plan is None:
+            spare = self.spare.get(self._class(b[0], b[1]))
+            if not spare:
+                raise RuntimeError(f"combined step: no forward of chunk {b[0]} micro-batch {b[1]}'s class ran")
+            plan = spare.pop()
+        return plan
+
+    def drop_plans(self) -> None:
+        """Plans whose backward will never run (referenced): their saved tensors are the referenced
+        blocks' (:meth:`heterosim.annotate.Annotator.discard`)."""
+        for plan in [*self.plans.values(), *(p for ps in self.spare.values() for p in ps)]:
+            self.ann.discard(plan.output)
+        self.plans.clear()
+        self.spare.clear()
 
     def _forget_graph(self, key: Hashable, out: Tensor) -> None:
         """``out``'s backward is done (run or referenced): it no longer stands in for its class."""

@@ -120,19 +120,32 @@ class TransformerLayer(nn.Module):
                 tp_comm_sm_margin=pstate.tp_comm_sm_margin, tp_comm_fp8_buf=pstate.tp_comm_fp8_buf)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
+        return self.mlp_half(self.mix(x, rotary))
+
+    def mix(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+        """The attention (or Mamba) half with its norm and residual; ``x`` itself when the layer has none."""
         mixer = self.self_attention or self.mixer
-        if mixer is not None:
-            normed = recompute(self.input_layernorm, x) if self.recompute_input_norm else self.input_layernorm(x)
-            out, bias = mixer(normed, rotary)
-            x = bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+        if mixer is None:
+            return x
+        normed = recompute(self.input_layernorm, x) if self.recompute_input_norm else self.input_layernorm(x)
+        out, bias = mixer(normed, rotary)
+        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+
+    def mlp_half(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP (or MoE) half with its norm and residual; ``x`` itself when the layer has none."""
         if self.mlp is None:
             return x
         if self.recompute_mlp:  # the dense MLP with its norm, fused into linear_fc1 by Transformer Engine
             out, bias = recompute(self._norm_mlp, x)
         else:
-            normed = recompute(self.pre_mlp_layernorm, x) if self.recompute_pre_mlp_norm else self.pre_mlp_layernorm(x)
-            out, bias = recompute(self.mlp, normed) if self.recompute_moe else self.mlp(normed)
-        return bias_dropout_add(out, bias, x, self.hidden_dropout, self.training)
+            out, bias = recompute(self.mlp, self.pre_mlp_norm(x)) if self.recompute_moe else self.mlp(self.pre_mlp_norm(x))
+        return self.mlp_residual(out, bias, x)
+
+    def pre_mlp_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return recompute(self.pre_mlp_layernorm, x) if self.recompute_pre_mlp_norm else self.pre_mlp_layernorm(x)
+
+    def mlp_residual(self, out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
+        return bias_dropout_add(out, bias, residual, self.hidden_dropout, self.training)
 
     def _norm_mlp(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.mlp(self.pre_mlp_layernorm(x))
@@ -177,8 +190,7 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         n = len(self.layers)
-        if self.fp8_scaling is not None:
-            x = self.fp8_scaling.on_backward_end(x)
+        x = self.enter(x)
         if self.recompute_method == "uniform":
             k = self.recompute_num_layers
             for start in range(0, n, k):
@@ -192,6 +204,14 @@ class TransformerBlock(nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, rotary)
+        return self.exit(x)
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """What the block does before its first layer (the fp8 region's backward reduction hook)."""
+        return x if self.fp8_scaling is None else self.fp8_scaling.on_backward_end(x)
+
+    def exit(self, x: torch.Tensor) -> torch.Tensor:
+        """What the block does after its last layer: the fp8 region's end, the final norm."""
         if self.fp8_scaling is not None:  # fp8_autocast exits before the final norm (Megatron-core)
             self.fp8_scaling.forward_exit()
         if self.keep_prenorm:  # what multi-token prediction continues from (models.layers.mtp)

@@ -235,7 +235,7 @@ x = torch.randn(4, 2, 8, dtype=torch.float64) + rank
 y, _ = moe(x)
 tok = x.reshape(8, 8)
 probs = torch.softmax(torch.topk(tok @ ref.router.T, k, dim=-1)[0], dim=-1)
-every = ref._experts(tok.repeat(E, 1), torch.ones(E * 8, 1, dtype=torch.float64)).view(E, 8, 8)  # unweighted
+every = ref.experts(tok.repeat(E, 1), torch.ones(E * 8, 1, dtype=torch.float64)).view(E, 8, 8)  # unweighted
 y_ref = torch.stack([sum(probs[t, j] * every[e, t] for j, e in enumerate(token_experts(t, k, E)))
                      for t in range(8)]).view(4, 2, 8)
 y.square().sum().backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -535,6 +536,22 @@ def test_every_bridge_row_reads():
     assert [k for k, f in flex.items() if "--moe-permute-fusion-into-hybridep" in f] == [
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-off",
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
+    # the A/B's one change: its parallelism.ep_overlap
+    assert [c.id for c in cases if "--overlap-moe-expert-parallel-comm" in megatron_flags(c).flags] == [
+        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
+
+
+def test_ep_overlap_field_and_pipelined_jobs():
+    """parallelism.ep_overlap says yes or no; with pipelining it is noted and run without (models/ep_overlap.py
+    runs it without pipelining only); a word that is neither fails naming the field."""
+    on = next(c for c in load_cases(BRIDGE) if c.id.endswith("ep-overlap-on"))
+    piped = dataclasses.replace(on, parallelism={**on.parallelism, "pp": 2, "dp": 8})
+    ci = megatron_flags(piped)
+    assert "--overlap-moe-expert-parallel-comm" not in ci.flags
+    assert "expert-parallel overlap is modelled without pipelining only: this pipelined job runs without it" in ci.assumptions
+    bad = dataclasses.replace(on, parallelism={**on.parallelism, "ep_overlap": "sometimes"})
+    with pytest.raises(ConfigError, match=r"ep-overlap-on: parallelism.ep_overlap is 'sometimes'; say true or false"):
+        megatron_flags(bad)
 
 
 def _hopper(case_id: str) -> Case:

@@ -309,6 +309,7 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
                        "then fans out over NVLink (models/layers/moe_flex.py)")
         if backend == "hybridep" and f.recipe("hybridep_permute_fusion", "HybridEP permute fusion"):
             flags += ["--moe-permute-fusion-into-hybridep"]
+    flags += _ep_overlap_flags(f, par, size)
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.
@@ -355,6 +356,28 @@ def _expert_tp(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> in
         except ConfigError as e:
             raise ConfigError(f"case {f.case.id}: {e}") from None
     return f.recipe("expert_tp", "parallelism.etp") if size["ep"] > 1 else None
+
+
+def _ep_overlap_flags(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> list[str]:
+    """``--overlap-moe-expert-parallel-comm`` for the case's ``ep_overlap`` (else the recipe's): one
+    micro-batch's token exchanges under another's compute (models/ep_overlap.py); modelled without
+    pipelining only, so a pipelined job runs without it, noted."""
+    if size["ep"] <= 1:
+        return []
+    try:
+        on = flag_word(par.get("ep_overlap"), "parallelism.ep_overlap")
+    except ConfigError as e:
+        raise ConfigError(f"case {f.case.id}: {e}") from None
+    if on is None:
+        on = f.recipe("ep_overlap", "expert-parallel overlap", shown={True: "on", False: "off"}.get(f.pub.get("ep_overlap")))
+    if not on:
+        return []
+    if size["pp"] > 1:
+        f.notes.append("expert-parallel overlap is modelled without pipelining only: this pipelined job runs without it")
+        return []
+    f.notes.append("expert-parallel overlap: Megatron-core's combined 1F1B (overlap_moe_expert_parallel_comm, "
+                   "models/ep_overlap.py)")
+    return ["--overlap-moe-expert-parallel-comm"]
 
 
 def _interleave_flags(f: Fields, pp: int, layers: int) -> list[str]:

@@ -55,7 +55,7 @@ SETTINGS: dict[str, Any] = {
     "activation": ("gelu", "swiglu", "squared_relu"), "position_embedding": ("learned_absolute", "rope"),
     "attention": ("flash", "fused", "unfused"), "heads": int, "kv_heads": int, "hidden": int, "ffn": int,
     "seq_len": int, "vocab": int, "nccl_env": "env", "expert_tp": int, "pipeline_layout": "layout",
-    "moe_dispatcher": ("alltoall", "deepep", "hybridep"), "hybridep_permute_fusion": bool,
+    "moe_dispatcher": ("alltoall", "deepep", "hybridep"), "hybridep_permute_fusion": bool, "ep_overlap": bool,
     # Megatron-core's recompute_modules (models/layers/recompute.py RECOMPUTE_MODULES; this package
     # does not import the model, a test keeps the two equal)
     "recompute_modules": frozenset({"core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj"}),

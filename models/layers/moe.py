@@ -118,7 +118,7 @@ def _split_quantize(t: torch.Tensor) -> list[torch.Tensor]:
 
 @dataclass
 class _Routed:
-    """One MoE layer's routing of its local tokens (:meth:`MoELayer._route`)."""
+    """One MoE layer's routing of its local tokens (:meth:`MoELayer.route`)."""
 
     tokens: torch.Tensor
     """``[T, h]``."""
@@ -182,19 +182,19 @@ class MoELayer(nn.Module):
     def forward(self, x: torch.Tensor):
         # Megatron-core's stages (megatron/core/models/gpt/fine_grained_callables.py): route and
         # preprocess, dispatch, the experts, combine; the shared experts beside them.
-        routed = self._route(x)
+        routed = self.route(x)
         s, b, h = x.shape
         if self.pstate.ep_domain:  # the flex dispatcher (DeepEP / HybridEP): two-level, one copy per domain and rank
             routed.counts.cpu()  # the receive sizes read back before the dispatch, as DeepEP's normal kernels do
             inputs, weights, exchange = flex_dispatch(routed.tokens, routed.probs, self.pstate, self.topk, self.E,
                                                       permute_in_kernel=self.permute_in_kernel)
-            combined = flex_combine(self._experts(inputs, weights), exchange, self.pstate).view(s, b, h)
+            combined = flex_combine(self.experts(inputs, weights), exchange, self.pstate).view(s, b, h)
         else:
-            recv, recv_probs = self._dispatch(routed)
-            combined = self._combine(self._expert_mlp(recv, recv_probs, routed), routed).view(s, b, h)
+            recv, recv_probs = self.dispatch(routed)
+            combined = self.combine(self.expert_mlp(recv, recv_probs, routed), routed).view(s, b, h)
         return self._plus_shared(combined, x), None
 
-    def _route(self, x: torch.Tensor) -> _Routed:
+    def route(self, x: torch.Tensor) -> _Routed:
         """Router GEMM, top-k and softmax, the tokens-per-expert exchange, and (all-to-all dispatcher)
         the permutation into expert-major order."""
         s, b, h = x.shape
@@ -219,7 +219,7 @@ class MoELayer(nn.Module):
         return _Routed(tokens=tokens, probs=probs, counts=counts, rows=rows, permuted=permuted,
                        permuted_probs=permuted_probs)
 
-    def _dispatch(self, r: _Routed) -> tuple[torch.Tensor, torch.Tensor]:
+    def dispatch(self, r: _Routed) -> tuple[torch.Tensor, torch.Tensor]:
         """The all-to-all dispatcher's exchange: tokens, then their routing weights, to the experts'
         ranks (and with TP-split experts to every TP peer)."""
         ps = self.pstate
@@ -231,26 +231,26 @@ class MoELayer(nn.Module):
             recv_probs = gather_from_sp(recv_probs, ps.tp_group)
         return recv, recv_probs
 
-    def _expert_mlp(self, recv: torch.Tensor, recv_probs: torch.Tensor, r: _Routed) -> torch.Tensor:
+    def expert_mlp(self, recv: torch.Tensor, recv_probs: torch.Tensor, r: _Routed) -> torch.Tensor:
         """The received rows regrouped by local expert, the experts, and the rows back in source order
-        (reduce-scattered over TP when the experts are split over it)."""
+        (partial sums over TP when the experts are split over it)."""
         ps = self.pstate
         h = recv.shape[-1]
         sources, n = ps.etp_size * ps.ep_size, r.tokens.shape[0] * self.topk // self.E
         grouped = recv.view(sources, self.local, n, h).transpose(0, 1).reshape(self.local * sources * n, h)
         weights = recv_probs.view(sources, self.local, n, 1).transpose(0, 1).reshape(self.local * sources * n, 1)
-        out = self._experts(grouped, weights)  # [local * sources*n, h], weighted, partial over TP
-        out = out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
-        if ps.etp_size > 1:
-            out = reduce_scatter_to_sp(out, ps.tp_group)
-        return out
+        out = self.experts(grouped, weights)  # [local * sources*n, h], weighted, partial over TP
+        return out.view(self.local, sources, n, h).transpose(0, 1).reshape(sources * self.local * n, h)
 
-    def _combine(self, out: torch.Tensor, r: _Routed) -> torch.Tensor:
-        """The all-to-all back, then the un-permutation: each token's weighted expert rows summed."""
+    def combine(self, out: torch.Tensor, r: _Routed) -> torch.Tensor:
+        """Reduce-scattered over TP when the experts are split over it, the all-to-all back, then the
+        un-permutation: each token's weighted expert rows summed."""
+        if self.pstate.etp_size > 1:
+            out = reduce_scatter_to_sp(out, self.pstate.tp_group)
         out = all_to_all(out, self.pstate.ep_group)  # back in this rank's expert-major order
         return torch.zeros_like(r.tokens).index_add(0, r.rows, out)
 
-    def _experts(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def experts(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The local experts on ``x [local * rows, h]``, expert-major: one batched GEMM per projection,
         the activation's output scaled by each row's routing weight (``weights [local * rows, 1]``)."""
         grouped = x.view(self.local, -1, x.shape[-1])
@@ -263,9 +263,13 @@ class MoELayer(nn.Module):
         return weighted_swiglu(fc1, w) if self.fused_weighting else self.act(fc1) * w
 
     def _plus_shared(self, combined: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared(x)
+        return combined if shared is None else combined + shared
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared experts' output on every token ``x`` (None without shared experts)."""
         if self.shared_experts is None:
-            return combined
-        # every token, beside the routed experts
+            return None
         shared, _ = recompute(self.shared_experts, x) if self.recompute_shared else self.shared_experts(x)
-        return combined + shared
+        return shared
 

@@ -48,7 +48,8 @@ from heterosim.annotate import get_annotator
 from heterosim.errors import ConfigError
 from models.layers.mappings import group_size
 
-__all__ = ["FlexExchange", "FlexPlan", "flex_combine", "flex_dispatch", "flex_domain", "flex_plan", "all_to_all"]
+__all__ = ["FlexExchange", "FlexPlan", "all_to_all", "flex_combine", "flex_dispatch", "flex_domain", "flex_plan",
+           "flex_receive", "flex_return", "flex_send", "flex_unpermute"]
 
 
 def flex_domain(dispatcher: str, backend: str | None, permute_fusion: bool) -> int | None:
@@ -247,6 +248,9 @@ class FlexExchange:
     tokens: int
     """Local tokens ``T``."""
     permute_in_kernel: bool
+    hidden: int
+    per_expert: torch.Tensor
+    """Tokens per local expert, as the dispatch leaves them on the GPU."""
 
     @property
     def rail_rows(self) -> int:
@@ -263,43 +267,65 @@ def flex_dispatch(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int,
                   permute_in_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor, FlexExchange]:
     """``tokens [T, h]``, routing weights ``probs [T, k]`` -> the local experts' inputs ``[local * ep *
     T*k/E, h]`` (expert-major: each expert's ``ep * T*k/E`` rows together), their routing weights
-    ``[same rows, 1]`` and the state :func:`flex_combine` sums the experts' outputs back with.
+    ``[same rows, 1]`` and the state :func:`flex_combine` sums the experts' outputs back with:
+    :func:`flex_send`, then :func:`flex_receive`.
 
     The rows DeepEP / HybridEP gather to send and forward are their kernels' own work (no compute
     time here: ``Annotator.scope(comm_kernel=True)``); the sort of the received tokens into expert
     order is Megatron-core's permute kernel, or HybridEP's own with ``permute_in_kernel``
     (``moe_permute_fusion_into_hybridep``)."""
+    held, exchange = flex_send(tokens, probs, ps, topk, experts, permute_in_kernel=permute_in_kernel)
+    x, weight = flex_receive(held, exchange)
+    return x, weight, exchange
+
+
+def flex_send(tokens: torch.Tensor, probs: torch.Tensor, ps: Any, topk: int, experts: int, *,
+              permute_in_kernel: bool = False) -> tuple[torch.Tensor, FlexExchange]:
+    """The dispatch's exchange (Megatron-core's ``dispatch``): each token with its weights packed,
+    over the rails, then within the domain -> the rows held here ``[held, h + k]`` and the state."""
     T, h = tokens.shape
     plan = flex_plan(T, topk, experts, ps.ep_size, ps.ep_domain, ps.ep_rank)
     dev = tokens.device
-
-    def idx(rows: tuple[int, ...]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.long, device=dev)
-
-    send1, send2, expand = idx(plan.send1), idx(plan.send2), idx(plan.expand)
+    send1, send2, expand = (torch.tensor(r, dtype=torch.long, device=dev) for r in (plan.send1, plan.send2, plan.expand))
     payload = _Pack.apply(tokens, probs)  # the weights travel with the token
     rail = all_to_all(_Gather.apply(payload, send1, True), ps.ep_rail_group, plan.in1, plan.out1)
     held = all_to_all(_Gather.apply(rail, send2, True), ps.ep_domain_group, plan.in2, plan.out2)
     local = experts // ps.ep_size
     with _moved(True):  # the dispatch returns its tokens per local expert on the GPU
         per_expert = held.new_full((local,), len(plan.expand) // local, dtype=torch.long)
-    # Megatron-core's TEGroupedMLP reads them back for its grouped GEMMs' splits
-    # (tokens_per_expert.tolist(), experts.py): the host waits for the exchange, once per layer forward.
-    per_expert.cpu()
-    x, w = _Unpack.apply(held, h)
-    weight = _Gather.apply(w, expand, permute_in_kernel).gather(1, idx(plan.column).unsqueeze(1))
-    exchange = FlexExchange(plan=plan, send1=send1, send2=send2, expand=expand, tokens=T,
-                            permute_in_kernel=permute_in_kernel)
-    return _Gather.apply(x, expand, permute_in_kernel), weight, exchange
+    return held, FlexExchange(plan=plan, send1=send1, send2=send2, expand=expand, tokens=T,
+                              permute_in_kernel=permute_in_kernel, hidden=h, per_expert=per_expert)
+
+
+def flex_receive(held: torch.Tensor, ex: FlexExchange, *, read_counts: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows held here -> the local experts' inputs and routing weights, expert-major (Megatron-core's
+    ``dispatch_postprocess``). ``read_counts``: first read the tokens per expert back to the host, as
+    Megatron-core's TEGroupedMLP does for its grouped GEMMs' splits (``tokens_per_expert.tolist()``,
+    ``experts.py``): the host waits for the exchange, once per layer forward. The expert-parallel overlap
+    (:mod:`models.ep_overlap`) reads them itself, where Megatron-core's host does."""
+    if read_counts:
+        ex.per_expert.cpu()
+    x, w = _Unpack.apply(held, ex.hidden)
+    weight = _Gather.apply(w, ex.expand, ex.permute_in_kernel).gather(
+        1, torch.tensor(ex.plan.column, dtype=torch.long, device=held.device).unsqueeze(1))
+    return _Gather.apply(x, ex.expand, ex.permute_in_kernel), weight
 
 
 def flex_combine(out: torch.Tensor, ex: FlexExchange, ps: Any) -> torch.Tensor:
     """The experts' weighted outputs (one row per (token, expert), as :func:`flex_dispatch` gave the
-    inputs) -> the combined output ``[T, h]``: summed on this rank (Megatron-core's unpermute, or
-    HybridEP's kernel), sent back over NVLink and summed per domain, sent back over the rails and
-    summed per token (the kernels' own sums)."""
+    inputs) -> the combined output ``[T, h]``: :func:`flex_unpermute`, then :func:`flex_return`."""
+    return flex_return(flex_unpermute(out, ex), ex, ps)
+
+
+def flex_unpermute(out: torch.Tensor, ex: FlexExchange) -> torch.Tensor:
+    """The experts' rows summed per token held here (Megatron-core's unpermute, or HybridEP's kernel)."""
+    return _SumInto.apply(out, ex.expand, ex.held_rows, ex.permute_in_kernel)
+
+
+def flex_return(per_rank: torch.Tensor, ex: FlexExchange, ps: Any) -> torch.Tensor:
+    """The combine's exchange: sent back over NVLink and summed per domain, sent back over the rails
+    and summed per token (the kernels' own sums) -> ``[T, h]``."""
     plan = ex.plan
-    per_rank = _SumInto.apply(out, ex.expand, ex.held_rows, ex.permute_in_kernel)
     back = all_to_all(per_rank, ps.ep_domain_group, plan.out2, plan.in2)
     home = all_to_all(_SumInto.apply(back, ex.send2, ex.rail_rows, True), ps.ep_rail_group, plan.out1, plan.in1)
     return _SumInto.apply(home, ex.send1, ex.tokens, True)
