@@ -217,6 +217,10 @@ class BlockRecorder:
         if isinstance(tensor, torch.Tensor) and parts > 1:
             self.mem.resize(tensor, tensor.untyped_storage().nbytes() // parts)
 
+    def release(self, tensor: Any) -> None:
+        self.mem.resize(tensor, 0)
+        tensor.untyped_storage().resize_(0)
+
     def discard(self, out: Any) -> None:
         for key, e in self.graph_allocs.pop(_skey(out), ()):
             if self.mem.live.get(key) is e:

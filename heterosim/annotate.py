@@ -93,6 +93,11 @@ class Annotator:
         """``tensor``'s storage stands for a buffer the real job splits over ``parts`` ranks (each
         holding one part): a capture counts 1/``parts`` of it in the rank's memory."""
 
+    def release(self, tensor: Any) -> None:
+        """Free ``tensor``'s storage now (``untyped_storage().resize_(0)``), as Megatron-core's
+        schedule nodes free inputs no backward needs; a capture counts it as freed here."""
+        tensor.untyped_storage().resize_(0)
+
     def discard(self, out: Any) -> None:
         """The autograd graph behind tensor ``out`` will not be run: a block referenced in its
         place stands for its backward, and that block's memory events free what the graph saved."""

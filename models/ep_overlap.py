@@ -23,6 +23,11 @@ micro-batches of a step share nothing but the streams. :func:`run_step` merges t
     comm stream:    combine_bwd      | dispatch_fwd  dispatch_bwd | combine_fwd
     compute stream: pre_dispatch_fwd | mlp_bwd       mlp_fwd      | pre_dispatch_bwd
 
+The schedules (``models/schedules.py``): without pipelining, the first forward alone, each later
+one merged with the previous micro-batch's backward, the last backward alone; in the interleaved
+schedule one more warm-up forward and every steady step merged (Megatron-core's
+``combined_1f1b_schedule_for_interleaved_pipelining``).
+
 Issue order. Megatron-core issues ``combine_bwd, pre_fwd, mlp_bwd, dispatch_fwd, dispatch_bwd,
 mlp_fwd, combine_fwd, pre_bwd``; on a GPU ``dispatch_fwd`` waits only for ``pre_fwd`` (its event)
 and the communication stream, and runs beside ``mlp_bwd``. Replay starts a collective once the
@@ -51,6 +56,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from heterosim.annotate import get_annotator
 from heterosim.errors import ConfigError
 from models.layers.moe import MoELayer
 from models.layers.moe_flex import flex_receive, flex_return, flex_send, flex_unpermute
@@ -82,8 +88,6 @@ def ep_overlap_flag(a: dict[str, Any], pp: int, vpp: int | None) -> bool:
     if pp > 1 and vpp is None:
         raise ConfigError(f"{flag} with --pipeline-model-parallel-size > 1 needs virtual pipeline stages "
                           "(Megatron-core runs it in the interleaved schedule only)")
-    if pp > 1:
-        raise ConfigError(f"{flag} is modelled without pipelining only (--pipeline-model-parallel-size 1)")
     if a["mtp_num_layers"]:
         raise ConfigError(f"{flag} with --mtp-num-layers is not modelled")
     if a["hybrid_override_pattern"]:
@@ -130,15 +134,20 @@ class Node:
     """One piece of a layer's forward on detached inputs, with its own backward
     (Megatron-core's ``ScheduleNode``)."""
 
-    def __init__(self, fn: Callable[..., Any], chain: _Chain, *, comm: bool) -> None:
-        self.fn, self.chain, self.comm = fn, chain, comm
+    def __init__(self, fn: Callable[..., Any], chain: _Chain, *, comm: bool, free: tuple[int, ...] = ()) -> None:
+        self.fn, self.chain, self.comm, self.free = fn, chain, comm, free
         self.inputs: tuple = ()
         self.outputs: tuple = ()
 
     def forward(self, *inputs: Any) -> tuple:
+        """``free``: the inputs whose storage is released after the forward (Megatron-core's
+        ``free_input``), those no backward reads."""
         with self.chain.on(self.comm):
             self.inputs = tuple(_detach(t) for t in inputs)
             out = self.fn(*self.inputs)
+            for i in self.free:
+                if isinstance(self.inputs[i], Tensor):
+                    get_annotator().release(self.inputs[i])
         self.outputs = out if isinstance(out, tuple) else (out,)
         return self.outputs
 
@@ -150,36 +159,50 @@ class Node:
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         out = tuple(t.grad if isinstance(t, Tensor) and t.requires_grad else None for t in self.inputs)
-        self.inputs = self.outputs = ()
+        for t in self.inputs:  # the gradients go on; a graph that outlives the node (a loss) keeps its leaves
+            if isinstance(t, Tensor) and t.requires_grad:
+                t.grad = None
+        self.release()
         return out
+
+    def release(self) -> None:
+        """Drop what the node holds (its function too: a layer's bound method refers back to it), so
+        that its tensors die when their last use does, not at the next garbage collection."""
+        self.fn, self.inputs, self.outputs = None, (), ()
 
 
 class _Layer:
     """One transformer layer as nodes: ``pre``, ``mlp`` and, with experts, ``dispatch`` and ``combine``."""
 
-    def __init__(self, layer: Any, chain: _Chain, plan: "ChunkPlan") -> None:
+    def __init__(self, layer: Any, chain: _Chain, rotary: list) -> None:
         if layer.mlp is None or layer.mixer is not None:
             raise ConfigError("--overlap-moe-expert-parallel-comm runs attention + MLP layers only")
-        self.layer, self.plan = layer, plan
+        self.layer, self.rotary = layer, rotary  # rotary: the chunk's RoPE angles, once its input node ran
         self.moe = layer.mlp if isinstance(layer.mlp, MoELayer) else None
         self.flex = bool(self.moe is not None and self.moe.pstate.ep_domain)
+        # Inputs released after the forward (Megatron-core's should_free_input, for what this model's
+        # graph saves): the exchanges' inputs (the all-to-all dispatcher's; the flex dispatcher's are
+        # views of what the router saved), the experts' received rows where they are regrouped into a
+        # copy (the flex rows are always unpacked into copies; one local expert: a view the GEMM saves),
+        # the experts' output and the shared experts' output after the combine (not the residual).
+        received = (0,) if self.flex else (0, 1) if self.moe is not None and self.moe.local > 1 else ()
         self.pre = Node(self._pre if self.moe else self._attention, chain, comm=False)
-        self.mlp = Node(self._experts if self.moe else self._dense_mlp, chain, comm=False)
-        self.dispatch = Node(self._dispatch, chain, comm=True) if self.moe else None
-        self.combine = Node(self._combine, chain, comm=True) if self.moe else None
+        self.mlp = Node(self._experts if self.moe else self._dense_mlp, chain, comm=False, free=received)
+        self.dispatch = Node(self._dispatch, chain, comm=True, free=() if self.flex else (0, 1)) if self.moe else None
+        self.combine = Node(self._combine, chain, comm=True, free=(0, 2)) if self.moe else None
         self.routed: Any = None
         self.exchange: Any = None
         self.held: tuple = ()  # pre's output gradients combine_bwd gives (residual, shared experts)
 
     # ---- node bodies ------------------------------------------------------------------------
     def _attention(self, x: Tensor) -> Tensor:
-        return self.layer.mix(x, self.plan.rotary)
+        return self.layer.mix(x, self.rotary[0])
 
     def _dense_mlp(self, h: Tensor) -> Tensor:
         return self.layer.mlp_half(h)
 
     def _pre(self, x: Tensor) -> tuple:
-        h = self.layer.mix(x, self.plan.rotary)
+        h = self.layer.mix(x, self.rotary[0])
         normed = self.layer.pre_mlp_norm(h)
         r = self.routed = self.moe.route(normed)
         shared = self.moe.shared(normed)  # after the router, before the routed experts (Megatron-core)
@@ -279,19 +302,31 @@ class ChunkPlan:
                  finish: Callable[[Tensor], Tensor] = lambda y: y, stream: Any = None) -> None:
         self.chain = _Chain(stream)
         self.inp = inp
-        self.rotary: Tensor | None = None
+        rotary: list = [None]
         decoder = model.decoder
 
         def enter(x: Tensor) -> Tensor:
             x = model.embed_input(x)
-            self.rotary = model.rotary(x.device)
+            rotary[0] = model.rotary(x.device)
             return decoder.enter(x)
 
         self.pre = Node(enter, self.chain, comm=False)
-        self.layers = [_Layer(layer, self.chain, self) for layer in decoder.layers]
+        self.layers = [_Layer(layer, self.chain, rotary) for layer in decoder.layers]
         self.post = Node(lambda h: finish(model.head(decoder.exit(h), labels)), self.chain, comm=False)
         self.output: Any = None
         """The chunk's output, once its forward ran."""
+
+    def release(self) -> None:
+        """Drop every node's tensors and functions: a plan whose backward will not run."""
+        for layer in self.layers:
+            for node in (layer.pre, layer.mlp, layer.dispatch, layer.combine):
+                if node is not None:
+                    node.release()
+            layer.routed = layer.exchange = None
+            layer.held = ()
+        self.pre.release()
+        self.post.release()
+        self.inp = self.output = None
 
 
 def run_step(f: ChunkPlan | None, b: ChunkPlan | None, grad: Tensor | None) -> tuple[Tensor | None, Tensor | None]:

@@ -228,6 +228,13 @@ class _Interleaved:
         Before it, the parameter all-gathers of chunk c + 1 are dispatched when step
         ``k + pp_rank`` is chunk c's first micro-batch (chunks 0 and 1 go at the start), so every
         stage dispatches a chunk at the same time (Megatron ``forward_step_helper_preprocess``)."""
+        chunk, mb, x = self.forward_args(k)
+        y = self.r.forward(chunk, mb, x)
+        self.outputs[chunk].append(y)
+        return y
+
+    def forward_args(self, k: int) -> tuple[int, int, Tensor | None]:
+        """(chunk, micro-batch, input) of forward step ``k``, after the parameter all-gathers it dispatches."""
         sync_k = k + self.rank
         if sync_k < self.total and self.is_first_mb_of_chunk(sync_k):
             nxt = self.chunk(sync_k, True) + 1
@@ -236,30 +243,40 @@ class _Interleaved:
         chunk, mb = self.chunk(k, True), _mb_in_chunk(k, self.pp, self.vpp)
         if self.r.first_virtual(chunk) and len(self.inputs[chunk]) == len(self.outputs[chunk]):
             self.inputs[chunk].append(None)
-        y = self.r.forward(chunk, mb, self.inputs[chunk][-1])
-        self.outputs[chunk].append(y)
-        return y
+        return chunk, mb, self.inputs[chunk][-1]
 
     def backward(self, k: int) -> Tensor | None:
         """Backward step ``k`` on its chunk's oldest micro-batch; launches a finished chunk's
         grad reduction ``pp_rank`` steps later; returns the input gradient."""
+        chunk, mb, inp, out, grad = self.backward_args(k)
+        dx = self.r.backward(chunk, mb, inp, out, grad)
+        self.backward_done(k)
+        return dx
+
+    def backward_args(self, k: int) -> tuple[int, int, Tensor | None, Tensor, Tensor | None]:
+        """(chunk, micro-batch, input, output, output gradient) of backward step ``k``, dequeued."""
         r = self.r
         chunk, mb = self.chunk(k, False), _mb_in_chunk(k, self.pp, self.vpp)
         if r.syncs_in_backward(mb):  # not aligned: hooks reduce in the chunk's last backward
             r.set_grad_sync(True)
         if r.last_virtual(chunk) and not self.grads[chunk]:
             self.grads[chunk].append(None)
-        dx = r.backward(chunk, mb, self.inputs[chunk].pop(0), self.outputs[chunk].pop(0),
-                        self.grads[chunk].pop(0))
+        return chunk, mb, self.inputs[chunk].pop(0), self.outputs[chunk].pop(0), self.grads[chunk].pop(0)
+
+    def backward_done(self, k: int) -> None:
         # Megatron launches a chunk's reduction pp_rank steps after its last backward, so that
         # all stages launch it at the same time (schedules.py, custom grad_sync_func path).
+        r = self.r
         sync_k = k - self.rank
         if r.aligned and sync_k >= 0 and self.is_last_mb_of_chunk(sync_k):
             sync_chunk = self.chunk(sync_k, False)
             r.start_grad_sync(sync_chunk)
             self.synced.add(sync_chunk)
         r.set_grad_sync(False)
-        return dx
+
+    def step(self, fk: int, bk: int) -> tuple[Tensor | None, Tensor | None]:
+        """A steady step: forward step ``fk``, then backward step ``bk``."""
+        return self.forward(fk), self.backward(bk)
 
     def run(self) -> None:
         """The whole iteration."""
@@ -297,8 +314,7 @@ class _Interleaved:
         r, c = self.r, self.c
         for k in range(self.remaining):
             fk, bk = k + self.warmup, k
-            y = self.forward(fk)
-            dx = self.backward(bk)
+            y, dx = self.step(fk, bk)
             if r.last_virtual(self.chunk(fk, True)):
                 y = None
             if r.first_virtual(self.chunk(bk, False)):
@@ -376,35 +392,103 @@ class _InterleavedOverlap(_Interleaved):
                 self.inputs[next_chunk].append(x)
 
     def steady_phase(self) -> None:
-        r, c = self.r, self.c
         for k in range(self.remaining):
             fk, bk = k + self.warmup, k
             self._wait("fwd_reqs", fk, True)
-            y = self.forward(fk)
-            if r.last_virtual(self.chunk(fk, True)):
-                y = None
-            recv_prev, next_f = self.next_forward_chunk(fk)
-            if k == self.remaining - 1:
-                recv_prev = False
-            x, _, self.fwd_reqs = r.p2p("fwd", *self.tag(fk, True), c.communicate, send_next=y,
-                                        recv_prev=recv_prev, wait=False)
-            if recv_prev:
-                self.inputs[next_f].append(x)
+            self.exchange_forward(k, fk, self.forward(fk))
             self._wait("bwd_reqs", bk, False)
-            dx = self.backward(bk)
-            if r.first_virtual(self.chunk(bk, False)):
-                dx = None
-            recv_next, next_b = self.next_backward_chunk(bk)
-            _, dy, self.bwd_reqs = r.p2p("bwd", *self.tag(bk, False), c.communicate, send_prev=dx,
-                                         recv_next=recv_next, wait=False)
-            if recv_next:
-                self.grads[next_b].append(dy)
+            self.exchange_backward(bk, self.backward(bk))
+
+    def exchange_forward(self, k: int, fk: int, y: Tensor | None) -> None:
+        """Steady step ``k``'s forward send / receive (forward step ``fk``), left in flight."""
+        r, c = self.r, self.c
+        if r.last_virtual(self.chunk(fk, True)):
+            y = None
+        recv_prev, next_f = self.next_forward_chunk(fk)
+        if k == self.remaining - 1:
+            recv_prev = False
+        x, _, self.fwd_reqs = r.p2p("fwd", *self.tag(fk, True), c.communicate, send_next=y,
+                                    recv_prev=recv_prev, wait=False)
+        if recv_prev:
+            self.inputs[next_f].append(x)
+
+    def exchange_backward(self, bk: int, dx: Tensor | None) -> None:
+        """Backward step ``bk``'s send / receive, left in flight."""
+        r, c = self.r, self.c
+        if r.first_virtual(self.chunk(bk, False)):
+            dx = None
+        recv_next, next_b = self.next_backward_chunk(bk)
+        _, dy, self.bwd_reqs = r.p2p("bwd", *self.tag(bk, False), c.communicate, send_prev=dx,
+                                     recv_next=recv_next, wait=False)
+        if recv_next:
+            self.grads[next_b].append(dy)
 
     def cooldown_phase(self) -> None:
         k = self.remaining
         self._wait("fwd_reqs", max(k - 1 + self.warmup, 0), True)
         self._wait("bwd_reqs", min(k, self.total - 1), False)
         super().cooldown_phase()
+
+
+class _Combined(_Interleaved):
+    """The interleaved schedule with expert-parallel overlap (Megatron-core's
+    ``combined_1f1b_schedule_for_interleaved_pipelining`` through ``forward_backward_helper_wrapper``;
+    :mod:`models.ep_overlap`): one more warm-up forward ("so that the forward and backward computations
+    are independent in all 1F1B steps", ``get_pp_rank_microbatches``), every forward and backward a
+    combined step of the runner, a steady step's forward and backward merged into one."""
+
+    def __init__(self, r: Runner) -> None:
+        super().__init__(r)
+        if r.overlap and not r.aligned:
+            raise ConfigError("expert-parallel overlap with --no-align-grad-reduce is not modelled")
+        if not self.all_warmup:
+            self.warmup = min(self.warmup + 1, self.total)
+            self.all_warmup = self.warmup == self.total
+            self.remaining = self.total - self.warmup
+
+    def run(self) -> None:
+        def at(k: int, forward: bool) -> tuple[int, int]:
+            return self.chunk(k, forward), _mb_in_chunk(k, self.pp, self.vpp)
+
+        self.r.plan_combined([(at(k, True), None) for k in range(self.warmup)]
+                             + [(at(k + self.warmup, True), at(k, False)) for k in range(self.remaining)]
+                             + [(None, at(k, False)) for k in range(self.remaining, self.total)])
+        super().run()
+
+    def forward(self, k: int) -> Tensor | None:
+        chunk, mb, x = self.forward_args(k)
+        y, _ = self.r.combined((chunk, mb, x), None)
+        self.outputs[chunk].append(y)
+        return y
+
+    def backward(self, k: int) -> Tensor | None:
+        chunk, mb, inp, _, grad = self.backward_args(k)
+        _, dx = self.r.combined(None, (chunk, mb, inp), grad)
+        self.backward_done(k)
+        return dx
+
+    def step(self, fk: int, bk: int) -> tuple[Tensor | None, Tensor | None]:
+        fc, fmb, x = self.forward_args(fk)
+        bc, bmb, inp, _, grad = self.backward_args(bk)
+        y, dx = self.r.combined((fc, fmb, x), (bc, bmb, inp), grad)
+        self.outputs[fc].append(y)
+        self.backward_done(bk)
+        return y, dx
+
+
+class _CombinedOverlap(_Combined, _InterleavedOverlap):
+    """:class:`_Combined` with overlapped p2p: a merged step waits for both of its receives first
+    (its ``pre_forward`` / ``pre_backward``), then leaves both exchanges in flight (``post_forward`` /
+    ``post_backward``)."""
+
+    def steady_phase(self) -> None:
+        for k in range(self.remaining):
+            fk, bk = k + self.warmup, k
+            self._wait("fwd_reqs", fk, True)
+            self._wait("bwd_reqs", bk, False)
+            y, dx = self.step(fk, bk)
+            self.exchange_forward(k, fk, y)
+            self.exchange_backward(bk, dx)
 
 
 def forward_backward(
@@ -425,7 +509,7 @@ def forward_backward(
     (empty unless this rank holds the last virtual stage). ``chunk_classes``: for each chunk, the
     first chunk built like it (:func:`models.chunks.chunk_classes`); a capture then records one
     forward and backward per class instead of per chunk. ``plan_step``: run Megatron-core's
-    combined 1F1B on it (expert-parallel overlap, :mod:`models.ep_overlap`; without pipelining).
+    combined 1F1B on it (expert-parallel overlap, :mod:`models.ep_overlap`).
 
     Raises:
         ConfigError: bad micro-batch or chunk counts.
@@ -443,13 +527,17 @@ def forward_backward(
             f"the interleaved schedule needs num_microbatches ({num_microbatches}) to be a multiple "
             f"of the pipeline-parallel size ({pp}); change --global-batch-size or --micro-batch-size"
         )
-    if plan_step is not None and pp > 1:
-        raise ConfigError("expert-parallel overlap (the combined 1F1B schedule) is modelled without pipelining only")
+    if plan_step is not None and pp > 1 and num_chunks == 1:
+        raise ConfigError("expert-parallel overlap (the combined 1F1B schedule) with pipelining needs virtual "
+                          "pipeline stages (Megatron-core runs it in the interleaved schedule only)")
     runner = Runner(forward_step, num_microbatches, num_chunks, comm if pp > 1 else None, grad_sync,
                      chunk_classes if chunk_classes is not None and len(chunk_classes) == num_chunks else None,
                      plan_step)
-    if plan_step is not None:
+    if plan_step is not None and pp == 1:
         _combined_no_pipelining(runner)
+    elif plan_step is not None:
+        (_CombinedOverlap if comm.overlap else _Combined)(runner).run()
+        runner.drop_plans()
     elif pp == 1:
         _no_pipelining(runner)
     elif num_chunks == 1:

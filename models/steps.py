@@ -92,6 +92,9 @@ class Runner:
         """Backward class -> plans whose own backward was a referenced block: they stand in for a
         backward whose forward was referenced (as :attr:`graphs` for plain steps)."""
         self.stream: Any = None
+        self.forced: set[int] = set()
+        """Combined steps recorded under keys of their own (:meth:`plan_combined`)."""
+        self.step_index = 0
         self.classes = list(chunk_classes) if chunk_classes is not None else None
         self.graphs: dict[Hashable, tuple[Tensor | None, Tensor]] = {}
         """Backward key -> (input, output) of a forward that ran with autograd: a referenced
@@ -226,18 +229,11 @@ class Runner:
         (chunk, micro-batch, input) merged with the backward of ``b`` = (chunk, micro-batch, input;
         ``grad`` its output's gradient), either None, as one block -> (``f``'s output, ``b``'s input
         gradient). Keys as :meth:`forward` and :meth:`backward` would give the two halves;
-        ``every_call``: recorded every iteration (a later step needs a plan of its forward to run on)."""
-        def shape(t: Tensor | None) -> Hashable:
-            return None if t is None else tuple(t.shape)
-
-        gather, fkey, bkey = False, None, None
-        if f is not None:
-            gather = bool(self.gs is not None and f[1] == 0 and self.gs.param_sync_pending(f[0]))
-            fkey = (self._class(f[0], f[1]), self.syncs_in_backward(f[1]), shape(f[2]), *self.key_suffix(f[1]))
-        if b is not None:
-            bkey = (self._class(b[0], b[1]), self.syncs_in_backward(b[1]), shape(b[2]), *self.key_suffix(b[1]))
-        rest = (bkey, shape(grad), *((("call", self.call),) if every_call else ()))
-        key, bare = ("1f1b", fkey, gather, *rest), (("1f1b", fkey, False, *rest) if gather else None)
+        ``every_call``: recorded every iteration (a later step needs a plan of its forward to run on);
+        a step :meth:`plan_combined` forced is recorded under a key of its own."""
+        gather = bool(self.gs is not None and f is not None and f[1] == 0 and self.gs.param_sync_pending(f[0]))
+        index, self.step_index = self.step_index, self.step_index + 1
+        key, bare = self._combined_key(f and f[:2], b and b[:2], gather, every_call, index if index in self.forced else None)
         ran = []
 
         def run(x: Tensor | None, dy: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
@@ -256,16 +252,73 @@ class Runner:
 
         mb, chunk = (f[1], f[0]) if f is not None else (b[1], b[0])
         with self.ann.scope(mb=mb, chunk=chunk):
-            y, dx = self.ann.block(key, run, f[2] if f else None, grad, bare_key=bare, bare_without="param_gather",
-                                   any_chunk=True, shared_waits=gather)
+            y, dx = self.ann.block(key, run, f[2] if f else None, grad, bare_key=bare if gather else None,
+                                   bare_without="param_gather", any_chunk=True, shared_waits=gather)
         if not ran and b is not None and (b[0], b[1]) in self.plans:
             # A forward that ran whose backward was referenced: its plan stands in for a later one.
             self.spare.setdefault(self._class(b[0], b[1]), []).append(self.plans.pop((b[0], b[1])))
         if gather:
             self.gs.param_sync_done(f[0])
         if f is not None and self.last_virtual(f[0]):
-            self.losses.append(y)
+            self.losses.append(y.detach())  # its graph would keep the head's detached input alive
         return y, dx
+
+    def _combined_key(self, f: tuple[int, int] | None, b: tuple[int, int] | None, gather: bool, every_call: bool,
+                      forced: int | None) -> tuple[tuple, tuple]:
+        """(key, bare key) of a combined step; a stage's inputs and output gradients all have one
+        shape, so whether there is one (first / last virtual stage) stands for it."""
+        fkey = None if f is None else (self._class(*f), self.syncs_in_backward(f[1]), self.first_virtual(f[0]),
+                                       *self.key_suffix(f[1]))
+        bkey = None if b is None else (self._class(*b), self.syncs_in_backward(b[1]), self.first_virtual(b[0]),
+                                       self.last_virtual(b[0]), *self.key_suffix(b[1]))
+        rest = (bkey, *((("call", self.call),) if every_call else ()), *((("step", forced),) if forced is not None else ()))
+        return ("1f1b", fkey, gather, *rest), ("1f1b", fkey, False, *rest)
+
+    def plan_combined(self, steps: Sequence[tuple[tuple[int, int] | None, tuple[int, int] | None]]) -> None:
+        """Before a schedule of combined steps (``(forward, backward)`` as (chunk, micro-batch), in the
+        order :meth:`combined` will be called): choose the steps to record under keys of their own.
+
+        A capture records a step once per key and references it afterwards, so a referenced step's
+        forward leaves no plan; a recorded step's backward runs on its micro-batch's plan, or on a
+        spare one of its class (a plan whose own backward was referenced). Where neither would exist,
+        the step that ran that micro-batch's forward is recorded anew (forced), which may force more;
+        repeated until every recorded backward has a plan. Assumes every key is new to the capture
+        and every step reusable (the interleaved schedule with aligned grad reduction)."""
+        pending = {c: bool(self.gs is not None and self.gs.param_sync_pending(c)) for c in range(self.vpp)}
+        self.forced, self.step_index = set(), 0
+        while (need := self._missing_plan(steps, pending)) is not None:
+            if need in self.forced:
+                raise RuntimeError(f"combined steps: step {need} is recorded and still leaves no plan")
+            self.forced.add(need)
+
+    def _missing_plan(self, steps: Sequence, pending: dict[int, bool]) -> int | None:
+        """The step whose forward must be recorded for a recorded backward to have a plan (None: none)."""
+        seen: set = set()
+        ran_forward: dict[tuple[int, int], int] = {}
+        plans: set[tuple[int, int]] = set()
+        spare: dict[Hashable, int] = {}
+        for i, (f, b) in enumerate(steps):
+            gather = bool(f is not None and f[1] == 0 and pending[f[0]])
+            key, bare = self._combined_key(f, b, gather, False, i if i in self.forced else None)
+            runs = key not in seen
+            seen.add(key)
+            if runs and gather:
+                seen.add(bare)  # the block without its waits, referenced by the others (Annotator.block)
+            if f is not None:
+                ran_forward[f] = i
+            if runs and b is not None:
+                if b in plans:
+                    plans.remove(b)
+                elif spare.get(self._class(*b), 0):
+                    spare[self._class(*b)] -= 1
+                else:
+                    return ran_forward[b]
+            elif b is not None and b in plans:
+                plans.remove(b)
+                spare[self._class(*b)] = spare.get(self._class(*b), 0) + 1
+            if runs and f is not None:
+                plans.add(f)
+        return None
 
     def _backward_plan(self, b: tuple[int, int, Tensor | None]) -> Any:
         plan = self.plans.pop((b[0], b[1]), None)
@@ -281,6 +334,7 @@ class Runner:
         blocks' (:meth:`heterosim.annotate.Annotator.discard`)."""
         for plan in [*self.plans.values(), *(p for ps in self.spare.values() for p in ps)]:
             self.ann.discard(plan.output)
+            plan.release()
         self.plans.clear()
         self.spare.clear()
 

@@ -135,3 +135,77 @@ def test_capture_issues_each_exchange_beside_the_other_micro_batch(tmp_path):
     assert len(blocks) == 5 and blocks[1] == blocks[2] == blocks[3] and len(set(blocks)) == 3
     pair = "allb af allf w Hallf allf w ebx4 allbx2 wx2 efx2 allf wx2 ab"
     assert _signature(o for o in role.ops() if o.mb == 2) == f"{pair} {pair.replace('allb af', 'allb w af')} w"
+
+
+def test_real_interleaved_run_trains_exactly_like_the_plain_schedule():
+    """Real numbers (gloo, 4 ranks, bf16): pp 2 x vpp 2 x EP 2 MoE with overlapped p2p. The combined
+    schedule (one more warm-up forward, every steady step a merged forward and backward, both
+    receives waited before it and both exchanges left in flight after it) trains exactly like the
+    plain interleaved schedule: the same losses over 3 iterations on both last-stage ranks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_pretrain_gpt import _free_port, _losses
+
+    script = Path(__file__).resolve().parents[1] / "models" / "pretrain_gpt.py"
+    args = [sys.executable, str(script), "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--seq-length", "32", "--vocab-size", "128", "--swiglu", "--normalization", "RMSNorm",
+            "--position-embedding-type", "rope", "--num-experts", "4", "--moe-router-topk", "2",
+            "--moe-ffn-hidden-size", "16", "--micro-batch-size", "1", "--bf16", "--expert-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+            "--global-batch-size", "8", "--train-iters", "3", "--hidden-dropout", "0.0", "--overlap-p2p-communication"]
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    losses = []
+    for extra in ([], ["--overlap-moe-expert-parallel-comm"]):
+        port = str(_free_port())
+        procs = [subprocess.Popen(args + extra, env={**base, "RANK": str(r), "WORLD_SIZE": "4", "MASTER_PORT": port},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+        outs = [p.communicate(timeout=240) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+        losses.append([l for o in outs for l in _losses(o[0])])
+    assert len(losses[0]) == 6 and losses[0] == losses[1], losses
+
+
+PP_ARGV = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+           "--vocab-size", "256", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+           "--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--micro-batch-size", "1",
+           "--bf16", "--expert-model-parallel-size", "4", "--pipeline-model-parallel-size", "2",
+           "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "32", "--overlap-moe-expert-parallel-comm"]
+
+
+def test_interleaved_schedule_has_one_more_warmup_forward():
+    """pp 2 x vpp 2, 8 micro-batches (16 virtual steps): Megatron-core's combined schedule warms up
+    with (pp - rank - 1) * 2 + (vpp - 1) * pp + 1 forwards (5 on stage 0, 3 on stage 1, one more than
+    the plain interleaved schedule), then merges each forward with a backward, then cools down."""
+    from test_pretrain_gpt import run_fake
+
+    for rank, kinds in ((0, "F" * 5 + "M" * 11 + "B" * 5), (4, "F" * 3 + "M" * 13 + "B" * 3)):
+        ann, _, _ = run_fake(PP_ARGV + ["--train-iters", "1"], rank=rank, world=8)
+        assert all(k[0] == "1f1b" for k in ann.blocks)
+        assert "".join("M" if k[1] and k[3] else "F" if k[1] else "B" for k in ann.blocks) == kinds
+
+
+def test_interleaved_capture_records_each_step_kind_once_and_replays(tmp_path):
+    """Captured over 3 iterations with the distributed optimizer, overlapped grad reduction and
+    parameter all-gathers: every recorded backward finds a forward's autograd graph (the steps
+    Runner.plan_combined forces), equal steps share one block, and the trace replays on a DGX H100
+    cluster."""
+    from pathlib import Path
+
+    from capture import capture
+    from heterosim.trace import load_trace
+    from replay import simulate
+
+    argv = PP_ARGV + ["--train-iters", "3", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                      "--overlap-param-gather", "--overlap-p2p-communication"]
+    out = capture(str(Path(__file__).resolve().parents[1] / "models" / "pretrain_gpt.py"), argv, tmp_path / "t",
+                  world_size=8)
+    trace = load_trace(out)
+    assert len(trace.roles) == 2
+    for role in trace.roles:
+        steps = [s.block for s in role.program if s.mb >= 0]
+        assert len(set(steps)) < len(steps) / 2
+    r = simulate(out, "dgx-h100")
+    assert 0 < r.iteration_time_s < 1

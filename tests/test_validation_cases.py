@@ -542,13 +542,16 @@ def test_every_bridge_row_reads():
 
 
 def test_ep_overlap_field_and_pipelined_jobs():
-    """parallelism.ep_overlap says yes or no; with pipelining it is noted and run without (models/ep_overlap.py
-    runs it without pipelining only); a word that is neither fails naming the field."""
+    """parallelism.ep_overlap says yes or no; with pipelining it needs virtual stages (Megatron-core),
+    else it is noted and run without; a word that is neither fails naming the field."""
     on = next(c for c in load_cases(BRIDGE) if c.id.endswith("ep-overlap-on"))
     piped = dataclasses.replace(on, parallelism={**on.parallelism, "pp": 2, "dp": 8})
     ci = megatron_flags(piped)
     assert "--overlap-moe-expert-parallel-comm" not in ci.flags
-    assert "expert-parallel overlap is modelled without pipelining only: this pipelined job runs without it" in ci.assumptions
+    assert ("expert-parallel overlap needs virtual pipeline stages with pipelining (Megatron-core): this job "
+            "runs without it") in ci.assumptions
+    interleaved = megatron_flags(dataclasses.replace(piped, parallelism={**piped.parallelism, "vpp": 2}))
+    assert "--overlap-moe-expert-parallel-comm" in interleaved.flags
     bad = dataclasses.replace(on, parallelism={**on.parallelism, "ep_overlap": "sometimes"})
     with pytest.raises(ConfigError, match=r"ep-overlap-on: parallelism.ep_overlap is 'sometimes'; say true or false"):
         megatron_flags(bad)

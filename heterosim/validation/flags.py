@@ -309,7 +309,6 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
                        "then fans out over NVLink (models/layers/moe_flex.py)")
         if backend == "hybridep" and f.recipe("hybridep_permute_fusion", "HybridEP permute fusion"):
             flags += ["--moe-permute-fusion-into-hybridep"]
-    flags += _ep_overlap_flags(f, par, size)
     flags += _interleave_flags(f, size["pp"], layers)
     try:
         # An absent key is as unstated as "not stated": the recipe or the framework's default decides.
@@ -341,7 +340,8 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
     layout = flags[flags.index(flag) + 1] if flag in flags else ""
     interleaved = ("--num-layers-per-virtual-pipeline-stage" in flags
                    or bool(layout) and parse_pipeline_layout(layout, size["pp"])[1] > 1)
-    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved)
+    return flags + _overlap_flags(f, size, bool(sp) and size["tp"] > 1, interleaved) + _ep_overlap_flags(
+        f, par, size, interleaved)
 
 
 def _expert_tp(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> int | None:
@@ -358,10 +358,11 @@ def _expert_tp(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> in
     return f.recipe("expert_tp", "parallelism.etp") if size["ep"] > 1 else None
 
 
-def _ep_overlap_flags(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]) -> list[str]:
+def _ep_overlap_flags(f: Fields, par: Mapping[str, Any], size: Mapping[str, int], interleaved: bool) -> list[str]:
     """``--overlap-moe-expert-parallel-comm`` for the case's ``ep_overlap`` (else the recipe's): one
-    micro-batch's token exchanges under another's compute (models/ep_overlap.py); modelled without
-    pipelining only, so a pipelined job runs without it, noted."""
+    micro-batch's token exchanges under another's compute (models/ep_overlap.py). Megatron-core runs it
+    with pipelining in the interleaved schedule only: a pipelined job without virtual stages runs
+    without it, noted."""
     if size["ep"] <= 1:
         return []
     try:
@@ -372,8 +373,9 @@ def _ep_overlap_flags(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]
         on = f.recipe("ep_overlap", "expert-parallel overlap", shown={True: "on", False: "off"}.get(f.pub.get("ep_overlap")))
     if not on:
         return []
-    if size["pp"] > 1:
-        f.notes.append("expert-parallel overlap is modelled without pipelining only: this pipelined job runs without it")
+    if size["pp"] > 1 and not interleaved:
+        f.notes.append("expert-parallel overlap needs virtual pipeline stages with pipelining (Megatron-core): "
+                       "this job runs without it")
         return []
     f.notes.append("expert-parallel overlap: Megatron-core's combined 1F1B (overlap_moe_expert_parallel_comm, "
                    "models/ep_overlap.py)")
