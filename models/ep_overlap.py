@@ -37,8 +37,13 @@ replay reads them. Likewise the flex dispatcher's host read of the tokens per ex
 ``tolist()``, a copy on the compute stream) is issued after ``mlp_bwd`` and before ``dispatch_bwd``:
 the host waits for the compute stream and the forward's dispatch, not for ``dispatch_bwd``, as on a
 GPU. Approximations: the ``combine`` node's compute (un-permutation, residual) runs on the one
-compute stream of replay, after the work issued before it; ``delay_wgrad_compute`` (the experts'
-weight gradients split from ``mlp_bwd``) is not modelled.
+compute stream of replay, after the work issued before it, without waiting for its exchange (a
+side stream's compute, ``capture/streams.py``); ``delay_wgrad_compute`` (the experts' weight
+gradients split from ``mlp_bwd``) is not modelled; the exchange kernels' share of the SMs and of
+memory bandwidth is replay's one ``overlap_slowdown`` of the compute beside them, and the kernels
+themselves are not slowed. Memory: a node's inputs that no backward reads are released after its
+forward (Megatron-core's ``should_free_input``, decided for this model's graph); the rest of both
+micro-batches of a step is alive at once, as on a GPU.
 
 Example::
 
