@@ -536,9 +536,11 @@ def test_every_bridge_row_reads():
     assert [k for k, f in flex.items() if "--moe-permute-fusion-into-hybridep" in f] == [
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-off",
         "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
-    # the A/B's one change: its parallelism.ep_overlap
+    # expert-parallel overlap: the Qwen3 H100 recipes' (235B interleaved, 30B at PP 2 in 25.11), the A/B's
+    # one change (its parallelism.ep_overlap)
     assert [c.id for c in cases if "--overlap-moe-expert-parallel-comm" in megatron_flags(c).flags] == [
-        "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
+        "e2e-bridge-26.04.01-h100-qwen3-235b-a22b-fp8-256", "e2e-bridge-25.11-h100-qwen3-235b-a22b-fp8-cs-256",
+        "e2e-bridge-25.11-h100-qwen3-30b-a3b-fp8-cs-16", "e2e-bridge-skill-h100-qwen3-30b-a3b-bf16-16-ep-overlap-on"]
 
 
 def test_ep_overlap_field_and_pipelined_jobs():
