@@ -19,6 +19,10 @@ __all__ = ["PipelineComm"]
 Tensor = torch.Tensor
 
 
+_ACT, _GRAD = 0, 1
+"""p2p tags: activations travel forward, gradients backward."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineComm:
     """Point-to-point exchange of activations and gradients between neighbouring pipeline stages.
@@ -85,15 +89,18 @@ class PipelineComm:
         # Received activations need grad: the stage's backward returns d(loss)/d(input).
         from_prev = torch.empty(part, dtype=self.dtype, requires_grad=tp == 1) if recv_prev else None
         from_next = torch.empty(part, dtype=self.dtype) if recv_next else None
+        # Tags keep the two directions apart where prev and next are one peer (two stages of an
+        # interleaved pipeline): activations 0, gradients 1, so a send of one is never matched with
+        # a receive of the other (gloo matches by peer and tag, in order). NCCL ignores tags.
         ops = []
         if send_prev is not None:
-            ops.append(dist.P2POp(dist.isend, send_prev, group=self.group, group_peer=prev))
+            ops.append(dist.P2POp(dist.isend, send_prev, group=self.group, group_peer=prev, tag=_GRAD))
         if from_prev is not None:
-            ops.append(dist.P2POp(dist.irecv, from_prev, group=self.group, group_peer=prev))
+            ops.append(dist.P2POp(dist.irecv, from_prev, group=self.group, group_peer=prev, tag=_ACT))
         if send_next is not None:
-            ops.append(dist.P2POp(dist.isend, send_next, group=self.group, group_peer=nxt))
+            ops.append(dist.P2POp(dist.isend, send_next, group=self.group, group_peer=nxt, tag=_ACT))
         if from_next is not None:
-            ops.append(dist.P2POp(dist.irecv, from_next, group=self.group, group_peer=nxt))
+            ops.append(dist.P2POp(dist.irecv, from_next, group=self.group, group_peer=nxt, tag=_GRAD))
         reqs = dist.batch_isend_irecv(ops) if ops else []
         if not wait:
             if tp > 1:

@@ -142,29 +142,15 @@ def test_real_interleaved_run_trains_exactly_like_the_plain_schedule():
     schedule (one more warm-up forward, every steady step a merged forward and backward, both
     receives waited before it and both exchanges left in flight after it) trains exactly like the
     plain interleaved schedule: the same losses over 3 iterations on both last-stage ranks."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from test_pretrain_gpt import real_losses
 
-    from test_pretrain_gpt import _free_port, _losses
-
-    script = Path(__file__).resolve().parents[1] / "models" / "pretrain_gpt.py"
-    args = [sys.executable, str(script), "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-            "--seq-length", "32", "--vocab-size", "128", "--swiglu", "--normalization", "RMSNorm",
-            "--position-embedding-type", "rope", "--num-experts", "4", "--moe-router-topk", "2",
-            "--moe-ffn-hidden-size", "16", "--micro-batch-size", "1", "--bf16", "--expert-model-parallel-size", "2",
-            "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
-            "--global-batch-size", "8", "--train-iters", "3", "--hidden-dropout", "0.0", "--overlap-p2p-communication"]
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    losses = []
-    for extra in ([], ["--overlap-moe-expert-parallel-comm"]):
-        port = str(_free_port())
-        procs = [subprocess.Popen(args + extra, env={**base, "RANK": str(r), "WORLD_SIZE": "4", "MASTER_PORT": port},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
-        outs = [p.communicate(timeout=240) for p in procs]
-        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-        losses.append([l for o in outs for l in _losses(o[0])])
+    argv = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+            "--vocab-size", "128", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+            "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16", "--micro-batch-size", "1",
+            "--bf16", "--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+            "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "8", "--train-iters", "3",
+            "--hidden-dropout", "0.0", "--overlap-p2p-communication"]
+    losses = real_losses(argv, 4, [[], ["--overlap-moe-expert-parallel-comm"]])
     assert len(losses[0]) == 6 and losses[0] == losses[1], losses
 
 

@@ -274,21 +274,29 @@ def test_script_unknown_flag_subprocess():
                                   "3*1*1 = 3; choose sizes whose product divides it")
 
 
+def real_losses(argv: list[str], world: int, variants: list[list[str]]) -> list[list[float]]:
+    """Run ``pretrain_gpt.py argv + variant`` for real on ``world`` gloo ranks, once per variant; the
+    losses every rank printed, per variant."""
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    losses = []
+    for extra in variants:
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, str(SCRIPT), *argv, *extra],
+                                  env={**base, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+        outs = [p.communicate(timeout=240) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+        losses.append([l for o in outs for l in _losses(o[0])])
+    return losses
+
+
 def test_real_scatter_gather_p2p_trains_like_plain_p2p():
     """Real numbers (gloo, 4 ranks, tp 2 x pp 2): --scatter-gather-tensors-in-pipeline (each TP rank
     sends half of every activation and gradient, the receivers all-gather) gives the same losses,
     which holds only if replicated parameters and dropout agree across TP ranks."""
-    args = [sys.executable, str(SCRIPT), "--preset", "tiny", "--train-iters", "2", "--global-batch-size", "4",
-            "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    losses = []
-    for extra in ([], ["--scatter-gather-tensors-in-pipeline"]):
-        port = str(_free_port())
-        procs = [subprocess.Popen(args + extra, env={**base, "RANK": str(r), "WORLD_SIZE": "4", "MASTER_PORT": port},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
-        outs = [p.communicate(timeout=240) for p in procs]
-        assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-        losses.append([l for o in outs for l in _losses(o[0])])
+    losses = real_losses(["--preset", "tiny", "--train-iters", "2", "--global-batch-size", "4",
+                          "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 4,
+                         [[], ["--scatter-gather-tensors-in-pipeline"]])
     assert len(losses[0]) == 4 and losses[0] == losses[1], losses  # 2 iterations x 2 last-stage TP ranks
 
 
@@ -312,3 +320,17 @@ def test_nvfp4_job_replays_on_blackwell_and_is_refused_before_it(tmp_path):
     with pytest.raises(ConfigError, match=r"H100-SXM5-80GB has no fp4 tensor cores \(sm_90; fp4 GEMMs such as NVFP4 "
                                           r"need Blackwell, sm_100 or later\)"):
         simulate(out, "dgx-h100")
+
+
+def test_real_two_stage_interleaved_pipeline_sends_each_tensor_to_its_receive():
+    """Real numbers (gloo, 2 ranks, pp 2 x vpp 2): with two stages a rank's previous and next stage
+    are the same peer, so one exchange sends it an activation and a gradient at once. Tagged by
+    direction, each lands in its own receive: the batched exchange (waited at once) trains exactly
+    like the overlapped one (each send and receive on its own); untagged, the gradient filled the
+    activation's buffer (losses differed from the third micro-batch on)."""
+    argv = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+            "--vocab-size", "128", "--micro-batch-size", "1", "--pipeline-model-parallel-size", "2",
+            "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "4", "--train-iters", "2",
+            "--hidden-dropout", "0.0"]
+    losses = real_losses(argv, 2, [[], ["--overlap-p2p-communication"]])
+    assert len(losses[0]) == 2 and losses[0] == losses[1], losses
