@@ -29,7 +29,7 @@ model = GPTModel(mcfg, pcfg, TrainConfig(params_dtype="fp32"), ps, layers=range(
 tokens = torch.randint(0, 64, (2, 17))
 ids, labels = tokens[:, :-1], tokens[:, 1:]
 total = model(ids, labels)
-rot = model._rotary(ids.device)
+rot = model.rotary(ids.device)
 model.decoder(model._embed(ids), rot)  # again, to read the output before the final norm
 h = model.decoder.prenorm_output
 layers, model.mtp_layers = model.mtp_layers, None
