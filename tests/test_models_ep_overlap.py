@@ -137,6 +137,30 @@ def test_capture_issues_each_exchange_beside_the_other_micro_batch(tmp_path):
     assert _signature(o for o in role.ops() if o.mb == 2) == f"{pair} {pair.replace('allb af', 'allb w af')} w"
 
 
+def test_capture_without_pipelining_reduces_grads_in_the_last_backward_every_iteration(tmp_path):
+    """3 iterations with the distributed optimizer's overlapped reduction: the last backward issues the
+    reduce-scatters, so it is recorded every iteration on its own forward's plan (the first two steps
+    recorded every iteration too, and the step holding that backward's forward); the kept iteration
+    holds five distinct blocks (F2 + B1 the one referenced from the first iteration), and the last
+    backward's reduce-scatters."""
+    from pathlib import Path
+
+    from capture import capture
+    from heterosim.trace import load_trace
+
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--vocab-size", "256", "--swiglu", "--num-experts", "16", "--moe-router-topk", "2",
+            "--moe-ffn-hidden-size", "32", "--micro-batch-size", "1", "--bf16", "--expert-model-parallel-size", "8",
+            "--global-batch-size", "32", "--overlap-moe-expert-parallel-comm", "--train-iters", "3",
+            "--use-distributed-optimizer", "--overlap-grad-reduce"]
+    out = capture(str(Path(__file__).resolve().parents[1] / "models" / "pretrain_gpt.py"), argv, tmp_path / "t",
+                  world_size=8)
+    role = load_trace(out).roles[0]
+    steps = [s.block for s in role.program if s.mb >= 0]
+    assert len(steps) == len(set(steps)) == 5
+    assert any(o.collective == "reduce_scatter" for o in role.ops() if o.mb == 3)
+
+
 def test_real_interleaved_run_trains_exactly_like_the_plain_schedule():
     """Real numbers (gloo, 4 ranks, bf16): pp 2 x vpp 2 x EP 2 MoE with overlapped p2p. The combined
     schedule (one more warm-up forward, every steady step a merged forward and backward, both
