@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute runs at speed 1-F while a comm op of the same rank is in flight "
                    f"(NCCL takes SMs and HBM bandwidth); default {OVERLAP_SLOWDOWN} (measured, "
                    "arXiv:2507.03114); 0: off")
+    s.add_argument("--mean-board", action="store_true",
+                   help="price every GPU at its model's mean sustained clock (default: the expected "
+                   "slowest of the job's boards, which a synchronous step waits for; gpus.yaml "
+                   "sustained_clock_spread)")
     s.add_argument("--engine", default="fast", choices=("fast", "reference"), help=argparse.SUPPRESS)
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     s.add_argument("--timeline", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
@@ -134,7 +138,8 @@ def _simulate(a: argparse.Namespace) -> int:
     try:
         res = simulate(a.trace, a.cluster, a.kernel_db, backend=a.backend, placement=a.placement,
                        link_sharing=not a.no_link_sharing, engine=a.engine,
-                       overlap_slowdown=a.overlap_slowdown, progress=progress, nccl_env=_nccl_env(a.nccl_env))
+                       overlap_slowdown=a.overlap_slowdown, progress=progress, nccl_env=_nccl_env(a.nccl_env),
+                       slowest_board=not a.mean_board)
     finally:
         if bar is not None:
             bar.close()

@@ -252,12 +252,15 @@ class Result:
         mem = "".join("\n" + m.line(_ranges) for m in self.memory)
         oom = self.oom_message()
         mem += f"\n  WARNING: {oom}" if oom else ""
+        clocks = [f"{t} {c['priced']:.3f} (mean board {c['mean_board']:.3f}, slowest of {c['boards']:,})"
+                  for t, c in self.stats.get("tensor_clock_ratio", {}).items() if c["priced"] != c["mean_board"]]
+        slow = f"\n  tensor clock / boost: {'; '.join(clocks)}" if clocks else ""
         return (
             f"{self.cluster}: {self.world_size} ranks, iteration {self.iteration_time_s * 1e3:.3f} ms\n"
             f"  {tok}{self.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {self.mfu * 100:.1f}% ({self.dtype})\n"
             f"  mean per rank (ms): compute {b.compute_s * 1e3:.2f}, exposed comm [{comm}] "
             f"(intra {b.exposed_intra_node_s * 1e3:.2f}, inter {b.exposed_inter_node_s * 1e3:.2f}), "
-            f"bubble {b.bubble_s * 1e3:.2f}, idle {b.idle_s * 1e3:.2f}" + mem
+            f"bubble {b.bubble_s * 1e3:.2f}, idle {b.idle_s * 1e3:.2f}" + slow + mem
         )
 
 

@@ -80,15 +80,28 @@ def trace_dtype(trace: Trace) -> str:
 
 
 def _pricer(kernel_db: Any, catalogue: Any = None):
-    """A Pricer over ``kernel_db`` and ``catalogue`` (the cluster's GPU registry, its own
-    accelerators included); a given Pricer is used as it is."""
+    """A Pricer over ``kernel_db`` and ``catalogue`` (the job's GPU registry, the cluster's own
+    accelerators included); a given Pricer lends its DB, efficiency curves and fusion setting."""
     from kernel_db import KernelDB, Pricer
 
     if isinstance(kernel_db, Pricer):
-        return kernel_db
+        return Pricer(kernel_db.db, catalogue, kernel_db.efficiency, fuse=kernel_db.fuse)
     if kernel_db is None or isinstance(kernel_db, KernelDB):
         return Pricer(kernel_db, catalogue)
     return Pricer(KernelDB.load(kernel_db, must_exist=True), catalogue)
+
+
+def job_catalogue(cluster: Any, slowest_board: bool = True) -> Any:
+    """The GPU registry the job is priced with: ``cluster.catalogue``, each GPU type the placement
+    uses at the pace of the slowest of its boards (:meth:`GpuSpec.slowest_of` over the ranks placed
+    on that type), where ``slowest_board``; the registry as it is otherwise."""
+    from heterosim.cluster.gpus import with_specs
+
+    cat = cluster.catalogue
+    if not slowest_board:
+        return cat
+    counts = Counter(cluster.gpu_type(cluster.rank_to_gpu(r)) for r in range(cluster.num_ranks))
+    return with_specs(cat, {cat.get(t).name: cat.get(t).slowest_of(n) for t, n in sorted(counts.items())})
 
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
@@ -299,7 +312,7 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
              backend: str = "numpy", link_sharing: bool = True, nccl_env: Mapping[str, str] | None = None,
              placement: Any = None, engine: str = "fast", symmetry: str = "auto",
              overlap_slowdown: float = OVERLAP_SLOWDOWN, progress: Callable[[int], None] | None = None,
-             host: bool = True) -> Result:
+             host: bool = True, slowest_board: bool = True) -> Result:
     """Simulate one training iteration of ``trace`` on ``cluster``.
 
     Args:
@@ -321,13 +334,17 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
             breakdown (see docs/replay.md).
         host: the GPU waits for its CPU to issue every op (:mod:`replay.host`, the node types'
             ``cpu.dispatch_us``; docs/host.md); False: the host is never the bottleneck.
+        slowest_board: price each GPU type at the expected slowest of the job's boards of that type
+            (power-capped boards differ, ``sustained_clock_spread`` in gpus.yaml; a synchronous step
+            waits for the slowest; :func:`job_catalogue`); False: every board at the model's mean.
     """
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
     xp = get_backend(backend)
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster, num_gpus=trace.world_size, placement=placement)
-    pricer = _pricer(kernel_db, cluster.catalogue)
+    catalogue = job_catalogue(cluster, slowest_board)
+    pricer = _pricer(kernel_db, catalogue)
     sources: dict = {}
     w = build_workload(trace, cluster, pricer, link_sharing=link_sharing, nccl_env=nccl_env, sources_out=sources,
                        overlap_slowdown=overlap_slowdown, host=host)
@@ -338,16 +355,21 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     else:
         raise ConfigError(f"unknown engine {engine!r}; valid engines are 'fast' and 'reference'")
     dtype = trace_dtype(trace)
-    peaks = [cluster.catalogue.get(g).peak(dtype) for g in w.gpu_type]
+    peaks = [catalogue.get(g).peak(dtype) for g in w.gpu_type]
     res = summarize(run, w, cluster_name=getattr(cluster, "name", str(cluster)), peak_flops=peaks,
                     dtype=dtype, sources=sources,
                     options={"backend": backend, "link_sharing": link_sharing, "engine": engine,
                              "symmetry": symmetry, "overlap_slowdown": overlap_slowdown, "host": host,
+                             "slowest_board": slowest_board,
                              "nccl_env": dict(nccl_env or {})})
     from .host import stall_per_rank
 
     res = dataclasses.replace(res, stats={**res.stats, "host_stall_s": stall_per_rank(w)})
-    return dataclasses.replace(res, memory=memory_report(trace, w.gpu_type, cluster.catalogue.get))
+    counts = Counter(w.gpu_type)
+    clocks = {t: {"boards": counts[t], "mean_board": cluster.catalogue.get(t).power_clock_ratio,
+                  "priced": catalogue.get(t).power_clock_ratio} for t in sorted(counts)}
+    res = dataclasses.replace(res, stats={**res.stats, "tensor_clock_ratio": clocks})
+    return dataclasses.replace(res, memory=memory_report(trace, w.gpu_type, catalogue.get))
 
 
 def _reference_as_run(w: Workload) -> FastRun:

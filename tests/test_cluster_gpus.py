@@ -139,3 +139,75 @@ def test_blackwell_ultra_keeps_blackwells_bf16_and_fp8_rates():
         assert (ultra.peak_flops["bf16"], ultra.peak_flops["fp8"]) == (base.peak_flops["bf16"], base.peak_flops["fp8"])
         assert (ultra.arch, ultra.compute_capability, ultra.sm_count) == ("blackwell", 103, 160)
     assert b3.hbm_bytes == 288 * 2**30 and b3.hbm_bw == 8.0e12
+
+
+def test_expected_largest_normal_draw_by_bloms_formula():
+    """Blom: Phi^-1((n - 0.375) / (n + 0.25)); 0 for one draw; within 0.03 of the exact integral
+    E[max] = int x n phi(x) Phi(x)^(n-1) dx (8 draws: 1.4236, 2,048: 3.4418)."""
+    import math
+
+    import numpy as np
+
+    from heterosim.cluster.gpus import expected_max_normal
+
+    assert expected_max_normal(1) == 0.0 and expected_max_normal(0) == 0.0
+    assert expected_max_normal(8) == pytest.approx(1.4342, abs=1e-4)  # Phi^-1(7.625 / 8.25 = 0.92424)
+    x = np.linspace(-10, 10, 200001)
+    phi = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + np.array([math.erf(v / math.sqrt(2)) for v in x]))
+    for n in (2, 8, 128, 2048):
+        exact = float(np.trapezoid(x * n * phi * cdf ** (n - 1), x))
+        assert expected_max_normal(n) == pytest.approx(exact, abs=0.03)
+    zs = [expected_max_normal(n) for n in (2, 16, 256, 4096)]
+    assert zs == sorted(zs)
+
+
+def test_the_slowest_of_n_power_capped_boards():
+    """Power-capped boards spread 1.5% (gpus.yaml defaults, [BOARD-SPREAD]); the slowest of 8 H100s
+    runs 0.86 x (1 - 1.4342 x 0.015) = 0.8415 of boost; boards at boost (A100 SXM4) do not spread."""
+    h100 = get_gpu("H100")
+    assert (h100.clock_spread, h100.board_spread) == (0.015, 0.015)
+    assert h100.slowest_of(1) is h100
+    slow = h100.slowest_of(8)
+    assert slow.power_clock_ratio == pytest.approx(0.86 * (1 - 1.4342 * 0.015), abs=1e-5)
+    assert slow.power_clock_ratio == pytest.approx(0.8415, abs=1e-4)
+    assert h100.slowest_of(2048).power_clock_ratio < slow.power_clock_ratio
+    assert slow.peak("bf16") == h100.peak("bf16")  # the datasheet peak stays; the clock moves
+    a100 = get_gpu("A100-SXM4-80GB")
+    assert (a100.power_clock_ratio, a100.board_spread) == (1.0, 0.0)
+    assert a100.slowest_of(1024) is a100
+    pcie = get_gpu("A100-PCIe-40GB")  # 250 W: (250 / 400) ** (1/3) = 0.855, capped, so it spreads
+    assert pcie.slowest_of(8).power_clock_ratio == pytest.approx(0.855 * (1 - 1.4342 * 0.015), abs=1e-3)
+
+
+def test_bad_board_spread_is_one_clear_error(tmp_path):
+    import yaml
+
+    entry = {"name": "X", "vendor": "nvidia", "arch": "turing", "compute_capability": 75,
+             "peak_TFLOPs": {"fp32": 8, "tf32": 8, "bf16": 8, "fp16": 65, "fp8": 65}, "hbm_bw_GBps": 320,
+             "memory_GiB": 16, "sm_count": 40, "l2_MiB": 4, "nvlink_bw_GBps": 0, "pcie_bw_GBps": 16,
+             "tdp_W": 70, "sources": "test", "sustained_clock_spread": 0.5}
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [entry]}))
+    with pytest.raises(ConfigError, match=r"X: sustained_clock_spread must be a relative standard deviation in "
+                                          r"\[0, 0.2\) of the sustained tensor throughput across boards, got 0.5"):
+        load_catalogue(p)
+    entry["sustained_clock_spread"] = 0.02
+    p.write_text(yaml.safe_dump({"schema_version": 1, "defaults": {"sustained_clock_spread": 0.01},
+                                 "gpus": [entry]}))
+    assert load_catalogue(p).get("X").clock_spread == 0.02  # the entry over the file's default
+    del entry["sustained_clock_spread"]
+    p.write_text(yaml.safe_dump({"schema_version": 1, "defaults": {"sustained_clock_spread": 0.01},
+                                 "gpus": [entry]}))
+    assert load_catalogue(p).get("X").clock_spread == 0.01
+
+
+def test_with_specs_replaces_by_name_and_keeps_aliases():
+    from heterosim.cluster.gpus import with_specs
+
+    cat = load_catalogue()
+    slow = cat.get("H100").slowest_of(64)
+    new = with_specs(cat, {slow.name: slow})
+    assert new.get("H100") is slow and new.get("h100-sxm5-80gb") is slow
+    assert new.get("A100") is cat.get("A100") and new.names() == cat.names()
+    assert with_specs(cat, {}) is cat

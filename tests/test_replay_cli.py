@@ -172,7 +172,9 @@ def test_pipeline_across_gpu_types_on_ethernet(second, gpus):
     from kernel_db import Pricer
     from heterosim.trace.ir import Op
 
-    pricer = Pricer(None, cluster.catalogue)
+    from replay.simulate import job_catalogue
+
+    pricer = Pricer(None, job_catalogue(cluster))  # the T4s (power-capped) at the slowest of their 8
     for rank, gpu in ((0, "V100-SXM2-32GB"), (15, second)):
         f, b = (pricer.price(Op(id=0, kind="compute", name="aten.mm.default", kernel_class="gemm", phase=ph,
                                 flops=fl, flops_full=fl, dtype="bf16"), gpu).seconds for ph, fl in (("fwd", 1e12), ("bwd", 2e12)))

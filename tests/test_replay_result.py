@@ -174,3 +174,28 @@ def test_parts_add_up_with_overlap_slowdown(seed):
     r = summary(dataclasses.replace(random_case(seed), overlap_slowdown=0.4))
     for c in r.classes:
         assert c.breakdown.total_s == pytest.approx(r.iteration_time_s, rel=1e-9)
+
+
+def test_a_job_runs_at_its_slowest_boards_tensor_clock():
+    """16 H100s: tensor work at the expected slowest board's clock, 0.86 x (1 - z x 0.015) with
+    Blom's z = 1.7688 for 16 boards (gpus.yaml [BOARD-SPREAD]); a compute-bound GEMM's time above
+    the launch overhead grows by 1 / (1 - 0.0265). Boards that hold boost (A100 SXM4) do not move."""
+    trace = make_trace(16, {"w": (list(range(16)), "dp", "dp")}, [(list(range(16)), {"b": [comp(4e13)]}, [("b", 0)])])
+    slow, mean = simulate(trace, "dgx-h100"), simulate(trace, "dgx-h100", slowest_board=False)
+    z = 1.7688
+    assert slow.stats["tensor_clock_ratio"] == {"H100-SXM5-80GB": {
+        "boards": 16, "mean_board": 0.86, "priced": pytest.approx(0.86 * (1 - z * 0.015), abs=1e-5)}}
+    assert mean.stats["tensor_clock_ratio"]["H100-SXM5-80GB"]["priced"] == 0.86
+    assert (slow.options["slowest_board"], mean.options["slowest_board"]) == (True, False)
+    launch = 16 * 3.5e-6
+    grow = (slow.price_sources_s["roofline"] - launch) / (mean.price_sources_s["roofline"] - launch)
+    assert grow == pytest.approx(1 / (1 - z * 0.015), rel=1e-6)
+    assert "tensor clock / boost: H100-SXM5-80GB 0.837 (mean board 0.860, slowest of 16)" in slow.summary()
+    assert "tensor clock" not in mean.summary()
+    a100 = [simulate(trace, "dgx-a100", slowest_board=s) for s in (True, False)]
+    assert a100[0].iteration_time_s == a100[1].iteration_time_s
+    assert a100[0].stats["tensor_clock_ratio"]["A100-SXM4-80GB"] == {"boards": 16, "mean_board": 1.0, "priced": 1.0}
+    mixed = simulate(trace, "mixed-a100-h100").stats["tensor_clock_ratio"]  # each type: its own boards
+    assert mixed["H100-SXM5-80GB"] == {"boards": 8, "mean_board": 0.86,
+                                       "priced": pytest.approx(0.86 * (1 - 1.4342 * 0.015), abs=1e-5)}
+    assert mixed["A100-SXM4-80GB"]["priced"] == 1.0

@@ -173,6 +173,9 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
     # The launch script's NCCL environment, under what the caller sets (an experiment's override).
     res = simulate(trace, cluster, kernel_db, nccl_env={**inputs.nccl_env, **dict(nccl_env or {})})
     t_pred = res.iteration_time_s
+    notes += [f"tensor clock {c['priced']:.3f} of boost: the expected slowest of {c['boards']:,} {t} boards "
+              f"(mean board {c['mean_board']:.3f}; docs/calibration.md, board-to-board spread)"
+              for t, c in res.stats.get("tensor_clock_ratio", {}).items() if c["priced"] != c["mean_board"]]
     flops = flop_totals(trace)
     meas = case.measured
     t_meas, _ = _num(meas.get("iteration_time_s"))
