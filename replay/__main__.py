@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="cases run at a time, each in its own process (default 2: a replay is single-"
                         "threaded, so a second case uses the other CPU; timings in docs/calibration.md, "
                         "'Cost')")
+    v.add_argument("--mean-board", action="store_true",
+                   help="price every GPU at its model's mean sustained clock, not the expected slowest "
+                   "of the job's boards (a sensitivity check; docs/replay.md)")
     v.add_argument("--case-timeout", type=float, default=None, metavar="S",
                    help="seconds one case may take, capture and replay (default 900; 0: no limit); a "
                         "case past it fails alone and the run goes on")
@@ -108,7 +111,8 @@ def _validate(a: argparse.Namespace) -> int:
     rep = validate(a.cases, only=a.only, cache_dir=a.cache_dir, kernel_db=a.kernel_db,
                    progress=None if a.json else progress, jobs=a.jobs, finished=finished,
                    nccl_env=_nccl_env(a.nccl_env) or None,
-                   case_timeout=CASE_TIMEOUT_S if a.case_timeout is None else a.case_timeout)
+                   case_timeout=CASE_TIMEOUT_S if a.case_timeout is None else a.case_timeout,
+                   slowest_board=not a.mean_board)
     if a.plot:
         rep.write_plot(a.plot)
     if a.json:

@@ -333,3 +333,22 @@ def test_a_case_past_its_time_limit_fails_alone(tmp_path, monkeypatch, jobs):
         "--case-timeout (0: no limit), or replay its cached trace with python -m replay simulate")
     with pytest.raises(ConfigError, match=r"case timeout -1: give seconds >= 0 \(0: no limit\)"):
         v.validate(_write(tmp_path, [COLL]), case_timeout=-1)
+
+
+def test_power_capped_boards_run_at_the_slowest_and_the_case_says_so(tmp_path):
+    """Two H100s (power-capped, 1.5% board spread): tensor work at the slower of two boards, 0.86 x
+    (1 - 0.5895 x 0.015) = 0.852 of boost (Blom's z for 2 draws), printed with the case; with
+    ``slowest_board=False`` at the mean board's 0.86, and the prediction is faster."""
+    from heterosim.validation.validate import validate
+
+    hw = {"gpu": "NVIDIA H100 80GB HBM3 (SXM5)", "gpus_per_node": 8, "system": "DGX H100",
+          "intra_node": "NVLink4 + NVSwitch", "inter_node": "InfiniBand NDR, 8 x 400 Gb/s"}
+    case = {**E2E, "id": "h100-2gpu", "hardware": hw, "precision": "bf16",
+            "parallelism": {**E2E["parallelism"], "dp": 2}, "batch": {"micro": 4, "global": 8}}
+    path, cache = _write(tmp_path, [case]), tmp_path / "cache"
+    slow, mean = (validate(path, cache_dir=cache, slowest_board=s).cases[0] for s in (True, False))
+    note = [a for a in slow.assumptions if a.startswith("tensor clock")]
+    assert note == ["tensor clock 0.852 of boost: the expected slowest of 2 H100-SXM5-80GB boards (mean board "
+                    "0.860; docs/calibration.md, board-to-board spread)"]
+    assert not any(a.startswith("tensor clock") for a in mean.assumptions)
+    assert slow.comparisons[0].predicted > mean.comparisons[0].predicted

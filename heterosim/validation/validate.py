@@ -148,7 +148,7 @@ def _missing_feature(msg: str) -> str | None:
     return None
 
 
-def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResult:
+def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_board: bool = True) -> CaseResult:
     from heterosim.cluster import load_cluster
     from heterosim.trace.ir import flop_totals
     from replay.simulate import simulate
@@ -171,7 +171,8 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any) -> CaseResul
         raise
     cluster = load_cluster(inputs.cluster, num_gpus=inputs.world_size, layout=trace.layout)
     # The launch script's NCCL environment, under what the caller sets (an experiment's override).
-    res = simulate(trace, cluster, kernel_db, nccl_env={**inputs.nccl_env, **dict(nccl_env or {})})
+    res = simulate(trace, cluster, kernel_db, nccl_env={**inputs.nccl_env, **dict(nccl_env or {})},
+                   slowest_board=slowest_board)
     t_pred = res.iteration_time_s
     notes += [f"tensor clock {c['priced']:.3f} of boost: the expected slowest of {c['boards']:,} {t} boards "
               f"(mean board {c['mean_board']:.3f}; docs/calibration.md, board-to-board spread)"
@@ -288,12 +289,14 @@ def _coll(case: Case, nccl_env: Any) -> CaseResult:
 
 
 def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env: Any = None,
-             kernel_db: Any = None) -> CaseResult | None:
-    """Predict one case; None for categories that are not predictions (spec, kernel)."""
+             kernel_db: Any = None, slowest_board: bool = True) -> CaseResult | None:
+    """Predict one case; None for categories that are not predictions (spec, kernel).
+    ``slowest_board``: as :func:`replay.simulate.simulate`'s (False: every GPU at its model's mean
+    board's clock)."""
     if case.problem:
         raise ConfigError(case.problem)
     if case.category == "end_to_end":
-        return _e2e(case, cache_dir, nccl_env, kernel_db)
+        return _e2e(case, cache_dir, nccl_env, kernel_db, slowest_board)
     if case.category == "collective":
         return _coll(case, nccl_env)
     return None
@@ -308,7 +311,7 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
              cache_dir: str | os.PathLike | None = None, nccl_env: Any = None, kernel_db: Any = None,
              progress: Callable[[str], None] | None = None, jobs: int = 1,
              finished: Callable[[str, float], None] | None = None,
-             case_timeout: float | None = CASE_TIMEOUT_S) -> Report:
+             case_timeout: float | None = CASE_TIMEOUT_S, slowest_board: bool = True) -> Report:
     """Run every end-to-end and collective case of ``path`` (or those in ``only``).
 
     ``jobs`` > 1 runs that many cases at a time, each in a process forked from this one, largest
@@ -317,6 +320,8 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
     stopped and reported as an error, and the run goes on.
     ``progress(id)`` is called when a case starts, ``finished(id, seconds)`` when it ends (wall
     seconds, capture included); neither enters the report, which stays the same run to run.
+    ``slowest_board``: False prices every GPU at its model's mean board's clock (see
+    :func:`replay.simulate.simulate`).
     """
     cases = load_cases(path)
     if only:
@@ -328,7 +333,8 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
     todo = [c for c in cases if c.category in ("end_to_end", "collective")]
     if case_timeout is not None and not (math.isfinite(case_timeout) and case_timeout >= 0):
         raise ConfigError(f"case timeout {case_timeout!r}: give seconds >= 0 (0: no limit)")
-    kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db, "timeout": case_timeout or None}
+    kw = {"cache_dir": cache_dir, "nccl_env": nccl_env, "kernel_db": kernel_db, "timeout": case_timeout or None,
+          "slowest_board": slowest_board}
     started: dict[int, float] = {}
 
     def start(i: int) -> None:
