@@ -82,7 +82,8 @@ def _gpus(args: argparse.Namespace) -> int:
         print(json.dumps([{"name": g.name, "vendor": g.vendor, "compute_capability": g.compute_capability,
                            "peak_TFLOPs": {k: v / 1e12 for k, v in g.peak_flops.items()}, "hbm_bw_GBps": g.hbm_bw / 1e9,
                            "memory_GiB": g.hbm_bytes / 2**30, "sm_count": g.sm_count, "l2_MiB": g.l2_bytes / 2**20,
-                           "nvlink_bw_GBps": g.nvlink_bw / 1e9, "aliases": list(g.aliases), "sources": g.sources}
+                           "nvlink_bw_GBps": g.nvlink_bw / 1e9, "tensor_clock_ratio": g.power_clock_ratio,
+                           "board_spread": g.board_spread, "aliases": list(g.aliases), "sources": g.sources}
                           for g in cat.gpus], indent=1))
     else:
         print(format_gpus(cat))

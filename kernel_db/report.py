@@ -103,13 +103,14 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def format_gpus(cat: Catalogue) -> str:
-    """The catalogue as a table (dense TFLOP/s, memory in TB/s and GiB)."""
+    """The catalogue as a table (dense TFLOP/s, memory in TB/s and GiB; the sustained tensor clock
+    under the power cap as a fraction of boost, and its board-to-board spread)."""
     rows = [[g.name, g.vendor, g.compute_capability or g.arch, f"{g.peak_flops['fp32'] / 1e12:.1f}",
              f"{g.peak_flops['tf32'] / 1e12:.1f}", f"{g.peak_flops['bf16'] / 1e12:.1f}", f"{g.peak_flops['fp8'] / 1e12:.1f}",
              f"{g.hbm_bw / 1e12:.2f}", f"{g.hbm_bytes / 2**30:.0f}", g.sm_count, f"{g.l2_bytes / 2**20:.0f}",
-             f"{g.nvlink_bw / 1e9:.0f}"] for g in cat.gpus]
+             f"{g.nvlink_bw / 1e9:.0f}", f"{g.power_clock_ratio:.3f}", f"{g.board_spread * 100:.1f}%"] for g in cat.gpus]
     return _table(["gpu", "vendor", "cc", "fp32_TF", "tf32_TF", "bf16_TF", "fp8_TF", "hbm_TBps", "mem_GiB", "SMs",
-                   "L2_MiB", "nvlink_GBps/dir"], rows)
+                   "L2_MiB", "nvlink_GBps/dir", "clock", "spread"], rows)
 
 
 def db_summary(db: KernelDB) -> list[dict[str, Any]]:

@@ -53,6 +53,11 @@ def test_gpus_lists_catalogue():
     doc = json.loads(run("gpus", "--json").stdout)
     h100 = next(g for g in doc if g["name"] == "H100-SXM5-80GB")
     assert h100["peak_TFLOPs"]["bf16"] == pytest.approx(989.4) and h100["sources"]
+    assert (h100["tensor_clock_ratio"], h100["board_spread"]) == (0.86, 0.015)  # measured; gpus.yaml [BOARD-SPREAD]
+    a100 = next(g for g in doc if g["name"] == "A100-SXM4-80GB")
+    assert (a100["tensor_clock_ratio"], a100["board_spread"]) == (1.0, 0.0)  # holds boost: no spread
+    h100_line = next(line for line in p.stdout.splitlines() if line.startswith("H100-SXM5-80GB "))
+    assert h100_line.split()[-2:] == ["0.860", "1.5%"]
 
 
 def test_price_json_roofline_then_measured(trace_dir, tmp_path):
