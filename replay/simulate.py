@@ -100,8 +100,9 @@ def job_catalogue(cluster: Any, slowest_board: bool = True) -> Any:
     cat = cluster.catalogue
     if not slowest_board:
         return cat
-    counts = Counter(cluster.gpu_type(cluster.rank_to_gpu(r)) for r in range(cluster.num_ranks))
-    return with_specs(cat, {cat.get(t).name: cat.get(t).slowest_of(n) for t, n in sorted(counts.items())})
+    counts = np.bincount(cluster.gpu_type_ids[cluster.rank_gpu], minlength=len(cluster.gpu_types))
+    return with_specs(cat, {cat.get(t).name: cat.get(t).slowest_of(int(n))
+                            for t, n in zip(cluster.gpu_types, counts) if n})
 
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
