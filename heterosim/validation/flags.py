@@ -76,6 +76,10 @@ class Fields:
         self.notes.append(f"{where} not stated: {self.pub[key] if shown is None else shown} ({self.script})")
         return self.pub[key]
 
+    def switch(self, key: str, where: str) -> bool | None:
+        """:meth:`recipe` for a yes/no setting, noted as on / off."""
+        return self.recipe(key, where, shown={True: "on", False: "off"}.get(self.pub.get(key)))
+
     def count(self, section: str, key: str, *, required: bool = True) -> int | None:
         """An integer field (remarks allowed), else the recipe's, else an error (or None)."""
         v = getattr(self.case, section).get(key)
@@ -317,8 +321,7 @@ def parallel_flags(f: Fields, size: Mapping[str, int], layers: int) -> list[str]
     except ConfigError as e:
         raise ConfigError(f"case {f.case.id}: {e}") from None
     if sp is None and size["tp"] > 1:
-        sp = f.recipe("sequence_parallel", "sequence parallelism", shown={True: "on", False: "off"}.get(
-            f.pub.get("sequence_parallel")))
+        sp = f.switch("sequence_parallel", "sequence parallelism")
         if sp is None:
             sp = False
             f.notes.append("sequence parallelism not stated: off (Megatron-LM default without --sequence-parallel)")
@@ -370,7 +373,7 @@ def _ep_overlap_flags(f: Fields, par: Mapping[str, Any], size: Mapping[str, int]
     except ConfigError as e:
         raise ConfigError(f"case {f.case.id}: {e}") from None
     if on is None:
-        on = f.recipe("ep_overlap", "expert-parallel overlap", shown={True: "on", False: "off"}.get(f.pub.get("ep_overlap")))
+        on = f.switch("ep_overlap", "expert-parallel overlap")
     if not on:
         return []
     if size["pp"] > 1 and not interleaved:
