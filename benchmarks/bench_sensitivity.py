@@ -16,7 +16,7 @@ import copy
 import sys
 from pathlib import Path
 
-DEFAULT_CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_cases.yaml"
+DEFAULT_CASES = Path(__file__).resolve().parents[1] / "validation" / "public_cases.yaml"
 DEFAULT_IDS = ["e2e-megatron-sc21-t1-1p7b", "e2e-megatron-sc21-t1-18p4b", "e2e-megatron-sc21-t1-145p6b",
                "e2e-megatron2020-dgxa100-mp-1b", "e2e-megatron2020-dgx2v100-mp-1b",
                "e2e-megatron2020-dgxa100-dp128-8b"]
