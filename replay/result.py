@@ -161,6 +161,12 @@ class Result:
     _workload: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def slowed_clocks(self) -> dict[str, Mapping[str, Any]]:
+        """Per GPU type priced below its mean board's tensor clock (the slowest of its boards,
+        ``replay.simulate.job_catalogue``): ``{"boards", "mean_board", "priced"}``."""
+        return {t: c for t, c in self.stats.get("tensor_clock_ratio", {}).items() if c["priced"] != c["mean_board"]}
+
+    @property
     def out_of_memory(self) -> tuple:
         """The :attr:`memory` entries whose ranks need more than their GPU has."""
         return tuple(m for m in self.memory if m.out_of_memory)
@@ -253,7 +259,7 @@ class Result:
         oom = self.oom_message()
         mem += f"\n  WARNING: {oom}" if oom else ""
         clocks = [f"{t} {c['priced']:.3f} (mean board {c['mean_board']:.3f}, slowest of {c['boards']:,})"
-                  for t, c in self.stats.get("tensor_clock_ratio", {}).items() if c["priced"] != c["mean_board"]]
+                  for t, c in self.slowed_clocks.items()]
         slow = f"\n  tensor clock / boost: {'; '.join(clocks)}" if clocks else ""
         return (
             f"{self.cluster}: {self.world_size} ranks, iteration {self.iteration_time_s * 1e3:.3f} ms\n"

@@ -84,25 +84,32 @@ def _pricer(kernel_db: Any, catalogue: Any = None):
     accelerators included); a given Pricer lends its DB, efficiency curves and fusion setting."""
     from kernel_db import KernelDB, Pricer
 
-    if isinstance(kernel_db, Pricer):
+    if isinstance(kernel_db, Pricer):  # its prices cached so far stand where the registry is its own
+        if kernel_db.catalogue is catalogue:
+            return kernel_db
         return Pricer(kernel_db.db, catalogue, kernel_db.efficiency, fuse=kernel_db.fuse)
     if kernel_db is None or isinstance(kernel_db, KernelDB):
         return Pricer(kernel_db, catalogue)
     return Pricer(KernelDB.load(kernel_db, must_exist=True), catalogue)
 
 
+def boards(cluster: Any) -> dict[str, int]:
+    """Ranks the placement puts on each GPU type of ``cluster`` (types it uses only)."""
+    counts = np.bincount(cluster.gpu_type_ids[cluster.rank_gpu], minlength=len(cluster.gpu_types))
+    return {t: int(n) for t, n in zip(cluster.gpu_types, counts) if n}
+
+
 def job_catalogue(cluster: Any, slowest_board: bool = True) -> Any:
     """The GPU registry the job is priced with: ``cluster.catalogue``, each GPU type the placement
-    uses at the pace of the slowest of its boards (:meth:`GpuSpec.slowest_of` over the ranks placed
-    on that type), where ``slowest_board``; the registry as it is otherwise."""
+    uses at the pace of the slowest of its boards (:meth:`GpuSpec.slowest_of` over :func:`boards`),
+    where ``slowest_board``; the registry as it is otherwise."""
     from heterosim.cluster.gpus import with_specs
 
     cat = cluster.catalogue
     if not slowest_board:
         return cat
-    counts = np.bincount(cluster.gpu_type_ids[cluster.rank_gpu], minlength=len(cluster.gpu_types))
-    return with_specs(cat, {cat.get(t).name: cat.get(t).slowest_of(int(n))
-                            for t, n in zip(cluster.gpu_types, counts) if n})
+    slow = {t: cat.get(t).slowest_of(n) for t, n in boards(cluster).items()}
+    return with_specs(cat, {g.name: g for t, g in slow.items() if g is not cat.get(t)})  # unchanged: cat itself
 
 
 def build_workload(trace: Trace, cluster: Any, pricer: Any, *, link_sharing: bool = True,
@@ -366,9 +373,8 @@ def simulate(trace: Trace | str | os.PathLike, cluster: Any, kernel_db: Any = No
     from .host import stall_per_rank
 
     res = dataclasses.replace(res, stats={**res.stats, "host_stall_s": stall_per_rank(w)})
-    counts = Counter(w.gpu_type)
-    clocks = {t: {"boards": counts[t], "mean_board": cluster.catalogue.get(t).power_clock_ratio,
-                  "priced": catalogue.get(t).power_clock_ratio} for t in sorted(counts)}
+    clocks = {t: {"boards": n, "mean_board": cluster.catalogue.get(t).power_clock_ratio,
+                  "priced": catalogue.get(t).power_clock_ratio} for t, n in sorted(res.gpu_counts.items())}
     res = dataclasses.replace(res, stats={**res.stats, "tensor_clock_ratio": clocks})
     return dataclasses.replace(res, memory=memory_report(trace, w.gpu_type, catalogue.get))
 

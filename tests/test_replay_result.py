@@ -199,3 +199,22 @@ def test_a_job_runs_at_its_slowest_boards_tensor_clock():
     assert mixed["H100-SXM5-80GB"] == {"boards": 8, "mean_board": 0.86,
                                        "priced": pytest.approx(0.86 * (1 - 1.4342 * 0.015), abs=1e-5)}
     assert mixed["A100-SXM4-80GB"]["priced"] == 1.0
+
+
+def test_the_job_catalogue_is_the_clusters_own_where_no_board_spreads():
+    """A100 SXM4 boards hold boost: the job prices with the cluster's registry object itself (no
+    copy), and a given Pricer over it is used as it is; H100s get a registry of their own."""
+    from heterosim.cluster import load_cluster
+    from kernel_db import Pricer
+    from replay.simulate import _pricer, boards, job_catalogue
+
+    a100 = load_cluster("dgx-a100", num_gpus=16)
+    assert boards(a100) == {"A100-SXM4-80GB": 16}
+    assert job_catalogue(a100) is a100.catalogue
+    given = Pricer(None, a100.catalogue)
+    assert _pricer(given, job_catalogue(a100)) is given
+    h100 = load_cluster("dgx-h100", num_gpus=16)
+    cat = job_catalogue(h100)
+    assert cat is not h100.catalogue and cat.get("H100").power_clock_ratio < h100.catalogue.get("H100").power_clock_ratio
+    priced = _pricer(Pricer(None, h100.catalogue), cat)
+    assert priced.catalogue is cat

@@ -80,7 +80,8 @@ def test_megatron_bridge_moe_keeps_whole_experts_when_etp_is_unstated():
     ci = megatron_flags(_case(model=QWEN3_235B, parallelism=par, precision="fp8", source=BRIDGE))
     assert _flag(list(ci.flags), "--expert-tensor-parallel-size") == "1"
     # the row's own recipe where the repository has it (Qwen3 235B on H100), else Bridge's MoE recipes in general
-    assert any(a.startswith("parallelism.etp not stated: 1 (Megatron Bridge") for a in ci.assumptions)
+    assert any(a.startswith("parallelism.etp not stated: 1 (Megatron Bridge@067f987 perf_recipes/qwen/h100/qwen3_moe.py")
+               for a in ci.assumptions)
     generic = megatron_flags(_case(model=QWEN3_235B, parallelism={**par, "vpp": 2}, precision="fp8", source=BRIDGE))
     assert any(a.startswith("parallelism.etp not stated: 1 (Megatron Bridge performance recipes")
                for a in generic.assumptions)

@@ -176,7 +176,7 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_boar
     t_pred = res.iteration_time_s
     notes += [f"tensor clock {c['priced']:.3f} of boost: the expected slowest of {c['boards']:,} {t} boards "
               f"(mean board {c['mean_board']:.3f}; docs/calibration.md, board-to-board spread)"
-              for t, c in res.stats.get("tensor_clock_ratio", {}).items() if c["priced"] != c["mean_board"]]
+              for t, c in res.slowed_clocks.items()]
     flops = flop_totals(trace)
     meas = case.measured
     t_meas, _ = _num(meas.get("iteration_time_s"))
