@@ -36,7 +36,8 @@ __all__ = [
     "NVLS_CHUNK_STEPS",
     "NVLS_PIPELINE_STAGES",
     "NVLS_RUN_EFFICIENCY",
-    "NVLS_LOOP_US",
+    "NVLS_STEP_US",
+    "NVLS_RUN_LATENCY_US",
 ]
 
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -157,16 +158,26 @@ NVLS_PIPELINE_STAGES = 3
 """Warp groups a one-node NVLS all-reduce pipelines a loop through (``RunWorkColl<AllReduce, NVLS>``
 in ``src/device/all_reduce.h``, ``oneNode``): scatter into the NVLS buffers, reduce + multicast
 (``multimem.ld_reduce`` / ``multimem.st``) by the head, gather out of them."""
-NVLS_RUN_EFFICIENCY = (0.0, 0.0, 0.879, NVLS_EFFICIENCY[3])
+NVLS_RUN_EFFICIENCY = (0.0, 0.0, 0.919, NVLS_EFFICIENCY[3])
 """Fraction of the GPU's NCCL NVLink bandwidth a one-node NVLS all-reduce streams at, by
-architecture, once its per-loop cost (:data:`NVLS_LOOP_US`) is counted apart. Not NCCL's: NCCL
-estimates with ``nvlsEfficiency`` (:data:`NVLS_EFFICIENCY`) and no loop cost. Hopper: measured, the
-least-squares fit of the 64 MiB-8 GiB sizes of the Together AI H100 sweep
-(``ncclshim/data/nccl_tests_h100.yaml``, :func:`ncclshim.sweeps.fit_nvls`; ``docs/nccl.md`` §5).
-Blackwell: no sweep, NCCL's 0.74."""
-NVLS_LOOP_US = (0.0, 0.0, 2.84, 0.0)
-"""Time a one-node NVLS all-reduce channel spends per loop (heads x chunk bytes) beyond streaming
-its bytes, us, by architecture: the flag handshake of its scatter, reduce/multicast and gather warp
-groups through the switch. Hopper: measured with :data:`NVLS_RUN_EFFICIENCY` (same fit); it is
+architecture, once its per-step cost (:data:`NVLS_STEP_US`) and latency (:data:`NVLS_RUN_LATENCY_US`)
+are counted apart. Not NCCL's: NCCL estimates with ``nvlsEfficiency`` (:data:`NVLS_EFFICIENCY`), no
+loop cost and its 25 us latency. Hopper: measured, the least-squares fit (relative errors) of the
+Together AI H100 sweep from 2 MiB (``ncclshim/data/nccl_tests_h100.yaml``,
+:func:`ncclshim.sweeps.fit_nvls`; ``docs/nccl.md`` §5). Blackwell: no sweep, NCCL's 0.74."""
+NVLS_STEP_US = (0.0, 0.0, 0.642, 0.0)
+"""Time a one-node NVLS all-reduce channel spends per chunk step beyond streaming its bytes, us, by
+architecture: each loop of a channel moves one chunk per head (``heads`` steps: its scatter, reduce
+/ multicast and gather warp groups hand each chunk on through FIFO flags, ``all_reduce.h``), so a
+loop costs ``heads x`` this. Hopper: measured with :data:`NVLS_RUN_EFFICIENCY` (same fit); it is
 what makes the measured rate rise with the chunk (168 / 226 / 258 / 275 GB/s algbw at 16 / 32 / 64
-/ 128 KiB). Blackwell: not measured, 0."""
+/ 128 KiB). Counting it per step rather than per loop is what the NVLS sweeps on 4-7 GPUs (fewer
+heads, not fitted) prefer: 4 GiB on 4 / 5 GPUs within 2.2% / 1.0% (5.1% / 5.6% per loop).
+Blackwell: not measured, 0."""
+NVLS_RUN_LATENCY_US: tuple[float | None, ...] = (None, None, 18.19, None)
+"""Fixed time of a one-node NVLS all-reduce as it runs (launch, the first handshakes through the
+switch), us, by architecture, before the cluster's cable latencies (``GroupGraph.lat_intra_us``)
+are added. Hopper: measured, the intercept of the same fit (NVIDIA's one-process-per-GPU DGX H100
+sweep, not fitted, takes 27 us for a 1 MiB ring/LL all-reduce and 42 us for a 2 MiB NVLS one).
+NCCL's tuning latency for NVLS (25 us on Hopper, ``HW_LAT_US``) still decides the algorithm.
+None: not measured; the run time uses NCCL's latency."""

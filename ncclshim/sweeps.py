@@ -29,9 +29,10 @@ __all__ = ["SCHEMA_VERSION", "Catalog", "Sweep", "SweepRow", "Point", "load", "c
 SCHEMA_VERSION = 1
 DEFAULT_FILE = "nccl_tests_h100.yaml"
 """The sweeps shipped with ncclshim (``ncclshim/data/``)."""
-FIT_MIN_BYTES = 64 << 20
-"""Smallest size :func:`fit_nvls` uses: from here the launch floor and the pipeline fill are under
-10% of the time, and the sizes span two chunk regimes (64 and 128 KiB)."""
+FIT_MIN_BYTES = 2 << 20
+"""Smallest size :func:`fit_nvls` uses: 1 MiB takes 42 us in both NVLS sweeps and in the Together
+ring sweep alike (a floor of their one-process ``-g 8`` harness, which NVIDIA's one-process-per-GPU
+sweep does not have: 27 us there), so it measures the harness, not NVLS."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,40 +158,36 @@ def compare(sweep: Sweep) -> list[SweepRow]:
     return out
 
 
-def fit_nvls(sweep: Sweep, min_bytes: int = FIT_MIN_BYTES) -> tuple[float, float]:
-    """The streaming efficiency and per-loop time (us) of a one-node NVLS all-reduce sweep: the
-    least-squares solution of ``measured - latency = link_bytes / (efficiency x NVLink bandwidth) +
-    loops x loop_us`` over its sizes of ``min_bytes`` or more (``ncclshim.algorithms.sharp``'s
-    :func:`~ncclshim.algorithms.sharp.nvls_stream` gives link bytes and loops; the latency is the
-    plan's, NCCL's 25 us on Hopper). Where ``ncclshim.constants.NVLS_RUN_EFFICIENCY`` and
-    ``NVLS_LOOP_US`` come from.
+def fit_nvls(sweep: Sweep, min_bytes: int = FIT_MIN_BYTES) -> tuple[float, float, float]:
+    """The run-time latency (us), streaming efficiency and per-step time (us) of a one-node NVLS
+    all-reduce sweep: the least-squares solution (relative errors) of ``measured = latency +
+    link_bytes / (efficiency x NVLink bandwidth) + steps x step_us`` over its sizes of ``min_bytes``
+    or more (``ncclshim.algorithms.sharp``'s :func:`~ncclshim.algorithms.sharp.nvls_stream` gives
+    link bytes and chunk steps). Where ``ncclshim.constants.NVLS_RUN_LATENCY_US``,
+    ``NVLS_RUN_EFFICIENCY`` and ``NVLS_STEP_US`` come from.
 
     Raises:
-        ConfigError: fewer than two sizes of one-node NVLS all-reduce at ``min_bytes`` or more.
+        ConfigError: fewer than three sizes of one-node NVLS all-reduce at ``min_bytes`` or more.
     """
+    import numpy as np
+
     planner = Planner(preset_view(sweep.cluster, sweep.nodes))
     ranks = tuple(range(sweep.ranks))
     g = planner.graph(ranks)
-    rows = []  # (link bytes / (1000 x GB/s), loops, measured - latency), all in us
+    rows = []  # (1, link bytes / (1000 x GB/s), chunk steps) and the measured time, all in us
     for size, measured in sweep.rows:
         p = planner.plan(sweep.op, size, ranks, env=sweep.env, dtype=sweep.dtype)
         if size < min_bytes or (p.algo, p.collective, g.n_nodes) != ("NVLS", "all_reduce", 1):
             continue
-        link_bytes, loops = nvls_stream(size, g.nvls_channels, p.nchannels)
-        rows.append((link_bytes / (1000 * g.gpu_bw), loops, measured - p.latency_s * 1e6))
-    if len(rows) < 2:
+        link_bytes, steps = nvls_stream(size, g.nvls_channels, p.nchannels)
+        rows.append(((1.0, link_bytes / (1000 * g.gpu_bw), steps), measured))
+    if len(rows) < 3:
         raise ConfigError(f"sweep {sweep.id!r}: {len(rows)} size(s) of one-node NVLS all-reduce from "
-                          f"{min_bytes} B; the fit needs two or more")
-    # Normal equations of y = a x + h l (a = 1 / efficiency), weighted by 1 / y^2: relative errors.
-    sxx = sum(x * x / y ** 2 for x, _, y in rows)
-    sxl = sum(x * n / y ** 2 for x, n, y in rows)
-    sll = sum(n * n / y ** 2 for _, n, y in rows)
-    sxy = sum(x / y for x, _, y in rows)
-    sly = sum(n / y for _, n, y in rows)
-    det = sxx * sll - sxl * sxl
-    a = (sxy * sll - sly * sxl) / det
-    h = (sxx * sly - sxl * sxy) / det
-    return 1 / a, h
+                          f"{min_bytes} B; the fit needs three or more")
+    x = np.array([r for r, _ in rows], dtype=np.float64)
+    y = np.array([m for _, m in rows], dtype=np.float64)
+    (lat, a, step_us), *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)  # rows / y: relative
+    return float(lat), float(1 / a), float(step_us)
 
 
 def point_busbw(point: Point) -> tuple[float, str]:

@@ -161,9 +161,9 @@ def select(coll: str, nbytes: int, g: GroupGraph, s: Settings, *, dtype: str = "
             if best is None or key < best_key:
                 best_key = key
                 run = entry.run_time(q, proto, nbytes, lat_eff) if entry.run_time is not None else None
-                ran = t if run is None else run
-                best = Choice(algo=entry.name, proto=proto, time_s=ran * 1e-6, latency_s=lat_eff * 1e-6,
-                              nccl_time_s=t * 1e-6, alg_bw=nbytes / max((ran - lat_eff) * 1e-6, 1e-30),
+                ran, ran_lat = (t, lat_eff) if run is None else run
+                best = Choice(algo=entry.name, proto=proto, time_s=ran * 1e-6, latency_s=ran_lat * 1e-6,
+                              nccl_time_s=t * 1e-6, alg_bw=nbytes / max((ran - ran_lat) * 1e-6, 1e-30),
                               nchannels=entry.channels(q, proto, nbytes))
     if best is None:
         raise UnsupportedCollectiveError(

@@ -85,33 +85,33 @@ def test_tree_two_nodes_all_reduce():
 
 def test_nvls_one_node_all_reduce():
     """8 H100s: NCCL's estimate 25 us + S / 272 GB/s (busBw 8 heads x min(40 x 0.85 x 7/8 x 2, 60)
-    = 476, algBw x 8/14) chooses NVLS; the call runs as 9/8 of S per GPU link at 0.879 x 18 x 20.6
-    GB/s, plus a 2-loop pipeline fill per channel (16 channels, loops of 8 heads x 128 KiB at 1 GiB),
-    plus 2.84 us per loop: 1 GiB / (16 x 1 MiB) = 64 loops per channel.
+    = 476, algBw x 8/14) chooses NVLS; the call runs as the measured 18.19 us + 9/8 of S per GPU link
+    at 0.919 x 18 x 20.6 GB/s, plus a 2-loop pipeline fill per channel (16 channels, loops of 8 heads
+    x 128 KiB at 1 GiB), plus 0.642 us per chunk step: 1 GiB / (16 x 1 MiB) = 64 loops of 8 steps.
     Every GPU sends 9/8 of S up through the switch (ld_reduce reads + its slice's multicast store)."""
     p = plan("all_reduce", GiB, range(8), preset_view("dgx-h100"))
     assert (p.algo, p.proto, p.nchannels) == ("NVLS", "SIMPLE", 16)
-    assert p.latency_s == pytest.approx(25e-6)
+    assert p.latency_s == pytest.approx(18.19e-6)
     assert p.nccl_time_s == pytest.approx((25 + GiB / (1000 * 476 * 8 / 14)) * 1e-6)
-    rate = 0.879 * 18 * 20.6
+    rate = 0.919 * 18 * 20.6
     stream = (GiB + 16 * 2 * 8 * 128 * 1024) * 9 / 8 / (1000 * rate)
-    assert p.time_s == pytest.approx((25 + stream + 64 * 2.84) * 1e-6)
+    assert p.time_s == pytest.approx((18.19 + stream + 64 * 8 * 0.642) * 1e-6)
     assert _sent(p) == pytest.approx({r: GiB * 9 / 8 for r in range(8)})
 
 
-def test_nvls_loop_cost():
-    """64 MiB runs in 64 KiB chunks: 8 loops of 8 x 64 KiB per channel, 2 of fill: 25 + (64 + 16)
-    MiB x 9/8 / (0.879 x 370.8 GB/s) + 8 x 2.84 = 337.3 us. Just below, 64 MiB - 64 KiB takes 32
-    KiB chunks: 16 loops of 256 KiB (8 handshakes more, half the fill bytes)."""
+def test_nvls_step_cost():
+    """64 MiB runs in 64 KiB chunks: 8 loops of 8 x 64 KiB per channel (64 chunk steps), 2 of fill:
+    18.19 + (64 + 16) MiB x 9/8 / (0.919 x 370.8 GB/s) + 64 x 0.642 = 336.2 us. Just below, 64 MiB
+    - 64 KiB takes 32 KiB chunks: 16 loops of 256 KiB (64 steps more, half the fill bytes)."""
     from ncclshim.algorithms.sharp import nvls_stream
 
-    assert nvls_stream(64 * MiB, 8, 16) == (80 * MiB * 9 / 8, 8)
+    assert nvls_stream(64 * MiB, 8, 16) == (80 * MiB * 9 / 8, 64)
     at = plan("all_reduce", 64 * MiB, range(8), preset_view("dgx-h100")).time_s * 1e6
-    assert at == pytest.approx(25 + 80 * MiB * 9 / 8 / (1000 * 0.879 * 18 * 20.6) + 8 * 2.84)
-    assert at == pytest.approx(337.3, abs=0.05)
+    assert at == pytest.approx(18.19 + 80 * MiB * 9 / 8 / (1000 * 0.919 * 18 * 20.6) + 64 * 0.642)
+    assert at == pytest.approx(336.2, abs=0.05)
     below = plan("all_reduce", 64 * MiB - 64 * 1024, range(8), preset_view("dgx-h100")).time_s * 1e6
-    assert nvls_stream(64 * MiB - 64 * 1024, 8, 16) == ((72 * MiB - 64 * 1024) * 9 / 8, 16)
-    assert below == pytest.approx(25 + (72 * MiB - 64 * 1024) * 9 / 8 / (1000 * 0.879 * 18 * 20.6) + 16 * 2.84)
+    assert nvls_stream(64 * MiB - 64 * 1024, 8, 16) == ((72 * MiB - 64 * 1024) * 9 / 8, 128)
+    assert below == pytest.approx(18.19 + (72 * MiB - 64 * 1024) * 9 / 8 / (1000 * 0.919 * 18 * 20.6) + 128 * 0.642)
 
 
 def test_nvls_chunk_steps_follow_nccl():

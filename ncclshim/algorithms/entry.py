@@ -108,10 +108,10 @@ class Algorithm:
     """``(query, proto, nbytes, dtype, algBw, latency) -> (time, latency)`` in us of one call."""
     channels: Callable[[Query, str, int], int] = default_channels
     """``(query, proto, nbytes) -> runtime channels`` NCCL launches for the call."""
-    run_time: Callable[[Query, str, int, float], float | None] | None = None
-    """``(query, proto, nbytes, latency) -> time`` in us of the call as the hardware runs it, where
-    measurements show NCCL's estimate (``time``, which still makes the choice) to be off; None
-    (or a None result) keeps NCCL's estimate."""
+    run_time: Callable[[Query, str, int, float], tuple[float, float] | None] | None = None
+    """``(query, proto, nbytes, latency) -> (time, latency)`` in us of the call as the hardware runs
+    it, where measurements show NCCL's estimate (``time``, which still makes the choice) to be off;
+    None (or a None result) keeps NCCL's estimate."""
 
 
 def support_rows(support: Mapping[tuple[str, str], tuple[str, ...]], name: str) -> dict[str, tuple[str, ...]]:

@@ -46,9 +46,10 @@ from ncclshim.constants import (
     NVLS_CHUNK_SIZE,
     NVLS_CHUNK_STEPS,
     NVLS_EFFICIENCY,
-    NVLS_LOOP_US,
     NVLS_PIPELINE_STAGES,
     NVLS_RUN_EFFICIENCY,
+    NVLS_RUN_LATENCY_US,
+    NVLS_STEP_US,
     PER_CH_MAX_NVLS_TREE_BW,
     SUPPORT,
 )
@@ -122,16 +123,20 @@ def nvls_chunk(nbytes: int, ops: int) -> int:
 
 def nvls_stream(nbytes: int, heads: int, n_ch: int) -> tuple[float, int]:
     """A one-node NVLS all-reduce of ``nbytes`` by ``n_ch`` channels of ``heads`` heads: the bytes
-    each GPU's NVLink carries per direction, pipeline fill included, and the loops each channel
-    runs (see :func:`_nvls_run_time`)."""
+    each GPU's NVLink carries per direction, pipeline fill included, and the chunk steps each
+    channel runs, ``heads`` a loop (see :func:`_nvls_run_time`)."""
     loop = heads * nvls_chunk(nbytes, n_ch * heads)
     fill = (NVLS_PIPELINE_STAGES - 1) * min(loop, nbytes / n_ch)
-    return (nbytes + n_ch * fill) * (heads + 1) / heads, math.ceil(nbytes / (n_ch * loop))
+    return (nbytes + n_ch * fill) * (heads + 1) / heads, heads * math.ceil(nbytes / (n_ch * loop))
 
 
-def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | None:
-    """One-node NVLS all-reduce as it runs, us: latency + a pipelined stream of loops.
+def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> tuple[float, float] | None:
+    """One-node NVLS all-reduce as it runs, us: (latency + a pipelined stream of loops, latency).
 
+    - Latency: the measured run-time latency of the architecture (:data:`NVLS_RUN_LATENCY_US`) plus
+      what the cluster's cables add beyond the default (``GroupGraph.lat_intra_us``, as
+      :func:`~ncclshim.algorithms.entry.hw_latencies` adds it to NCCL's); NCCL's ``lat`` where none
+      was measured.
     - Traffic: per loop a head reduces its chunk out of all n GPUs (``multimem.ld_reduce``) and
       multicasts it back (``multimem.st``), and GPUs scatter into / gather out of the NVLS buffers,
       so each GPU's NVLink carries ``(n+1)/n`` of the buffer per direction (S. Jeaugey,
@@ -140,8 +145,8 @@ def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | Non
       the measured streaming efficiency (:data:`NVLS_RUN_EFFICIENCY`), shared by the NVLS channels.
     - Ramp: each channel moves its share in loops of ``heads x chunk`` (NCCL's chunk steps,
       :func:`nvls_chunk`) through ``NVLS_PIPELINE_STAGES`` warp groups; the first loop fills the
-      pipeline, so ``stages - 1`` loops' worth is added per channel; and each loop pays a fixed
-      handshake (:data:`NVLS_LOOP_US`), which is why small chunks stream slower.
+      pipeline, so ``stages - 1`` loops' worth is added per channel; and each chunk step (``heads``
+      a loop) pays a fixed handshake (:data:`NVLS_STEP_US`), which is why small chunks stream slower.
 
     NB: ignores the NVSwitch's reduction latency beyond NCCL's 25 us, the HBM traffic of the
     copies, and SM limits: the channels are taken to saturate the links even when
@@ -150,9 +155,12 @@ def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> float | Non
     g = q.g
     if q.coll != "all_reduce" or g.n_nodes != 1 or g.gpu_bw <= 0:
         return None
+    run_lat = NVLS_RUN_LATENCY_US[g.arch]
+    if run_lat is not None:
+        lat = max(0.0, run_lat + g.lat_intra_us)
     heads = g.nvls_channels  # one head per local GPU (NCCL_MAX_NCHANNELS caps the CTAs, not the heads)
-    link_bytes, loops = nvls_stream(nbytes, heads, _nvls_channels(q, proto, nbytes))
-    return lat + link_bytes / (1000 * NVLS_RUN_EFFICIENCY[g.arch] * g.gpu_bw) + loops * NVLS_LOOP_US[g.arch]
+    link_bytes, steps = nvls_stream(nbytes, heads, _nvls_channels(q, proto, nbytes))
+    return lat + link_bytes / (1000 * NVLS_RUN_EFFICIENCY[g.arch] * g.gpu_bw) + steps * NVLS_STEP_US[g.arch], lat
 
 
 def _nvls_intra(g: GroupGraph, view: TopologyView, frac: float = 1.0) -> list[FlowSpec]:
