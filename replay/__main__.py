@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="price every GPU at its model's mean sustained clock, not the expected slowest "
                    "of the job's boards (a sensitivity check; docs/replay.md)")
     v.add_argument("--case-timeout", type=float, default=None, metavar="S",
-                   help="seconds one case may take, capture and replay (default 900; 0: no limit); a "
-                        "case past it fails alone and the run goes on")
+                   help="seconds of CPU time one case may take, capture and replay (default 900; 0: no "
+                        "limit); a case past it fails alone and the run goes on")
     return ap
 
 

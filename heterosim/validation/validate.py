@@ -303,8 +303,11 @@ def run_case(case: Case, *, cache_dir: str | os.PathLike | None = None, nccl_env
 
 
 CASE_TIMEOUT_S = 900.0
-"""Default wall-time limit of one case (capture and replay), seconds: the 70 DGX H100 rows take
-under 3 minutes each cold on two CPUs; a case past it fails alone (:class:`TimeLimitError`)."""
+"""Default limit of one case (capture and replay), seconds of the CPU time of the process that runs
+it: the 70 DGX H100 rows take under 3 minutes each cold on two CPUs; a case past it fails alone
+(:class:`TimeLimitError`). CPU time, not wall time, so that whether a case passes does not depend
+on what else the machine runs. Capture workers run in processes of their own, each bounded by its
+per-rank wall-time limit (``capture --timeout``)."""
 
 
 def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
@@ -316,8 +319,9 @@ def validate(path: str | os.PathLike, *, only: Sequence[str] | None = None,
 
     ``jobs`` > 1 runs that many cases at a time, each in a process forked from this one, largest
     world first (the report keeps the file's order and is the same as with ``jobs=1``).
-    ``case_timeout``: seconds a case may take (None or 0: no limit); one that runs past it is
-    stopped and reported as an error, and the run goes on.
+    ``case_timeout``: seconds of CPU time a case may take (None or 0: no limit; see
+    :data:`CASE_TIMEOUT_S`); one that runs past it is stopped and reported as an error, and the run
+    goes on.
     ``progress(id)`` is called when a case starts, ``finished(id, seconds)`` when it ends (wall
     seconds, capture included); neither enters the report, which stays the same run to run.
     ``slowest_board``: False prices every GPU at its model's mean board's clock (see
@@ -405,25 +409,26 @@ def _run_one(case: Case, kw: dict) -> CaseResult | None:
 
 @contextlib.contextmanager
 def _time_limit(seconds: float | None, case_id: str) -> Iterator[None]:
-    """Raise :class:`TimeLimitError` in this thread ``seconds`` after entering (a real-time
-    interval timer; a no-op without a limit or off the main thread, where signals cannot land).
+    """Raise :class:`TimeLimitError` in this thread once the process has spent ``seconds`` of CPU
+    time after entering (a profiling interval timer: user and system time of all its threads, not
+    the time it waits; a no-op without a limit or off the main thread, where signals cannot land).
     What the case had started (forked capture workers) is stopped as the exception unwinds it."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expired(signum: int, frame: Any) -> None:
-        raise TimeLimitError(f"case {case_id} ran past its {seconds:g} s limit and was stopped; run it "
-                             f"alone with a larger --case-timeout (0: no limit), or replay its cached "
+        raise TimeLimitError(f"case {case_id} ran past its {seconds:g} s CPU-time limit and was stopped; run "
+                             f"it alone with a larger --case-timeout (0: no limit), or replay its cached "
                              f"trace with python -m replay simulate")
 
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, expired)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _size_hint(case: Case) -> int:
