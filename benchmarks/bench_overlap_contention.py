@@ -43,6 +43,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from bench_power_mix import _sampler  # NVML clock and power, every 10 ms
+
 CHANNELS = (4, 8, 16, 24, 32, 64)
 MODES = ("spin", "copy")
 CLASSES = ("gemm_bf16", "gemm_fp8", "gemm_bf16_fc1", "gemm_fp8_fc1", "attention", "norm", "stream")
@@ -79,16 +81,6 @@ extern "C" __global__ void comm(const float4* __restrict__ src, float4* __restri
     if (threadIdx.x == 0) atomicAdd(moved, bytes);
 }
 """
-
-
-def _sampler(stop: threading.Event, out: list, period_s: float = 0.01) -> None:
-    import pynvml  # noqa: PLC0415 -- checked in main
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    t0 = time.perf_counter()
-    while not stop.is_set():
-        out.append((time.perf_counter() - t0, pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                    pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0))
-        time.sleep(period_s)
 
 
 def _kernels(torch: Any) -> dict[str, Callable[[], Any]]:
@@ -263,20 +255,19 @@ def main(argv: list[str] | None = None) -> int:
         print(table(runs))
         return 0
     names = [c for c in args.classes.split(",") if c]
-    bad = [c for c in names if c not in CLASSES]
-    if bad:
-        print(f"bench_overlap_contention: unknown class {bad[0]!r}; valid: {', '.join(CLASSES)}", file=sys.stderr)
-        return 2
-    import torch  # noqa: PLC0415
-    if not torch.cuda.is_available():
-        print("bench_overlap_contention needs a CUDA GPU (none found)", file=sys.stderr)
+    unknown = next((c for c in names if c not in CLASSES), None)
+    if unknown:
+        print(f"bench_overlap_contention: unknown class {unknown!r}; valid: {', '.join(CLASSES)}", file=sys.stderr)
         return 2
     try:
+        import torch  # noqa: PLC0415
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU found")
         import cupy as cp  # noqa: PLC0415
         import pynvml  # noqa: PLC0415
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001
-        print(f"bench_overlap_contention needs CuPy and NVML (nvidia-ml-py): {e}", file=sys.stderr)
+        print(f"bench_overlap_contention needs a CUDA GPU, CuPy and NVML (nvidia-ml-py): {e}", file=sys.stderr)
         return 2
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -63,4 +63,5 @@ def test_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the measurement would run")
     assert b.main(["--classes", "norm"]) == 2
-    assert capsys.readouterr().err == "bench_overlap_contention needs a CUDA GPU (none found)\n"
+    assert capsys.readouterr().err == ("bench_overlap_contention needs a CUDA GPU, CuPy and NVML (nvidia-ml-py): "
+                                       "no CUDA GPU found\n")
