@@ -148,7 +148,7 @@ def _nvls_run_time(q: Query, proto: str, nbytes: int, lat: float) -> tuple[float
       pipeline, so ``stages - 1`` loops' worth is added per channel; and each chunk step (``heads``
       a loop) pays a fixed handshake (:data:`NVLS_STEP_US`), which is why small chunks stream slower.
 
-    NB: ignores the NVSwitch's reduction latency beyond NCCL's 25 us, the HBM traffic of the
+    NB: ignores the NVSwitch's reduction latency beyond the measured latency, the HBM traffic of the
     copies, and SM limits: the channels are taken to saturate the links even when
     NCCL_MAX_NCHANNELS leaves few CTAs. Other NVLS uses keep NCCL's estimate (None).
     """
