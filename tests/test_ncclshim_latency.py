@@ -55,6 +55,18 @@ def test_stated_latency_adds_per_step(tmp_path):
     assert cost("all_reduce", "NVLS", "SIMPLE", one, S)[1] == pytest.approx(25.0 + 2.0)
 
 
+def test_nvls_run_latency_takes_the_stated_nvlink_latency(tmp_path):
+    """One-node NVLS all-reduce: the run-time latency (18.19 us measured) gains what the NVLink
+    cables add (2 x 1 us at 1.3 us), as NCCL's 25 us does; so does its run time, by the same 2 us."""
+    slow = preset_view(_h100_file(tmp_path, "nvl", nvlink_us=1.3))
+    base = preset_view("dgx-h100")
+    a, b = plan("all_reduce", 2 << 20, range(8), base), plan("all_reduce", 2 << 20, range(8), slow)
+    assert (a.algo, b.algo) == ("NVLS", "NVLS")
+    assert (a.latency_s, b.latency_s) == (pytest.approx(18.19e-6), pytest.approx(20.19e-6))
+    assert b.time_s - a.time_s == pytest.approx(2e-6)
+    assert b.nccl_time_s - a.nccl_time_s == pytest.approx(2e-6)
+
+
 def test_extra_latency_of_a_path_is_its_excess_over_defaults(tmp_path):
     """A send across nodes: 2 fabric cables at 10.5 us -> 20 us beyond the defaults."""
     v = preset_view(_h100_file(tmp_path, "p2p", fabric_us=10.5), nodes=2)
