@@ -113,17 +113,15 @@ def _fill_heap(paths: Sequence[tuple[int, ...]], caps: Sequence[float], capacity
     rate = [0.0] * nf
     pin = [-1] * nf
     rem: dict[int, float] = {}
-    count: dict[int, int] = {}
     on_link: dict[int, list[int]] = {}
     for i, p in enumerate(paths):
         for l in p:
-            n = count.get(l)
-            if n is None:
-                count[l] = 1
+            on = on_link.get(l)
+            if on is None:
                 on_link[l] = [i]
             else:
-                count[l] = n + 1
-                on_link[l].append(i)
+                on.append(i)
+    count = {l: len(on) for l, on in on_link.items()}
     share: dict[int, float] = {}
     for l, n in count.items():
         rem[l] = c = float(capacity[l])
@@ -210,7 +208,7 @@ def refill(flows: Mapping[int, Any], link_flows: Mapping[int, Mapping[int, None]
         fids = sorted(region)
         others = sorted(near - region)
         paths = [flows[g].links for g in fids]
-        paths += [tuple(l for l in flows[g].links if l in links) for g in others]
+        paths += [tuple([l for l in flows[g].links if l in links]) for g in others]
         caps = [flows[g].cap for g in fids] + [flows[g].rate for g in others]
         rates, pins = _fill(paths, caps, capacity)
         n = len(fids)
