@@ -158,7 +158,11 @@ class Comm:
         self.torch.cuda.synchronize()
         with self.stream:
             moved = float(self.moved.get(stream=self.stream)[0])
-        return moved / (self.cp.cuda.get_elapsed_time(self.ev[0], self.ev[1]) * 1e-3)
+        ran_s = self.cp.cuda.get_elapsed_time(self.ev[0], self.ev[1]) * 1e-3
+        if ran_s >= self.max_s:
+            raise RuntimeError(f"the communication kernel stopped itself after {self.max_s:g} s, before the "
+                               f"compute kernels ended: part of the point ran without it; give a shorter --run-s")
+        return moved / ran_s
 
 
 def _point(torch: Any, fn: Callable[[], Any], n: int, comm: Comm | None, blocks: int, mode: str) -> dict:
