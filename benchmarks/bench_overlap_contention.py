@@ -293,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         if name not in kernels:
             print(f"{name:>14} (not on this GPU)")
             continue
-        for r in measure(torch, name, kernels[name], comm, args.run_s, args.soak_s):
+        try:
+            measured = measure(torch, name, kernels[name], comm, args.run_s, args.soak_s)
+        except RuntimeError as e:  # the stand-in kernel stopped itself before the point ended
+            print(f"bench_overlap_contention: {name}: {e}", file=sys.stderr)
+            return 2
+        for r in measured:
             rows.append(r)
             ideal = f"{r['blocks'] / sms:.3f}" if r["blocks"] else "-"
             slow = f"{r['slowdown']:+.3f}" if "slowdown" in r else f"d{r['drift']:+.3f}"
