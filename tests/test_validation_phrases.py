@@ -169,6 +169,12 @@ def test_arch_unknown_words_are_errors(text, message):
     ("mixed precision", 70, 2024, ["--fp16"], "precision 'mixed precision': fp16 (sm_70 has no bf16 tensor cores)"),
     ("AMP", 90, None, ["--bf16"],
      "precision 'AMP': bf16 (mixed precision on sm_90 of unknown year; bf16 recipes from 2022)"),
+    # other spellings of the types: read as their short names, never passed over
+    *[(t, 90, 2024, ["--bf16"], "precision bf16") for t in ("bfloat16", "BFloat16 mixed", "BF-16", "bf 16")],
+    *[(t, 70, 2024, ["--fp16"], "precision fp16") for t in ("float16", "FP-16 with loss scaling")],
+    *[(t, 90, 2025, ["--bf16", "--fp8-format", "hybrid"], "fp8 GEMMs (hybrid e4m3/e5m2), bf16 elsewhere")
+      for t in ("Float8 (torchao, nn.Linear) + bf16, torch.compile", "Float8 + torch.compile + AsyncTP", "FP 8",
+                "8-bit floating point", "bfloat16 with float8 GEMMs")],
 ])
 def test_precision_by_name_and_era(text, cc, year, flags, note):
     """A named type wins; 'mixed precision' is fp16 without bf16 tensor cores or before 2022, else bf16."""

@@ -251,6 +251,24 @@ FP4 = re.compile(r"(?<![a-z0-9])(?:nv|mx)?[\s_-]*fp4(?![0-9])")
 bare "fp4" reads as it) or MXFP4 (not a training recipe there: refused)."""
 
 
+_TYPE_SPELLINGS = (
+    (re.compile(r"(?<![a-z0-9])b(?:float|f)[\s_-]*16(?![0-9])"), "bf16"),
+    (re.compile(r"(?<![a-z0-9])(?:float|fp)[\s_-]*16(?![0-9])"), "fp16"),
+    (re.compile(r"(?<![a-z0-9])(?:float|fp)[\s_-]*8(?![0-9])|8[\s_-]*bit[\s_-]*float"), "fp8"),
+    (re.compile(r"(?<![a-z0-9])(?:float|fp)[\s_-]*4(?![0-9])|4[\s_-]*bit[\s_-]*float"), "fp4"),
+)
+"""Other spellings of the float types a precision text names, each read as the short name:
+"bfloat16" / "BF-16" as bf16, "float16" as fp16, "Float8" (torchao's ``Float8Linear``, PyTorch's
+``float8_e4m3fn``) / "FP 8" / "8-bit floating point" as fp8, "float4" as fp4."""
+
+
+def _type_names(low: str) -> str:
+    """``low`` with every spelling of :data:`_TYPE_SPELLINGS` replaced by its short name."""
+    for pattern, name in _TYPE_SPELLINGS:
+        low = pattern.sub(name, low)
+    return low
+
+
 def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], str]:
     """(flags, note) for a precision field: fp16 / bf16 / fp8 named, else "mixed precision" by era.
 
@@ -259,7 +277,7 @@ def precision_flags(text: str, cc: int, year: int | None) -> tuple[list[str], st
     naming no 16-bit type reads as fp16 on GPUs without bf16 tensor cores (sm < 80) and for sources
     before :data:`BF16_MIXED_YEAR`, bf16 otherwise.
     """
-    low = text.lower()
+    low = _type_names(text.lower())
     m = FP4.search(low)
     if m:
         if "mx" in m.group(0):
