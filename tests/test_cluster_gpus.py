@@ -211,3 +211,25 @@ def test_with_specs_replaces_by_name_and_keeps_aliases():
     assert new.get("H100") is slow and new.get("h100-sxm5-80gb") is slow
     assert new.get("A100") is cat.get("A100") and new.names() == cat.names()
     assert with_specs(cat, {}) is cat
+
+
+def test_every_catalogue_gpu_round_trips_through_its_entry():
+    from heterosim.cluster.gpus import entry_of, spec_from_entry
+
+    for g in load_catalogue().gpus:
+        assert spec_from_entry(entry_of(g), {}, "test") == g
+
+
+def test_a_board_at_another_power_limit_by_the_cube_law():
+    """H100 SXM: 0.86 of boost at 700 W, so P_boost = 700 / 0.86^3 = 1100.6 W and at 500 W
+    (500 / 1100.6)^(1/3) = 0.7688; A100 SXM4 holds boost at 400 W (P_boost 400): 300 W gives
+    0.75^(1/3) = 0.9086; a limit above the boost power holds boost."""
+    h = get_gpu("H100").at_power_limit(500)
+    assert h.name == "H100-SXM5-80GB@500W" and h.tdp_w == 500 and h.aliases == ()
+    assert h.power_clock_ratio == pytest.approx(0.86 * (500 / 700) ** (1 / 3), rel=1e-12)
+    assert h.power_clock_ratio == pytest.approx(0.7688, abs=1e-4)
+    assert get_gpu("H100").at_power_limit(700).power_clock_ratio == pytest.approx(0.86, rel=1e-12)
+    assert get_gpu("A100-SXM4-80GB").at_power_limit(300).power_clock_ratio == pytest.approx(0.75 ** (1 / 3))
+    assert get_gpu("A100-SXM4-80GB").at_power_limit(450).power_clock_ratio == 1.0
+    with pytest.raises(ConfigError, match=r"H100-SXM5-80GB: power limit must be a finite number > 0 W, got -5"):
+        get_gpu("H100").at_power_limit(-5)

@@ -902,3 +902,29 @@ def test_global_batch_from_gradient_accumulation():
            "batch is used" in ci.assumptions
     with pytest.raises(ConfigError, match=r"^case t: batch.global is None; give an integer, or batch.ga"):
         megatron_flags(_case(parallelism=par, batch={"micro": 4}))
+
+
+def test_a_stated_power_limit_and_memory_make_a_board_variant():
+    """'96GB HBM2e ... 500 W power limit' on an H100 (torchtitan's Grand Teton boards): the memory
+    size and its stated bandwidth, and tensor work at 500 W's sustained clock, as a GPU of the
+    cluster file's own; a board the catalogue has as stated keeps its datasheet figures."""
+    hw = {"gpu": "NVIDIA H100 96GB HBM2e (SXM, 500 W power limit)", "gpus_per_node": 8,
+          "hbm_bandwidth_TBps": "2.4 TB/sec"}
+    spec, gpu, notes = cluster_for(hw, 16)
+    assert gpu == "H100-SXM5-80GB"
+    assert spec["node_groups"][0]["gpu"] == "H100-SXM5-96GB@500W"
+    (entry,) = spec["gpus"]
+    assert entry["memory_GiB"] == 96 and entry["hbm_bw_GBps"] == 2400 and entry["tdp_W"] == 500
+    assert entry["sustained_clock_ratio"] == pytest.approx(0.86 * (500 / 700) ** (1 / 3))
+    assert notes[:2] == [
+        "96 GB of memory (the catalogue's H100-SXM5-80GB has 80): 2.4 TB/s as stated",
+        "power limit 500 W (the H100-SXM5-80GB's is 700 W): tensor work at 0.769 of boost (cube law through "
+        "0.860 at 700 W; docs/kernel_db.md)"]
+    c = load_cluster(spec, num_gpus=16)
+    assert c.gpu_type(3) == "H100-SXM5-96GB@500W" and c.catalogue.get("H100-SXM5-96GB@500W").hbm_bw == 2.4e12
+    same, _, notes = cluster_for({"gpu": "NVIDIA H100 80GB HBM3 (SXM5, 700 W TDP)", "gpus_per_node": 8,
+                                  "hbm_bandwidth_TBps": 3.2}, 16)
+    assert "gpus" not in same and same["node_groups"][0]["gpu"] == "H100-SXM5-80GB"
+    assert not [n for n in notes if "power limit" in n or "memory" in n]
+    kw, _, notes = cluster_for({"gpu": "NVIDIA GB200 (1,200 W)", "gpus_per_node": 4}, 8)
+    assert "gpus" not in kw  # 1,200 W is the GB200's own limit, read with its thousands separator

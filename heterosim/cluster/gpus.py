@@ -28,7 +28,7 @@ from heterosim.errors import ConfigError, UnknownGPUError
 from heterosim.yamlfile import read_yaml
 
 __all__ = ["DTYPES", "OPTIONAL_DTYPES", "GpuSpec", "Catalogue", "load_catalogue", "get_gpu", "canonical_key", "spec_from_entry",
-           "extend_catalogue", "with_specs", "expected_max_normal"]
+           "extend_catalogue", "with_specs", "expected_max_normal", "entry_of"]
 
 SCHEMA_VERSION = 1
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -148,6 +148,27 @@ class GpuSpec:
             return self
         z = expected_max_normal(boards)
         return replace(self, sustained_clock_ratio=self.power_clock_ratio * (1.0 - z * self.board_spread))
+
+    def at_power_limit(self, watts: float) -> "GpuSpec":
+        """This board held to ``watts`` (``nvidia-smi -pl``), named ``<name>@<watts>W``: dense tensor
+        work settles at ``min(1, (watts / P_boost) ** (1/3))`` of its boost throughput, ``P_boost``
+        the power it would draw at boost: :attr:`tensor_boost_power_w` where known, else
+        ``tdp_w / power_clock_ratio ** 3``, the cube law of :attr:`power_clock_ratio` through the
+        board's own operating point at its rated limit (a measured sustained ratio there, or boost
+        held). An H100 SXM (0.86 of boost at 700 W) at 500 W: 0.769; an A100 SXM4 (boost held at
+        400 W) at 300 W: 0.909, the A100-PCIe's figure (``docs/kernel_db.md``).
+        NB: the cube law holds while the voltage still falls with the clock; a limit low enough to
+        reach the voltage floor derates deeper (power then falls only linearly with the clock).
+
+        Raises:
+            ConfigError: ``watts`` is not a finite number > 0.
+        """
+        watts = _positive(watts, f"{self.name}: power limit", "W")
+        p_boost = self.tensor_boost_power_w
+        if p_boost <= 0:
+            p_boost = (self.tdp_w or watts) / self.power_clock_ratio ** 3
+        ratio = min(1.0, (watts / p_boost) ** (1.0 / 3.0))
+        return replace(self, name=f"{self.name}@{watts:g}W", aliases=(), tdp_w=watts, sustained_clock_ratio=ratio)
 
     def at_boost(self) -> "GpuSpec":
         """This GPU held at its boost clock (``power_clock_ratio`` 1): the regime of a short
@@ -310,6 +331,28 @@ def spec_from_entry(e: Any, defaults: Mapping[str, Any], where: str) -> GpuSpec:
         sources=str(e["sources"]),
         notes=str(e.get("notes", "")),
     )
+
+
+def entry_of(spec: GpuSpec) -> dict[str, Any]:
+    """The catalogue-schema entry (``gpus.yaml``, a cluster file's ``gpus:``) that
+    :func:`spec_from_entry` reads back to ``spec``."""
+    e: dict[str, Any] = {
+        "name": spec.name, "vendor": spec.vendor, "arch": spec.arch, "compute_capability": spec.compute_capability,
+        "peak_TFLOPs": {k: v / 1e12 for k, v in spec.peak_flops.items()}, "hbm_bw_GBps": spec.hbm_bw / 1e9,
+        "memory_GiB": spec.hbm_bytes / 2**30, "sm_count": spec.sm_count, "l2_MiB": spec.l2_bytes / 2**20,
+        "nvlink_bw_GBps": spec.nvlink_bw / 1e9, "pcie_bw_GBps": spec.pcie_bw / 1e9, "tdp_W": spec.tdp_w,
+        "launch_overhead_us": spec.launch_overhead_s * 1e6, "sustained_clock_spread": spec.clock_spread,
+        "sources": spec.sources,
+    }
+    if spec.tensor_boost_power_w > 0:
+        e["tensor_boost_power_W"] = spec.tensor_boost_power_w
+    if spec.sustained_clock_ratio > 0:
+        e["sustained_clock_ratio"] = spec.sustained_clock_ratio
+    if spec.aliases:
+        e["aliases"] = list(spec.aliases)
+    if spec.notes:
+        e["notes"] = spec.notes
+    return e
 
 
 def load_catalogue(path: str | os.PathLike | None = None) -> Catalogue:

@@ -16,7 +16,7 @@ from heterosim.errors import ConfigError, UnknownGPUError
 
 from .phrases import positive_int
 
-__all__ = ["gpu_from_text", "cluster_for"]
+__all__ = ["gpu_from_text", "board_variant", "cluster_for"]
 
 # NVLink per-lane rate per direction, GB/s, by generation (NVLink 2.0-4.0: 25 GB/s, 5.0: 50 GB/s;
 # NVIDIA V100/A100/H100/B200 whitepapers).
@@ -67,6 +67,57 @@ def gpu_from_text(text: str) -> str:
     names = ", ".join(g.name for g in cands) if cands else ", ".join(cat.names())
     raise UnknownGPUError(f"GPU {text!r}: {'several catalogue GPUs fit' if cands else 'no catalogue GPU fits'} "
                           f"({names}); name the model, form factor and memory, e.g. 'A100-SXM4-80GB'")
+
+
+_POWER_KEYS = ("power_limit_W", "power_cap_W", "power_W", "tdp_W")
+_HBM_KEYS = ("hbm_bandwidth_TBps", "hbm_bw_TBps", "memory_bandwidth_TBps")
+
+
+def _stated_number(hardware: Mapping[str, Any], keys: tuple[str, ...], pattern: str, text: str,
+                   what: str) -> float | None:
+    """The first of ``keys`` the section gives, else the first match of ``pattern`` in ``text``."""
+    for k in keys:
+        if hardware.get(k) not in (None, ""):
+            m = re.search(r"\d+(?:\.\d+)?", str(hardware[k]))
+            if not m:
+                raise ConfigError(f"hardware.{k} {hardware[k]!r}: give {what} as a number")
+            return float(m.group(0))
+    m = re.search(pattern, text, re.I)
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def board_variant(hardware: Mapping[str, Any], spec: Any) -> tuple[Any, list[str]]:
+    """The board ``hardware`` describes, as ``spec`` or a variant of it, and what changed.
+
+    A power limit other than the catalogue's (``hardware.power_limit_W``, or "500 W power limit" /
+    "(SXM5, 700 W TDP)" in the GPU text) runs tensor work at that limit's sustained clock
+    (:meth:`GpuSpec.at_power_limit`); a memory size the catalogue board does not have ("96GB
+    HBM2e") takes that size and the stated bandwidth (``hardware.hbm_bandwidth_TBps`` or "2.4 TB/s"
+    in the GPU text), else the catalogue board's, said so. A board the catalogue has as stated
+    keeps its datasheet figures.
+    """
+    from dataclasses import replace
+
+    text = str(hardware.get("gpu", ""))
+    notes: list[str] = []
+    out = spec
+    sizes = [int(m) for m in re.findall(r"(\d+)\s*GB(?!/)", text, re.I)]
+    size = next((g for g in sizes if g != round(spec.hbm_bytes / 2**30)), None)
+    if size is not None and round(spec.hbm_bytes / 2**30) not in sizes:
+        bw = _stated_number(hardware, _HBM_KEYS, r"(\d+(?:\.\d+)?)\s*TB/s", text, "the memory bandwidth in TB/s")
+        out = replace(out, name=f"{spec.name.rsplit('-', 1)[0] if spec.name.endswith('GB') else spec.name}-{size}GB",
+                      aliases=(), hbm_bytes=size * 2**30, hbm_bw=bw * 1e12 if bw else spec.hbm_bw)
+        notes.append(f"{size} GB of memory (the catalogue's {spec.name} has {spec.hbm_bytes / 2**30:g}): "
+                     + (f"{bw:g} TB/s as stated" if bw else
+                        f"its bandwidth not stated, {spec.hbm_bw / 1e12:g} TB/s of the {spec.name} taken"))
+    watts = _stated_number(hardware, _POWER_KEYS, r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*W(?![a-z])", text,
+                           "the power limit in W")
+    if watts is not None and watts != spec.tdp_w:
+        out = out.at_power_limit(watts)
+        notes.append(f"power limit {watts:g} W (the {spec.name}'s is {spec.tdp_w:g} W): tensor work at "
+                     f"{out.sustained_clock_ratio:.3f} of boost (cube law through {spec.power_clock_ratio:.3f} "
+                     f"at {spec.tdp_w:g} W; docs/kernel_db.md)")
+    return out, notes
 
 
 # ------------------------------------------------------------------------------------ clusters
@@ -274,8 +325,12 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     notes: list[str] = []
     if "gpu" not in hardware:
         raise ConfigError("hardware: no 'gpu' given; name the GPU, e.g. 'NVIDIA A100-SXM4-80GB'")
+    from heterosim.cluster.gpus import entry_of
+
     gpu = gpu_from_text(str(hardware["gpu"]))
     spec = get_gpu(gpu)
+    board, board_notes = board_variant(hardware, spec)
+    notes += board_notes
     tray = 4 if _grace_blackwell(spec) else 8  # a GB200 / GB300 compute tray holds 4 GPUs
     gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, tray), "hardware.gpus_per_node")
     if "gpus_per_node" not in hardware:
@@ -357,6 +412,8 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     d["node_types"] = {tname: node}
     d["name"] = "case"
     d["description"] = f"{hardware.get('gpu')}; {intra}; {inter}"
-    d["node_groups"] = [{"name": "g", "gpu": gpu, "node_type": tname}]
+    d["node_groups"] = [{"name": "g", "gpu": board.name, "node_type": tname}]
+    if board is not spec:
+        d["gpus"] = [entry_of(board)]
     d.pop("placement", None)
     return d, gpu, notes
