@@ -36,6 +36,7 @@ forked later start with them.
 """
 from __future__ import annotations
 
+import copyreg
 from typing import Any
 
 import torch
@@ -67,6 +68,20 @@ starts (ATen: ``self.storage_offset() + start * stride`` for ``slice``, the same
 reshape or a permutation): keyed without the argument's offset, their entry holds the shift.
 Not ``as_strided`` (an absolute offset) nor ``view(dtype)`` (an offset rescaled by the element
 size)."""
+
+
+def _memory_format(name: str) -> torch.memory_format:
+    return getattr(torch, name)
+
+
+def _reduce_memory_format(m: torch.memory_format) -> tuple:
+    # A memory format pickles by its qualified name ("torch.contiguous_format"), which pickle looks
+    # up as an attribute of whichever loaded module reaches it first (often the running script's
+    # __main__, which imported torch): an exported key then fails to unpickle in the parent.
+    return _memory_format, (str(m).rsplit(".", 1)[-1],)
+
+
+copyreg.pickle(torch.memory_format, _reduce_memory_format)
 
 
 def kind(func: Any) -> str | None:

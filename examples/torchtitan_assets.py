@@ -3,7 +3,8 @@
 torchtitan's debug configs read a tokenizer from ``--hf_assets_path`` (default
 ``./tests/assets/tokenizer``) and the ``c4_test`` dataset from ``--dataloader.dataset_path``
 (default ``tests/assets/c4_test``). Both live in torchtitan's git repository, not in its wheel.
-This writes stand-ins a capture can use offline:
+This writes stand-ins a capture can use offline (``heterosim.validation.titan.write_assets``, what
+``replay validate`` writes for a case whose source names torchtitan):
 
 - ``DIR/tokenizer``: a word-level tokenizer (``tokenizer.json`` + ``tokenizer_config.json``) of
   exactly 2048 tokens, the debug model's vocabulary: ``<|begin_of_text|>``, ``<|end_of_text|>``,
@@ -19,36 +20,12 @@ documents into ``seq_len`` samples whatever the text.
 
 from __future__ import annotations
 
-import json
-import random
 import sys
 from pathlib import Path
 
-VOCAB = 2048
-SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "[UNK]"]
-DOCUMENTS = 64
-WORDS_PER_DOCUMENT = 600
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def write_assets(root: Path) -> None:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    words = [f"w{i}" for i in range(VOCAB - len(SPECIAL))]
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL, *words])}
-    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = Whitespace()
-    (root / "tokenizer").mkdir(parents=True, exist_ok=True)
-    tok.save(str(root / "tokenizer" / "tokenizer.json"))
-    (root / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": SPECIAL[0], "eos_token": SPECIAL[1], "unk_token": SPECIAL[2]}))
-    rng = random.Random(0)
-    (root / "c4_test").mkdir(parents=True, exist_ok=True)
-    with open(root / "c4_test" / "train.json", "w") as f:
-        for _ in range(DOCUMENTS):
-            f.write(json.dumps({"text": " ".join(rng.choices(words, k=WORDS_PER_DOCUMENT))}) + "\n")
-
+from heterosim.validation.titan import write_assets  # noqa: E402
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import time
@@ -55,13 +56,29 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _readable(e: HeteroSimError) -> HeteroSimError:
+    """``e`` if the parent can unpickle it, else an error of its type (or the base) with its text:
+    an argument that pickles by a name unpickling cannot resolve (a ``torch.memory_format``) would
+    otherwise fail in the parent, far from its cause."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 -- any unpicklable argument: keep the message
+        try:
+            out = type(e)(str(e))
+            pickle.loads(pickle.dumps(out))
+            return out
+        except Exception:  # noqa: BLE001 -- a constructor taking other arguments
+            return HeteroSimError(f"{type(e).__name__}: {e}")
+
+
 def _child(conn: Any, fn: Callable[[Any], Any], task: Any, parent: int) -> None:
     _die_with_parent(parent)
     payload: tuple[str, Any, str]
     try:
         payload = ("ok", fn(task), "")
     except HeteroSimError as e:
-        payload = ("error", e, "")
+        payload = ("error", _readable(e), "")
     except BaseException:  # noqa: BLE001 -- shipped to the parent, which raises it
         payload = ("bug", None, traceback.format_exc())
     try:
@@ -139,6 +156,8 @@ def run_forked(
                 except EOFError:
                     proc.join()  # the exit status is known only once the worker is reaped
                     kind, value, text = "bug", None, f"its worker died without answering (exit status {proc.exitcode})"
+                except Exception as e:  # noqa: BLE001 -- an answer that does not unpickle here
+                    kind, value, text = "bug", None, f"its answer could not be read: {type(e).__name__}: {e}"
                 finally:
                     recv.close()
                 proc.join()

@@ -244,3 +244,16 @@ def test_what_a_worker_learnt_reaches_its_parent(fake):
     again = OutputCache()
     _call(again, mode, aten.mm.default, a, b)
     assert again.hits == 1
+
+
+def test_memory_formats_pickle_by_a_name_every_process_resolves():
+    """Exported keys hold memory formats; pickled by qualified name, pickle would resolve
+    'torch.contiguous_format' through whichever loaded module reaches it first (a script's
+    __main__), which the parent then cannot import."""
+    import pickle
+
+    import capture.opcache  # noqa: F401 -- registers the reducer
+
+    for m in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d, torch.preserve_format):
+        data = pickle.dumps(m)
+        assert pickle.loads(data) is m and b"capture.opcache" in data and b"__main__" not in data

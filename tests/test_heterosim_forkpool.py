@@ -53,6 +53,24 @@ def test_a_heterosim_error_comes_back_as_itself():
         run_forked([0, 1, 2, 3], _config_error, jobs=1)
 
 
+def _error_with_unreadable_argument(x: int) -> int:
+    local = type("Local", (), {"__module__": "no_such_module_here"})()
+    raise ConfigError(f"task {x} failed", local)
+
+
+def _unreadable_result(x: int) -> object:
+    return type("Local", (), {"__module__": "no_such_module_here"})()
+
+
+def test_an_error_the_parent_could_not_unpickle_comes_back_as_its_text():
+    """An error whose argument pickles by a name the parent cannot resolve is sent as its own type
+    with its text; a result like that is a failure naming what could not be read."""
+    with pytest.raises(ConfigError, match=r"^\('task 0 failed', <"):
+        run_forked([0], _error_with_unreadable_argument, jobs=1)
+    with pytest.raises(RuntimeError, match=r"^task 0 failed in its worker:\n"):
+        run_forked([0], _unreadable_result, jobs=1)
+
+
 def test_a_bug_comes_back_with_the_child_traceback_and_the_task_name():
     with pytest.raises(RuntimeError, match=r"(?s)^case one failed in its worker:\n.*ZeroDivisionError"):
         run_forked([0, 1, 2], _bug, jobs=2, name=lambda i: ["case zero", "case one", "case two"][i])

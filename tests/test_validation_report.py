@@ -67,3 +67,21 @@ def test_fp4_runs_pair_with_their_bf16_twin_and_summarise_apart():
     assert [(p["fp8"], p["bf16"]) for p in rep.fp8_pairs()] == [("f8", "b"), ("f4", "b")]
     assert rep.fp8_pairs()[1]["error"] == pytest.approx(0.1)
     assert "fp4 runs: MAPE 10.0% over 1; worst f4 +10.0%" in rep.table()
+
+
+def test_torchtitan_float8_runs_pair_with_their_bf16_twin():
+    """A torchtitan row's Float8 converter (--model.converters quantize.linear.float8 and its recipe)
+    makes it an fp8 run that pairs with the bf16 row of its configuration: 1.92 / 2.457 = 0.7814
+    measured, 1.781 / 2.14 = 0.8322 predicted."""
+    def run(cid, extra, meas, pred):
+        return CaseResult(id=cid, category="end_to_end", status="ok",
+                          detail={"flags": ["--model.flavor", "8B", *extra, "--compile.enable"], "world_size": 8},
+                          comparisons=(Comparison(metric="iteration_time_s", measured=meas, predicted=pred,
+                                                  error=pred / meas - 1),))
+
+    f8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise"]
+    rep = Report(cases=(run("b", [], 2.457, 2.14), run("f8", f8, 1.92, 1.781)))
+    (pair,) = rep.fp8_pairs()
+    assert (pair["fp8"], pair["bf16"]) == ("f8", "b")
+    assert pair["measured"] == pytest.approx(1.92 / 2.457) and pair["predicted"] == pytest.approx(1.781 / 2.14)
+    assert "fp8 runs: MAPE 7.2% over 1" in rep.table()

@@ -170,6 +170,9 @@ def test_missing_feature_message():
     assert _missing_feature("Traceback...\nConfigError: --cp-comm-type a2a is not supported") == \
         "ConfigError: --cp-comm-type a2a is not supported"
     assert _missing_feature("some other failure") is None
+    assert _missing_feature("Traceback...\nNotImplementedError: Operator aten.x.default does not have a sharding "
+                            "strategy registered.") == ("NotImplementedError: Operator aten.x.default does not have "
+                                                        "a sharding strategy registered.")
 
 
 def test_cli_json_and_plot(env, capsys, tmp_path):
@@ -251,17 +254,44 @@ def test_a_damaged_cached_trace_is_captured_again(tmp_path):
 
 def test_iteration_time_from_a_throughput_or_other_units():
     """tokens/s per GPU: 128 sequences x 8192 tokens / (3600 x 64 GPUs) = 4.5511 s; a step time in ms;
-    nothing usable gives None."""
+    nothing usable gives None; a torchtitan command line carries its batch and length apart
+    (16 x 1024 / (6000 x 8) = 0.34133 s)."""
+    from heterosim.validation.cases import CaseInputs
     from heterosim.validation.validate import _time_from_rate
 
-    flags = ["--seq-length", "8192", "--global-batch-size", "128"]
-    t, note = _time_from_rate({"tokens_per_s_per_gpu": 3600}, flags, 64)
+    def inputs(world, flags=("--seq-length", "8192", "--global-batch-size", "128"), **kw):
+        return CaseInputs(flags=tuple(flags), world_size=world, cluster={}, gpu="H100", assumptions=(), **kw)
+
+    t, note = _time_from_rate({"tokens_per_s_per_gpu": 3600}, inputs(64))
     assert t == pytest.approx(128 * 8192 / (3600 * 64)) and note == (
         "derived: global batch 128 x seq 8192 / tokens_per_s_per_gpu x 64 GPUs")
-    assert _time_from_rate({"tokens_per_s": 1048576}, flags, 64)[0] == pytest.approx(1.0)
-    assert _time_from_rate({"samples_per_s": 64}, flags, 8)[0] == pytest.approx(2.0)
-    assert _time_from_rate({"iteration_time_ms": 1500}, flags, 8) == (1.5, "from iteration_time_ms")
-    assert _time_from_rate({"mfu": 0.4}, flags, 8) == (None, "")
+    assert _time_from_rate({"tokens_per_s": 1048576}, inputs(64))[0] == pytest.approx(1.0)
+    assert _time_from_rate({"samples_per_s": 64}, inputs(8))[0] == pytest.approx(2.0)
+    assert _time_from_rate({"iteration_time_ms": 1500}, inputs(8)) == (1.5, "from iteration_time_ms")
+    assert _time_from_rate({"mfu": 0.4}, inputs(8)) == (None, "")
+    titan = inputs(8, ("--model.flavor", "8B"), module="torchtitan.train", global_batch=16, seq_len=1024)
+    assert _time_from_rate({"tokens_per_s_per_gpu": 6000}, titan)[0] == pytest.approx(16 * 1024 / (6000 * 8))
+
+
+def test_a_stated_peak_memory_is_compared_with_the_allocator_peak():
+    """'peak_memory_GiB' (what training logs print: max_memory_reserved) against the largest reserved
+    peak over the job's roles, 'peak_memory_allocated_GiB' against the allocated one: 70 / 80 GiB
+    predicted against 82.4 measured -> 80 / 82.4 - 1 = -2.91%."""
+    from types import SimpleNamespace
+
+    from heterosim.validation.validate import _memory_comparison
+
+    gib = 2**30
+    res = SimpleNamespace(memory=(SimpleNamespace(peak=SimpleNamespace(reserved=70 * gib, allocated=60 * gib)),
+                                  SimpleNamespace(peak=SimpleNamespace(reserved=80 * gib, allocated=75 * gib))))
+    c = _memory_comparison({"peak_memory_GiB": 82.4, "tokens_per_s": 1}, res)
+    assert (c.metric, c.measured, c.predicted) == ("peak_memory_GiB", 82.4, 80.0)
+    assert c.error == pytest.approx(80 / 82.4 - 1)
+    assert "torch.cuda.max_memory_reserved" in c.note
+    c = _memory_comparison({"peak_memory_allocated_GiB": "75 (rank 0)"}, res)
+    assert (c.metric, c.predicted, c.error) == ("peak_memory_allocated_GiB", 75.0, 0.0)
+    assert _memory_comparison({"tokens_per_s": 1}, res) is None
+    assert _memory_comparison({"peak_memory_GiB": 80}, SimpleNamespace(memory=())) is None
 
 
 def test_cases_run_in_this_process_are_collected_one_by_one(tmp_path, monkeypatch):
@@ -293,7 +323,7 @@ def test_the_launch_scripts_nccl_env_reaches_the_replay_under_the_callers(monkey
         seen.append(nccl_env)
         raise Stop
 
-    monkeypatch.setattr(v, "cached_trace", lambda flags, world, cache: (None, type("T", (), {"layout": None})()))
+    monkeypatch.setattr(v, "cached_trace", lambda flags, world, cache, **kw: (None, type("T", (), {"layout": None})()))
     monkeypatch.setattr(heterosim.cluster, "load_cluster", lambda *a, **k: None)
     monkeypatch.setattr(importlib.import_module("replay.simulate"), "simulate", fake_simulate)
     hopper = Path(__file__).resolve().parents[1] / "validation" / "hopper_cases.yaml"

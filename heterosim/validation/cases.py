@@ -77,6 +77,13 @@ class CaseInputs:
     assumptions: tuple[str, ...]
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     """NCCL environment the run's launch script exports (its recipe's ``nccl_env``)."""
+    module: str = ""
+    """The Python module captured with ``flags`` as its command line (``torchtitan.train``,
+    :mod:`heterosim.validation.titan`); empty: ``models/pretrain_gpt.py`` with Megatron flags."""
+    global_batch: int = 0
+    """Sequences per iteration where ``flags`` are not Megatron's (0: read ``--global-batch-size``)."""
+    seq_len: int = 0
+    """Tokens per sequence where ``flags`` are not Megatron's (0: read ``--seq-length``)."""
 
 
 def load_cases(path: str | Path) -> list[Case]:

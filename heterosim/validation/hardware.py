@@ -312,6 +312,16 @@ def _set_nvlink(node: dict[str, Any], intra: str, spec: Any, notes: list[str]) -
     node["nvlink"]["nvls"] = nvls
 
 
+def _part_of_node(node: dict[str, Any], gpn: int, num_gpus: int, notes: list[str]) -> None:
+    """A job on part of one node: the node modelled with just the GPUs it uses (and their NICs)."""
+    node["gpus_per_node"] = num_gpus
+    if isinstance(node.get("pcie"), Mapping):
+        node["pcie"] = {k: v for k, v in node["pcie"].items() if k != "switches"}
+    n, bw = _nic_summary(node["nics"])
+    node["nics"] = {"count": max(1, n * num_gpus // gpn), "bw_Gbps": bw}
+    notes.append(f"job uses {num_gpus} of the node's {gpn} GPUs: node modelled with those GPUs only")
+
+
 def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, Any], str, list[str]]:
     """(cluster spec dict, catalogue GPU, assumptions) for a case's ``hardware`` section.
 
@@ -396,13 +406,8 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
         rate, which = default_nic(spec)
         node["nics"] = {"count": gpn, "bw_Gbps": rate}
         notes.append(f"no inter-node network stated: one {rate:g} Gb/s NIC per GPU, {which} (unused on one node)")
-    if num_gpus < gpn:  # a job on part of one node: model just the GPUs it uses
-        node["gpus_per_node"] = num_gpus
-        if isinstance(node.get("pcie"), Mapping):
-            node["pcie"] = {k: v for k, v in node["pcie"].items() if k != "switches"}
-        n, bw = _nic_summary(node["nics"])
-        node["nics"] = {"count": max(1, n * num_gpus // gpn), "bw_Gbps": bw}
-        notes.append(f"job uses {num_gpus} of the node's {gpn} GPUs: node modelled with those GPUs only")
+    if num_gpus < gpn:
+        _part_of_node(node, gpn, num_gpus, notes)
     routing = _routing(inter)
     if routing and isinstance(d.get("fabric"), dict) and d["fabric"].get("kind") in ("rail_optimized", "leaf_spine"):
         if d["fabric"].get("routing", "ecmp") != routing:

@@ -27,14 +27,17 @@ def _signed_pct(x: float) -> str:
 
 
 FP8_FLAGS = {"--fp8-format": 1, "--fp8-recipe": 1, "--fp8-param-gather": 0, "--tp-comm-overlap-fp8-buf": 1,
-             "--fp4-format": 1, "--fp4-recipe": 1}
+             "--fp4-format": 1, "--fp4-recipe": 1, "--model.converters": 1, "--quantize.linear.float8.recipe_name": 1}
 """Flags an fp8 or fp4 run has and its 16-bit twin lacks (flag -> values after it): what
 :meth:`Report.fp8_pairs` ignores when it pairs them."""
 
 
 def _precision_kind(flags: Any) -> str:
-    """``fp8``, ``fp4`` or ``16`` (bf16 / fp16 GEMMs) for a case's flags."""
-    return "fp8" if "--fp8-format" in flags else "fp4" if "--fp4-format" in flags else "16"
+    """``fp8``, ``fp4`` or ``16`` (bf16 / fp16 GEMMs) for a case's flags (Megatron's, or torchtitan's
+    Float8 converter, :mod:`heterosim.validation.titan`)."""
+    if "--fp8-format" in flags or "quantize.linear.float8" in flags:
+        return "fp8"
+    return "fp4" if "--fp4-format" in flags else "16"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

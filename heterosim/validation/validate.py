@@ -1,8 +1,10 @@
 """``replay validate``: predict published training runs and collective benchmarks, report the error.
 
-For an end-to-end case: :func:`heterosim.validation.cases.megatron_flags` gives ``models/pretrain_gpt.py``
-flags, the world size and a cluster; the script is captured (``--ranks auto``; traces cached
-under ``cache_dir`` by a hash of flags, world size and the code of ``capture/`` and ``models/``),
+For an end-to-end case: :func:`case_inputs` gives ``models/pretrain_gpt.py`` flags
+(:func:`heterosim.validation.cases.megatron_flags`), or for a source naming torchtitan the command
+line of torchtitan's own trainer (:mod:`heterosim.validation.titan`), the world size and a cluster;
+the program is captured (``--ranks auto``; traces cached under ``cache_dir`` by a hash of the
+command, world size and the code of ``capture/`` and ``models/``, and torchtitan's version),
 replayed with :func:`replay.simulate.simulate`, and compared with the measured iteration time
 (measured, or derived by the source from its TFLOP/s) and TFLOP/s per GPU counted in the
 source's own FLOP convention (:func:`heterosim.validation.cases.flop_convention`: the SC'21 table counts the
@@ -36,9 +38,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from heterosim.errors import ConfigError, HeteroSimError, TimeLimitError
 
 from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
+from .titan import asset_args, names_torchtitan, titan_inputs, write_assets
 from .report import SCHEMA_VERSION, CaseResult, Comparison, Report
 
-__all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "capture_cached", "cached_key",
+__all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "case_inputs", "capture_cached", "cached_key",
            "code_version", "DEFAULT_CACHE_DIR", "SCHEMA_VERSION"]
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "heterosim" / "traces"
@@ -63,37 +66,83 @@ def code_version() -> str:
 
 
 def capture_cached(flags: Sequence[str], world_size: int, cache_dir: str | os.PathLike | None = None,
-                   *, script: str | os.PathLike = _SCRIPT) -> Path:
-    """The trace of ``script flags`` at ``world_size`` (``--ranks auto``), captured once per
-    (flags, world size, code version) under ``cache_dir``."""
-    return cached_trace(flags, world_size, cache_dir, script=script)[0]
+                   *, script: str | os.PathLike = _SCRIPT, module: str = "") -> Path:
+    """The trace of ``script flags`` (or ``python -m module flags``) at ``world_size`` (``--ranks
+    auto``), captured once per (command, world size, code version) under ``cache_dir``."""
+    return cached_trace(flags, world_size, cache_dir, script=script, module=module)[0]
 
 
-def cached_key(flags: Sequence[str], world_size: int, *, script: str | os.PathLike = _SCRIPT) -> str:
-    """The cache entry's name for ``script flags`` at ``world_size``: a hash of them, ``--ranks auto``
-    and :func:`code_version`."""
-    return hashlib.sha256(json.dumps({"script": Path(script).name, "flags": list(flags), "world": world_size,
+def _module_version(module: str) -> str:
+    """The installed version of the distribution a captured module comes from ('' for none)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module.split(".")[0]) if module else ""
+    except PackageNotFoundError:
+        return ""
+
+
+def cached_key(flags: Sequence[str], world_size: int, *, script: str | os.PathLike = _SCRIPT, module: str = "") -> str:
+    """The cache entry's name for ``script flags`` (or ``-m module flags``) at ``world_size``: a hash
+    of them, ``--ranks auto``, :func:`code_version` and the module's installed version."""
+    what = {"module": module, "version": _module_version(module)} if module else {"script": Path(script).name}
+    return hashlib.sha256(json.dumps({**what, "flags": list(flags), "world": world_size,
                                       "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
 
 
 def cached_trace(flags: Sequence[str], world_size: int, cache_dir: str | os.PathLike | None = None,
-                 *, script: str | os.PathLike = _SCRIPT) -> tuple[Path, Any]:
+                 *, script: str | os.PathLike = _SCRIPT, module: str = "") -> tuple[Path, Any]:
     """(directory, loaded trace) of :func:`capture_cached`: the trace is read once, whether it
-    comes from the cache or from a fresh capture."""
+    comes from the cache or from a fresh capture. A ``module`` capture (torchtitan) reads the
+    tokenizer and dataset :func:`heterosim.validation.titan.write_assets` keeps under ``cache_dir``."""
     from capture.api import capture
     from heterosim.errors import TraceSchemaError
     from heterosim.trace.store import load_trace
 
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    out = cache / cached_key(flags, world_size, script=script)
+    out = cache / cached_key(flags, world_size, script=script, module=module)
     if (out / "trace.json").is_file():
         try:
             return out, load_trace(out)
         except TraceSchemaError:  # a damaged cache entry (a crash, a full disk): capture it again
             shutil.rmtree(out, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
-    capture(str(script), list(flags), out, world_size=world_size, ranks="auto")
+    if module:
+        extra = asset_args(write_assets(cache / "torchtitan-assets"))
+        with _output_to(out.with_suffix(".log")):  # the trainer's own log, kept beside the entry
+            capture(module, [*flags, *extra], out, world_size=world_size, ranks="auto", module=True)
+    else:
+        capture(str(script), list(flags), out, world_size=world_size, ranks="auto")
     return out, load_trace(out)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (and so its forked workers') appended to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        for fd in saved:
+            os.close(fd)
+
+
+def case_inputs(case: Case) -> CaseInputs:
+    """What an end-to-end case runs: torchtitan's trainer where its source names torchtitan
+    (:func:`heterosim.validation.titan.titan_inputs`), else ``models/pretrain_gpt.py``
+    (:func:`heterosim.validation.cases.megatron_flags`)."""
+    return titan_inputs(case) if names_torchtitan(case) else megatron_flags(case)
 
 
 # ------------------------------------------------------------------------------------- cases
@@ -118,16 +167,17 @@ _RATE_KEYS = {  # tokens (or sequences) per second, whole job or per GPU
 }
 
 
-def _time_from_rate(meas: Mapping[str, Any], flags: Sequence[str], world: int) -> tuple[float | None, str]:
+def _time_from_rate(meas: Mapping[str, Any], inputs: CaseInputs) -> tuple[float | None, str]:
     """(iteration time, note) from a measured step time in other units or a throughput: a step
-    holds global batch x sequence length tokens (``flags``' values); None when none is given."""
+    holds global batch x sequence length tokens (``inputs``' values); None when none is given."""
     for keys, scale in _TIME_KEYS.items():
         for k in keys:
             v, _ = _num(meas.get(k))
             if v:
                 return v * scale, f"from {k}"
-    f = list(flags)
-    gbs, seq = int(f[f.index("--global-batch-size") + 1]), int(f[f.index("--seq-length") + 1])
+    f, world = list(inputs.flags), inputs.world_size
+    gbs = inputs.global_batch or int(f[f.index("--global-batch-size") + 1])
+    seq = inputs.seq_len or int(f[f.index("--seq-length") + 1])
     for keys, (unit, per_gpu) in _RATE_KEYS.items():
         for k in keys:
             v, _ = _num(meas.get(k))
@@ -139,10 +189,29 @@ def _time_from_rate(meas: Mapping[str, Any], flags: Sequence[str], world: int) -
     return None, ""
 
 
+_MEMORY_KEYS = {"peak_memory_GiB": "reserved", "peak_memory_reserved_GiB": "reserved",
+                "peak_memory_allocated_GiB": "allocated"}
+"""A source's peak device memory (GiB) -> the allocator peak it is: a bare "peak memory" is what
+training logs print (torchtitan's and Megatron's ``max_memory_reserved``)."""
+
+
+def _memory_comparison(meas: Mapping[str, Any], res: Any) -> Comparison | None:
+    """The measured peak memory against the largest peak over the job's ranks of PyTorch's caching
+    allocator (``replay.memory``), where the case gives one and the trace records memory."""
+    for key, which in _MEMORY_KEYS.items():
+        v, _ = _num(meas.get(key))
+        if v and res.memory:
+            pred = max(getattr(m.peak, which) for m in res.memory) / 2**30
+            return Comparison(metric=key, measured=v, predicted=pred, error=pred / v - 1,
+                              note=f"the largest over ranks of torch.cuda.max_memory_{which} (CUDA context and "
+                                   "NCCL buffers not counted)")
+    return None
+
+
 def _missing_feature(msg: str) -> str | None:
     """The feature an error says is missing (capture raising on an unsupported flag), or None."""
     low = msg.lower()
-    for key in ("not supported", "unsupported", "not implemented", "unrecognized arguments"):
+    for key in ("not supported", "unsupported", "not implemented", "notimplementederror", "unrecognized arguments"):
         if key in low:
             return msg.strip().splitlines()[-1][:300]
     return None
@@ -154,7 +223,7 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_boar
     from replay.simulate import simulate
 
     try:
-        inputs: CaseInputs = megatron_flags(case)
+        inputs: CaseInputs = case_inputs(case)
     except ConfigError as e:
         miss = _missing_feature(str(e))
         if miss:
@@ -162,7 +231,7 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_boar
         raise
     notes = list(inputs.assumptions)
     try:
-        _, trace = cached_trace(inputs.flags, inputs.world_size, cache_dir)
+        _, trace = cached_trace(inputs.flags, inputs.world_size, cache_dir, module=inputs.module)
     except HeteroSimError as e:
         miss = _missing_feature(str(e))
         if miss:
@@ -182,7 +251,7 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_boar
     t_meas, _ = _num(meas.get("iteration_time_s"))
     t_note = ""
     if t_meas is None:
-        t_meas, t_note = _time_from_rate(meas, inputs.flags, inputs.world_size)
+        t_meas, t_note = _time_from_rate(meas, inputs)
         t_meas = t_meas or None
     conv = flop_convention(case)
     tf_meas, _ = _num(meas.get("tflops_per_gpu"))
@@ -209,6 +278,9 @@ def _e2e(case: Case, cache_dir: Any, nccl_env: Any, kernel_db: Any, slowest_boar
         tf_pred = flops[conv] / (t_pred * inputs.world_size) / 1e12
         comps.append(Comparison(metric="tflops_per_gpu", measured=tf_meas, predicted=tf_pred,
                                 error=tf_pred / tf_meas - 1, note=f"{conv} FLOP count"))
+    mem = _memory_comparison(meas, res)
+    if mem is not None:
+        comps.append(mem)
     b = res.breakdown
     detail = {"world_size": inputs.world_size, "gpu": inputs.gpu, "flags": list(inputs.flags),
               "flop_convention": conv, "compute_s": b.compute_s, "bubble_s": b.bubble_s,
@@ -436,6 +508,6 @@ def _size_hint(case: Case) -> int:
     if case.category != "end_to_end":
         return 0
     try:
-        return megatron_flags(case).world_size
+        return case_inputs(case).world_size
     except HeteroSimError:
         return 0
