@@ -174,3 +174,17 @@ def test_a_torchtitan_row_is_captured_and_replayed(tmp_path):
     assert case["detail"]["flags"][:4] == ["--job.config_file", str(CONFIG), "--model.flavor", "8B"]
     assert list((tmp_path / "cache").glob("*.log"))  # torchtitan's own log, kept beside the trace
     assert "[titan]" not in p.stdout + p.stderr  # ... and not on the terminal
+
+
+def test_the_cache_key_follows_the_config_files_content(tmp_path):
+    """A trace captured from a config file is captured again when the file changes (same path, same
+    flags); flags naming no file keep the key they had."""
+    from heterosim.validation.validate import cached_key
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[training]\nsteps = 2\n")
+    a = cached_key(["--job.config_file", str(cfg)], 8, module="torchtitan.train")
+    assert cached_key(["--job.config_file", str(cfg)], 8, module="torchtitan.train") == a
+    cfg.write_text("[training]\nsteps = 3\n")
+    assert cached_key(["--job.config_file", str(cfg)], 8, module="torchtitan.train") != a
+    assert cached_key(["--num-layers", "2"], 8) == cached_key(["--num-layers", "2"], 8)

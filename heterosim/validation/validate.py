@@ -84,8 +84,12 @@ def _module_version(module: str) -> str:
 
 def cached_key(flags: Sequence[str], world_size: int, *, script: str | os.PathLike = _SCRIPT, module: str = "") -> str:
     """The cache entry's name for ``script flags`` (or ``-m module flags``) at ``world_size``: a hash
-    of them, ``--ranks auto``, :func:`code_version` and the module's installed version."""
+    of them, the content of every file a flag names (torchtitan's config), ``--ranks auto``,
+    :func:`code_version` and the module's installed version."""
     what = {"module": module, "version": _module_version(module)} if module else {"script": Path(script).name}
+    files = {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in flags if os.path.isfile(f)}
+    if files:
+        what["files"] = files
     return hashlib.sha256(json.dumps({**what, "flags": list(flags), "world": world_size,
                                       "ranks": "auto", "code": code_version()}).encode()).hexdigest()[:20]
 
