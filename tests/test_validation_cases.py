@@ -266,6 +266,8 @@ def test_recipe_nccl_environment_reaches_the_case():
     ci = megatron_flags(_hopper("e2e-dgxc-v24.11.1-gpt3-175b-bf16-128gpu"))
     assert ci.nccl_env == {"NCCL_NVLS_ENABLE": "0"}
     assert next(iter(ci.cluster["node_types"].values()))["nvlink"]["nvls"] is True  # the node has it; NCCL is told not to
+    assert "NVLink SHARP: on the NVSwitch, turned off by the launch script (NCCL_NVLS_ENABLE=0)" in ci.assumptions
+    assert not [n for n in ci.assumptions if n.startswith("NVLink SHARP not stated")]
     assert megatron_flags(_case()).nccl_env == {}
 
 

@@ -144,9 +144,14 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
     env = {str(k): str(v) for k, v in (pub.get("nccl_env") or {}).items()}
     if env:
         a_notes.append(f"NCCL environment {', '.join(f'{k}={v}' for k, v in env.items())} ({script})")
+    if env.get("NCCL_NVLS_ENABLE") == "0":  # the switch has NVLink SHARP; the launch script turns it off
+        hw_notes = [NVLS_OFF_NOTE if n.startswith("NVLink SHARP not stated") else n for n in hw_notes]
     return CaseInputs(flags=tuple(flags + a_flags), world_size=world, cluster=cluster, gpu=gpu,
                       assumptions=tuple(notes + a_notes + hw_notes), nccl_env=env)
 
+
+NVLS_OFF_NOTE = "NVLink SHARP: on the NVSwitch, turned off by the launch script (NCCL_NVLS_ENABLE=0)"
+"""What a case's hardware note on NVLS says where its recipe's NCCL environment turns it off."""
 
 FLASH_IN_MEGATRON_YEAR = 2023
 """First Megatron-LM year with flash attention (``--use-flash-attn``, 2023); earlier releases ran

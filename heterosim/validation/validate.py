@@ -4,7 +4,8 @@ For an end-to-end case: :func:`case_inputs` gives ``models/pretrain_gpt.py`` fla
 (:func:`heterosim.validation.cases.megatron_flags`), or for a source naming torchtitan the command
 line of torchtitan's own trainer (:mod:`heterosim.validation.titan`), the world size and a cluster;
 the program is captured (``--ranks auto``; traces cached under ``cache_dir`` by a hash of the
-command, world size and the code of ``capture/`` and ``models/``, and torchtitan's version),
+command, the files it names, world size, the code of ``capture/`` and ``models/`` and torchtitan's
+version),
 replayed with :func:`replay.simulate.simulate`, and compared with the measured iteration time
 (measured, or derived by the source from its TFLOP/s) and TFLOP/s per GPU counted in the
 source's own FLOP convention (:func:`heterosim.validation.cases.flop_convention`: the SC'21 table counts the
@@ -38,8 +39,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from heterosim.errors import ConfigError, HeteroSimError, TimeLimitError
 
 from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
-from .titan import asset_args, names_torchtitan, titan_inputs, write_assets
 from .report import SCHEMA_VERSION, CaseResult, Comparison, Report
+from .titan import asset_args, names_torchtitan, titan_inputs, write_assets
 
 __all__ = ["Comparison", "CaseResult", "Report", "validate", "run_case", "case_inputs", "capture_cached", "cached_key",
            "code_version", "DEFAULT_CACHE_DIR", "SCHEMA_VERSION"]
