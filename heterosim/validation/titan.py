@@ -61,8 +61,8 @@ default (``ConfigManager.parse_args(args=sys.argv[1:])``) to ``replay validate``
 SCHEDULES = {"interleaved zero bubble": "InterleavedZeroBubble", "zero bubble": "ZBVZeroBubble",
              "zbv": "ZBVZeroBubble", "interleaved": "Interleaved1F1B", "looped bfs": "LoopedBFS",
              "gpipe": "GPipe", "1f1b": "1F1B", "dualpipe": "DualPipeV"}
-"""Pipeline-schedule words -> torchtitan's schedule names (``pipeline_parallel_schedule``), the
-longest phrase first."""
+"""Pipeline-schedule words -> torchtitan's schedule names (``pipeline_parallel_schedule``); the
+first that the text holds wins, so a phrase comes before the words it contains."""
 
 VOCAB, SPECIAL, DOCUMENTS, WORDS_PER_DOCUMENT = 2048, ["<|begin_of_text|>", "<|end_of_text|>", "[UNK]"], 64, 600
 
@@ -80,6 +80,7 @@ def _named(text: str, pattern: str) -> bool:
 
 
 def _flavor(case: Case, notes: list[str]) -> str:
+    """torchtitan's Llama 3 flavor (8B, 70B, 405B) ``model.name`` names; a stated shape must be its."""
     name = str(case.model.get("name", ""))
     m = re.search(r"llama[\s_-]*3(?:\.\d+)?[\s_-]+(?:[a-z]+[\s_-]+)?(\d+)\s*b\b", name.lower())
     flavor = f"{m.group(1)}B" if m else ""
