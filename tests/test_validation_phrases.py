@@ -24,6 +24,8 @@ from heterosim.validation.phrases import (arch_features, count, flag_word, is_un
     ("256K", 256000),
     ("1.5M", 1500000),
     ("96, as in the paper", 96),
+    ("TP=8", 8),                                     # a label before the count
+    ("dp: 16", 16),
 ])
 def test_count_keeps_the_number(text, value):
     """An annotated number keeps its number; a rounded one takes the exact count beside it."""
@@ -38,6 +40,17 @@ def test_count_notes_say_what_was_read():
     assert count("128K (128,256 in released config)", "model.vocab")[1] == (
         "model.vocab '128K (128,256 in released config)': 128256 (the exact count in parentheses)")
     assert count("256K", "model.vocab")[1] == "model.vocab '256K': 256000 (K read as 1,000)"
+
+
+def test_a_sequence_lengths_k_is_1024():
+    """'8K' of a sequence length is 8,192 (every recipe's 8K context); an exact count beside it
+    still wins, and a vocabulary's K stays 1,000."""
+    assert count("8K", "model.seq_len", binary=True) == (8192, "model.seq_len '8K': 8192 (K read as 1,024)")
+    assert count("4k context", "model.seq_len", binary=True)[0] == 4096
+    assert count("128K", "model.seq_len", binary=True)[0] == 131072
+    assert count("1M", "model.seq_len", binary=True)[0] == 1048576
+    assert count("32K (32,768)", "model.seq_len", binary=True)[0] == 32768
+    assert count("8K", "model.vocab")[0] == 8000
 
 
 @pytest.mark.parametrize("value,message", [

@@ -90,7 +90,7 @@ class Fields:
                 raise ConfigError(f"case {self.case.id}: {where} is {v!r}; give an integer")
             return got
         try:
-            n, note = count(v, where)
+            n, note = count(v, where, binary=key == "seq_len")
         except ConfigError as e:
             raise ConfigError(f"case {self.case.id}: {e}") from None
         if note:

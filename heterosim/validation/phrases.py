@@ -26,7 +26,8 @@ _UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|
                        r"|[-\u2013\u2014]+\s*$)(?![a-z0-9])", re.I)  # a table's empty cell: "-", en / em dash
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9}
 # A leading count: "128,256", "4096", "128K", "1.5M"; then anything (a remark).
-_LEADING = re.compile(r"^\s*(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")
+_LEADING = re.compile(r"^\s*(?:[A-Za-z]{1,4}\s*[=:]\s*)?(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")
+"""A leading count, after an optional label ("TP=8", "dp: 16")."""
 # A plain integer (thousands commas allowed) not followed by a K/M/B suffix or a fraction.
 _EXACT = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+)(?![\d]|[.,]\d)(?!\s*[kKmMbB]\b)")
 
@@ -46,14 +47,16 @@ def is_unstated(v: Any) -> bool:
     return v is None or (isinstance(v, str) and (not v.strip() or bool(_UNSTATED.match(v))))
 
 
-def count(v: Any, where: str) -> tuple[int, str | None]:
+def count(v: Any, where: str, *, binary: bool = False) -> tuple[int, str | None]:
     """(integer, note) of a count written with remarks; note is None when ``v`` is a plain integer.
 
-    - an integer, or digits with thousands commas: itself ("128,256" -> 128256);
+    - an integer, or digits with thousands commas: itself ("128,256" -> 128256), also after a
+      label ("TP=8" -> 8);
     - a number then a remark: the number ("48 (from memory, unverified)" -> 48);
     - a rounded number (K/M/B suffix) with an exact count in parentheses: the exact count
       ("128K (128,256 in released config)" -> 128256) when it rounds to the same value within 5%;
-      without one: the suffix in SI units ("256K" -> 256,000), said so.
+      without one: the suffix in SI units ("256K" -> 256,000), said so; with ``binary`` (a
+      sequence length: "8K context" is 8,192 in every recipe) K and M are 1,024 and 1,024^2.
 
     Raises:
         ConfigError: no count, an approximate one ("~4096"), a fraction, or zero.
@@ -79,7 +82,8 @@ def count(v: Any, where: str) -> tuple[int, str | None]:
     suffix = (m.group(3) or "").lower()
     rest = text[m.end():].strip()
     if suffix:
-        approx = num * _SUFFIX[suffix]
+        unit = {"k": 1024, "m": 1024**2}[suffix] if binary and suffix in "km" else _SUFFIX[suffix]
+        approx = num * unit
         # "128K" may be 128,000 or 131,072 (binary K): an integer in parentheses within 5% of it
         # states the same count exactly.
         for inner in re.findall(r"\(([^()]*)\)", rest):
@@ -89,7 +93,7 @@ def count(v: Any, where: str) -> tuple[int, str | None]:
                     return n, f"{where} {text!r:.80}: {n} (the exact count in parentheses)"
         if not approx.is_integer() or approx < 1:
             raise ConfigError(f"{where} is {text!r:.80}; give an integer")
-        return int(approx), f"{where} {text!r:.80}: {int(approx)} ({m.group(3)} read as {_SUFFIX[suffix]:,})"
+        return int(approx), f"{where} {text!r:.80}: {int(approx)} ({m.group(3)} read as {unit:,})"
     if not num.is_integer() or num < 1:
         raise ConfigError(f"{where} is {text!r:.80}; give an integer >= 1")
     if not rest:

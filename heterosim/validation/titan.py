@@ -47,7 +47,7 @@ from heterosim.errors import ConfigError
 
 from .cases import Case, CaseInputs, cluster_for, source_year
 from .flags import fsdp_setting, parallel_sizes
-from .phrases import DELAYED_SCALING, is_unstated, positive_int, precision_flags, recompute_word
+from .phrases import DELAYED_SCALING, count, is_unstated, positive_int, precision_flags, recompute_word
 
 __all__ = ["MODULE", "CONFIG", "names_torchtitan", "titan_inputs", "write_assets", "asset_args"]
 
@@ -164,7 +164,9 @@ def titan_inputs(case: Case) -> CaseInputs:
     seq = case.model.get("seq_len")
     if seq is None or is_unstated(seq):
         raise ConfigError(f"case {case.id}: model.seq_len not stated; torchtitan's configs differ by model, give it")
-    seq = positive_int(seq, "model.seq_len")
+    seq, seq_note = count(seq, "model.seq_len", binary=True)
+    if seq_note:
+        notes.append(seq_note)
     micro = positive_int(case.batch.get("micro", 1), "batch.micro")
     gbs = case.batch.get("global")
     gbs = micro * dp if gbs is None or is_unstated(gbs) else positive_int(gbs, "batch.global")
