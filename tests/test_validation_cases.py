@@ -930,3 +930,14 @@ def test_a_stated_power_limit_and_memory_make_a_board_variant():
     assert not [n for n in notes if "power limit" in n or "memory" in n]
     kw, _, notes = cluster_for({"gpu": "NVIDIA GB200 (1,200 W)", "gpus_per_node": 4}, 8)
     assert "gpus" not in kw  # 1,200 W is the GB200's own limit, read with its thousands separator
+
+
+def test_a_global_batch_given_in_tokens_and_an_8k_sequence():
+    """'4M tokens' of an '8K' sequence (8,192): 512 sequences, each reading said with the case."""
+    ci = megatron_flags(_case(model={"layers": 2, "hidden": 1024, "heads": 16, "seq_len": "8K", "vocab": 32000},
+                              batch={"micro": 1, "global": "4M tokens"}))
+    f = list(ci.flags)
+    assert f[f.index("--seq-length") + 1] == "8192" and f[f.index("--global-batch-size") + 1] == "512"
+    assert "model.seq_len '8K': 8192 (K read as 1,024)" in ci.assumptions
+    assert ("batch.global '4M tokens': 4,194,304 tokens = 512 sequences of 8,192 (M read as 1,048,576)"
+            in ci.assumptions)

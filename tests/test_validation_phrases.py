@@ -42,6 +42,24 @@ def test_count_notes_say_what_was_read():
     assert count("256K", "model.vocab")[1] == "model.vocab '256K': 256000 (K read as 1,000)"
 
 
+def test_a_global_batch_in_tokens_is_sequences_of_the_length():
+    """'4M tokens' of 8,192-token sequences: 4 x 1,048,576 / 8,192 = 512 (binary M divides; SI does
+    not); 4M tokens of 4,000-token sequences: 1,000 (only SI divides); a count is a count; a token
+    count no reading divides is one error."""
+    from heterosim.validation.phrases import batch_count
+
+    assert batch_count("4M tokens", 8192) == (
+        512, "batch.global '4M tokens': 4,194,304 tokens = 512 sequences of 8,192 (M read as 1,048,576)")
+    assert batch_count("4,194,304 tokens", 8192)[0] == 512
+    assert batch_count("4M tokens", 4000)[0] == 1000
+    assert batch_count("512 (4M tokens)", 8192)[0] == 512
+    assert batch_count(256, 8192) == (256, None)
+    with pytest.raises(ConfigError, match=re.escape("batch.global is '1000 tokens': a token count that is not a "
+                                                    "whole number of 8,192-token sequences; give the global batch "
+                                                    "in sequences")):
+        batch_count("1000 tokens", 8192)
+
+
 def test_a_sequence_lengths_k_is_1024():
     """'8K' of a sequence length is 8,192 (every recipe's 8K context); an exact count beside it
     still wins, and a vocabulary's K stays 1,000."""

@@ -135,7 +135,7 @@ def megatron_flags(case: Case, *, micro_batch_default: int = 1) -> CaseInputs:
         p_flags[1:1] = ["--fp8-recipe", "tensorwise"]
         p_note = f"fp8 scaling not stated: current scaling ({script}); {p_note}"
     flags += batch_flags(f, micro_batch_default, fp8="--fp8-format" in p_flags, bf16="--bf16" in p_flags,
-                         dp=size["dp"])
+                         dp=size["dp"], seq_len=int(flags[flags.index("--seq-length") + 1]))
     flags += fp8_buf_flags(f, "--tp-comm-overlap" in flags, "--fp8-format" in p_flags)
     flags += p_flags
     notes.append(p_note)

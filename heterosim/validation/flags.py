@@ -21,7 +21,7 @@ from .frameworks import family_settings
 from .deepseek import deepseek_moe_flags, mla_flags, mtp_layers
 from .hybrid import hybrid_flags
 from .released import attention_flags, released, released_moe_flags
-from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
+from .phrases import arch_features, batch_count, count, flag_word, is_unstated, recompute_word
 
 
 class Case(Protocol):
@@ -487,10 +487,10 @@ _GA_KEYS = ("ga", "gradient_accumulation", "gradient_accumulation_steps", "grad_
 """Names a case may give the gradient-accumulation steps by (the DGX Cloud tables' GA column)."""
 
 
-def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: int) -> list[str]:
+def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: int, seq_len: int) -> list[str]:
     """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
-    ``micro_batch_default``; global batch: stated, else micro-batch x gradient-accumulation steps x
-    ``dp``, the data-parallel size)."""
+    ``micro_batch_default``; global batch: stated, in sequences or in tokens of ``seq_len``, else
+    micro-batch x gradient-accumulation steps x ``dp``, the data-parallel size)."""
     mb = f.count("batch", "micro", required=False) if not is_unstated(f.case.batch.get("micro")) else None
     if mb is None:
         mb = f.recipe("micro_batch", "micro-batch")
@@ -507,10 +507,14 @@ def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: 
         gb = mb * ga * dp
         f.notes.append(f"batch.global not stated: {gb} = micro-batch {mb} x {ga} accumulation steps x data-parallel {dp}")
     try:
-        gb = count(gb, "batch.global")[0]
-    except ConfigError:
+        gb, note = batch_count(gb, seq_len)
+    except ConfigError as e:
+        if "token count" in str(e):
+            raise ConfigError(f"case {f.case.id}: {e}") from None
         raise ConfigError(f"case {f.case.id}: batch.global is {gb!r}; give an integer, or batch.ga (gradient "
                           "accumulation steps)") from None
+    if note:
+        f.notes.append(note)
     if ga is not None and gb != mb * ga * dp:
         f.notes.append(f"batch.global {gb} differs from micro-batch {mb} x {ga} accumulation steps x data-parallel "
                        f"{dp} = {mb * ga * dp}; the global batch is used")

@@ -19,7 +19,7 @@ from typing import Any
 
 from heterosim.errors import ConfigError
 
-__all__ = ["count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
+__all__ = ["count", "batch_count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
            "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR", "DELAYED_SCALING"]
 
 _UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+"
@@ -99,6 +99,33 @@ def count(v: Any, where: str, *, binary: bool = False) -> tuple[int, str | None]
     if not rest:
         return int(num), None
     return int(num), f"{where} {text!r:.80}: {int(num)} (the remark is kept out)"
+
+
+_TOKENS = re.compile(r"^\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB])?\s*tokens?\b", re.I)
+
+
+def batch_count(v: Any, seq_len: int, where: str = "batch.global") -> tuple[int, str | None]:
+    """(sequences, note) of a batch size: a count (:func:`count`), or a number of tokens ("4M
+    tokens", "4,194,304 tokens") divided by the sequence length, its K / M read as 1,024 / 1,024^2
+    where that divides (4M tokens of 8,192 = 512 sequences), else as 1,000 / 10^6.
+
+    Raises:
+        ConfigError: a token count that no reading divides by the sequence length, or no count.
+    """
+    m = _TOKENS.match(str(v)) if isinstance(v, str) else None
+    if m is None:
+        return count(v, where)
+    num, suffix = float(m.group(1).replace(",", "")), (m.group(2) or "").lower()
+    units = ([{"k": 1024, "m": 1024**2}[suffix], _SUFFIX[suffix]] if suffix in ("k", "m")
+             else [_SUFFIX[suffix]] if suffix else [1])
+    for unit in units:
+        tokens = num * unit
+        if tokens.is_integer() and tokens >= seq_len and tokens % seq_len == 0:
+            n = int(tokens) // seq_len
+            return n, (f"{where} {v!r:.80}: {int(tokens):,} tokens = {n} sequences of {seq_len:,}"
+                       + (f" ({m.group(2)} read as {unit:,})" if suffix else ""))
+    raise ConfigError(f"{where} is {v!r:.80}: a token count that is not a whole number of {seq_len:,}-token "
+                      "sequences; give the global batch in sequences")
 
 
 _TRUE = ("true", "yes", "on", "enabled", "used", "y")

@@ -47,7 +47,7 @@ from heterosim.errors import ConfigError
 
 from .cases import Case, CaseInputs, cluster_for, source_year
 from .flags import fsdp_setting, parallel_sizes
-from .phrases import DELAYED_SCALING, count, is_unstated, positive_int, precision_flags, recompute_word
+from .phrases import DELAYED_SCALING, batch_count, count, is_unstated, positive_int, precision_flags, recompute_word
 
 __all__ = ["MODULE", "CONFIG", "names_torchtitan", "titan_inputs", "write_assets", "asset_args"]
 
@@ -169,7 +169,12 @@ def titan_inputs(case: Case) -> CaseInputs:
         notes.append(seq_note)
     micro = positive_int(case.batch.get("micro", 1), "batch.micro")
     gbs = case.batch.get("global")
-    gbs = micro * dp if gbs is None or is_unstated(gbs) else positive_int(gbs, "batch.global")
+    if gbs is None or is_unstated(gbs):
+        gbs = micro * dp
+    else:
+        gbs, gbs_note = batch_count(gbs, seq)
+        if gbs_note:
+            notes.append(gbs_note)
     if "global" not in case.batch:
         notes.append(f"global batch not stated: local {micro} x {dp} data-parallel ranks = {gbs}")
     if gbs % (micro * dp):
