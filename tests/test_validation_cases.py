@@ -941,3 +941,8 @@ def test_a_global_batch_given_in_tokens_and_an_8k_sequence():
     assert "model.seq_len '8K': 8192 (K read as 1,024)" in ci.assumptions
     assert ("batch.global '4M tokens': 4,194,304 tokens = 512 sequences of 8,192 (M read as 1,048,576)"
             in ci.assumptions)
+
+
+def test_gpus_per_node_may_carry_a_remark():
+    spec, _, _ = cluster_for({"gpu": "NVIDIA H100 80GB HBM3", "gpus_per_node": "8 (HGX)"}, 16)
+    assert next(iter(spec["node_types"].values()))["gpus_per_node"] == 8

@@ -273,6 +273,28 @@ def test_iteration_time_from_a_throughput_or_other_units():
     assert _time_from_rate({"tokens_per_s_per_gpu": 6000}, titan)[0] == pytest.approx(16 * 1024 / (6000 * 8))
 
 
+def test_measured_figures_with_commas_suffixes_and_units():
+    """'3,890' is 3,890 (it read as 3), '3.9K' 3,900; a value that carries its unit is read by it
+    where the key does not say: 2300 ms, 3,890 tokens/s/GPU (64 x 8192 / (3890 x 8) = 16.847 s),
+    31K tokens/s for the job, 12.5 samples/s; an MFU alone gives no time."""
+    from heterosim.validation.cases import CaseInputs
+    from heterosim.validation.validate import _num, _time_from_rate
+
+    assert _num("3,890") == (3890.0, False) and _num("3.9K tokens/s") == (3900.0, False)
+    assert _num("~200 (still rising)") == (200.0, True) and _num("1,234.5") == (1234.5, False)
+    ci = CaseInputs(flags=("--seq-length", "8192", "--global-batch-size", "64"), world_size=8, cluster={},
+                    gpu="H100", assumptions=())
+    assert _time_from_rate({"step_time": "2300 ms"}, ci) == (2.3, "from step_time (2300 ms)")
+    assert _time_from_rate({"iteration_time": "2.3 s"}, ci) == (2.3, "from iteration_time (2.3 s)")
+    t, note = _time_from_rate({"throughput": "3,890 tokens/s/GPU"}, ci)
+    assert t == pytest.approx(64 * 8192 / (3890 * 8)) and note == (
+        "derived: 524,288 tokens / throughput (3,890 tokens/s/GPU)")
+    assert _time_from_rate({"throughput": "31K tokens/s"}, ci)[0] == pytest.approx(64 * 8192 / 31000)
+    assert _time_from_rate({"throughput": "12.5 samples/s"}, ci)[0] == pytest.approx(64 / 12.5)
+    assert _time_from_rate({"tokens_per_s_per_gpu": "3,890"}, ci)[0] == pytest.approx(64 * 8192 / (3890 * 8))
+    assert _time_from_rate({"mfu": "38%"}, ci) == (None, "")
+
+
 def test_a_stated_peak_memory_is_compared_with_the_allocator_peak():
     """'peak_memory_GiB' (what training logs print: max_memory_reserved) against the largest reserved
     peak over the job's roles, 'peak_memory_allocated_GiB' against the allocated one: 70 / 80 GiB

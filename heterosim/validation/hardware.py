@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from heterosim.cluster.spec import DEFAULT_DISPATCH_US, GRACE_DISPATCH_FACTOR
 from heterosim.errors import ConfigError, UnknownGPUError
 
-from .phrases import positive_int
+from .phrases import count as read_count
 
 __all__ = ["gpu_from_text", "board_variant", "cluster_for"]
 
@@ -342,7 +342,7 @@ def cluster_for(hardware: Mapping[str, Any], num_gpus: int) -> tuple[dict[str, A
     board, board_notes = board_variant(hardware, spec)
     notes += board_notes
     tray = 4 if _grace_blackwell(spec) else 8  # a GB200 / GB300 compute tray holds 4 GPUs
-    gpn = positive_int(hardware.get("gpus_per_node") or min(num_gpus, tray), "hardware.gpus_per_node")
+    gpn = read_count(hardware.get("gpus_per_node") or min(num_gpus, tray), "hardware.gpus_per_node")[0]  # "8 (HGX)"
     if "gpus_per_node" not in hardware:
         notes.append(f"gpus_per_node not stated: {gpn}")
     base = _preset_node(str(hardware.get("system", "")), gpn)

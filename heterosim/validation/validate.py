@@ -157,8 +157,38 @@ def _num(v: Any) -> tuple[float | None, bool]:
         return None, False
     if isinstance(v, (int, float)):  # a measured time or rate is finite and positive
         return (float(v), False) if math.isfinite(v) and v > 0 else (None, False)
-    m = re.match(r"\s*(~)?\s*(\d+(?:\.\d+)?)", str(v))
-    return (float(m.group(2)), bool(m.group(1))) if m and float(m.group(2)) > 0 else (None, False)
+    m = _NUMBER.match(str(v))
+    if m is None:
+        return None, False
+    x = float(m.group(2).replace(",", "")) * {"k": 1e3, "m": 1e6}.get((m.group(3) or "").lower(), 1.0)
+    return (x, bool(m.group(1))) if x > 0 else (None, False)
+
+
+_NUMBER = re.compile(r"\s*(~)?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*([kKmM](?![a-zA-Z]))?")
+"""A measured figure: "3.53", "3,890" (thousands commas), "3.9K tokens/s" (K / M: 10^3 / 10^6),
+"~200 (still rising)" (approximate)."""
+_TIME_UNIT = re.compile(r"^[\d.,\s~]*(ms|milliseconds?|s|secs?|seconds?)\b", re.I)
+_RATE_UNIT = re.compile(r"^[\d.,\s~kKmM]*(tokens?|tok|samples?|sequences?|seqs?)\s*/\s*s(?:ec)?\b"
+                        r"(\s*/\s*gpu|\s+per\s+gpu)?", re.I)
+
+
+def _from_units(meas: Mapping[str, Any], gbs: int, seq: int, world: int) -> tuple[float | None, str]:
+    """(iteration time, note) from a measured value that carries its unit in its text ("step_time:
+    2300 ms", "throughput: 3,890 tokens/s/GPU"), for a key that does not say it."""
+    for key, value in meas.items():
+        text, (v, _) = str(value), _num(value)
+        if not v or not isinstance(value, str):
+            continue
+        t = _TIME_UNIT.match(text)
+        if t and re.search(r"time|step|iter|latency", key, re.I):
+            return (v / 1000 if t.group(1).lower().startswith("m") else v), f"from {key} ({text.strip()})"
+        r = _RATE_UNIT.match(text)
+        if r:
+            per_gpu = bool(r.group(2)) or "gpu" in key.lower()
+            unit = "tokens" if r.group(1).lower().startswith("tok") else "sequences"
+            work = gbs * (seq if unit == "tokens" else 1)
+            return work / (v * (world if per_gpu else 1)), f"derived: {work:,} {unit} / {key} ({text.strip()})"
+    return None, ""
 
 
 # Measured fields that give the iteration time by another name: (keys, per what).
@@ -191,7 +221,7 @@ def _time_from_rate(meas: Mapping[str, Any], inputs: CaseInputs) -> tuple[float 
                 return work / (v * (world if per_gpu else 1)), (
                     f"derived: global batch {gbs}{f' x seq {seq}' if unit == 'tokens' else ''} / {k}"
                     + (f" x {world} GPUs" if per_gpu else ""))
-    return None, ""
+    return _from_units(meas, gbs, seq, world)
 
 
 _MEMORY_KEYS = {"peak_memory_GiB": "reserved", "peak_memory_reserved_GiB": "reserved",
