@@ -946,3 +946,22 @@ def test_a_global_batch_given_in_tokens_and_an_8k_sequence():
 def test_gpus_per_node_may_carry_a_remark():
     spec, _, _ = cluster_for({"gpu": "NVIDIA H100 80GB HBM3", "gpus_per_node": "8 (HGX)"}, 16)
     assert next(iter(spec["node_types"].values()))["gpus_per_node"] == 8
+
+
+def test_released_models_by_name_and_an_unknown_one():
+    """Llama 3.3 70B has Llama 3.1 70B's shape; Llama 2 and Qwen3's dense models are known by name
+    (their config.json); a name the reader does not know, with no shape, is one error listing the
+    known ones."""
+    def flags(name):
+        f = list(megatron_flags(_case(model={"name": name, "seq_len": 4096})).flags)
+        return tuple(int(f[f.index(k) + 1]) for k in ("--num-layers", "--hidden-size", "--num-attention-heads",
+                                                        "--vocab-size"))
+
+    assert flags("Llama 3.3 70B") == (80, 8192, 64, 128256)
+    assert flags("LLaMA-2 70B") == (80, 8192, 64, 32000)
+    assert flags("Llama-2-13b-hf") == (40, 5120, 40, 32000)
+    assert flags("Qwen3-32B") == (64, 5120, 64, 151936)
+    with pytest.raises(ConfigError, match=r"case .*: model.layers not stated, and model.name 'Llama 3.2 3B' is "
+                                          r"not a released model the reader knows \(deepseek-v3, .*qwen3 8b\); "
+                                          r"state model.layers \(and the shape around it\)"):
+        megatron_flags(_case(model={"name": "Llama 3.2 3B", "seq_len": 4096}))

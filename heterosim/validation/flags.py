@@ -101,11 +101,26 @@ class Fields:
 
 
 # ----------------------------------------------------------------------------------------- model
+def _shape_stated(f: Fields) -> None:
+    """A case whose model is not a released one the reader knows must state its shape: one error
+    naming the first missing field and the models known by name."""
+    from .released import RELEASED
+
+    for key in ("layers", "hidden", "heads"):
+        if is_unstated(f.case.model.get(key)) and key not in f.pub:
+            name = f.case.model.get("name")
+            raise ConfigError(
+                f"case {f.case.id}: model.{key} not stated, and model.name {name!r} is not a released model "
+                f"the reader knows ({', '.join(sorted(RELEASED))}); state model.{key} (and the shape around it)")
+
+
 def model_flags(f: Fields) -> list[str]:
     """Model shape and architecture: layers, hidden, heads, seq, vocab, ffn, attention groups,
     activation, normalization, position embedding, bias, tied embeddings, dropout; the fused loss."""
     flags: list[str] = []
     rel = f.released
+    if rel is None:
+        _shape_stated(f)
     for key, flag in (("layers", "--num-layers"), ("hidden", "--hidden-size"), ("heads", "--num-attention-heads"),
                       ("seq_len", "--seq-length"), ("vocab", "--vocab-size")):
         n = f.count("model", key, required=rel is None or key not in rel[0])

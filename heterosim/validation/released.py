@@ -62,10 +62,18 @@ RELEASED: dict[str, dict[str, Any]] = {
     # layers' intermediate_size; MLA has no key-value head count.
     "deepseek-v3": dict(layers=61, hidden=7168, ffn=18432, heads=128, experts=256, topk=8, moe_ffn=2048, vocab=129280),
     "kimi k2": dict(layers=61, hidden=7168, ffn=18432, heads=64, experts=384, topk=8, moe_ffn=2048, vocab=163840),
-    # meta-llama Llama-3.1-{8B,70B,405B} config.json (Llama 3 8B / 70B have the same shapes).
+    # meta-llama Llama-3.1-{8B,70B,405B} config.json (Llama 3 8B / 70B and Llama 3.3 70B have the same shapes).
     "llama 3.1 8b": dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
     "llama 3.1 70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256),
     "llama 3.1 405b": dict(layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8, vocab=128256),
+    # meta-llama/Llama-2-{7b,13b,70b}-hf config.json (70B: grouped-query attention, 8 KV heads).
+    "llama 2 7b": dict(layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000),
+    "llama 2 13b": dict(layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000),
+    "llama 2 70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000),
+    # Qwen/Qwen3-{8B,14B,32B} config.json (dense; head_dim 128 is QWEN3_HEAD_DIM's; untied output).
+    "qwen3 8b": dict(layers=36, hidden=4096, ffn=12288, heads=32, kv_heads=8, vocab=151936),
+    "qwen3 14b": dict(layers=40, hidden=5120, ffn=17408, heads=40, kv_heads=8, vocab=151936),
+    "qwen3 32b": dict(layers=64, hidden=5120, ffn=25600, heads=64, kv_heads=8, vocab=151936),
     # mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1 config.json.
     "mixtral 8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, experts=8, topk=2, moe_ffn=14336, vocab=32000),
     "mixtral 8x22b": dict(layers=56, hidden=6144, heads=48, kv_heads=8, experts=8, topk=2, moe_ffn=16384, vocab=32768),
@@ -86,7 +94,11 @@ _NAMES = [  # (pattern over the lower-cased model name, RELEASED key)
 ] + [
     (re.compile(r"deepseek[\s_-]*v3(?!\.[2-9])"), "deepseek-v3"), (re.compile(r"kimi[\s_-]*k2(?!\.\d)"), "kimi k2"),
 ] + [
-    (re.compile(rf"llama[\s_-]*3(?:\.1)?[\s_-]*{size}\b"), f"llama 3.1 {size}") for size in ("8b", "70b", "405b")
+    (re.compile(rf"llama[\s_-]*3(?:\.\d)?[\s_-]*{size}\b"), f"llama 3.1 {size}") for size in ("8b", "70b", "405b")
+] + [
+    (re.compile(rf"llama[\s_-]*2[\s_-]*{size}\b"), f"llama 2 {size}") for size in ("7b", "13b", "70b")
+] + [
+    (re.compile(rf"qwen[\s_-]*3[\s_-]*{size}\b(?![\s_-]*a\d)"), f"qwen3 {size}") for size in ("8b", "14b", "32b")
 ] + [(re.compile(rf"mixtral[\s_-]*{size}\b"), f"mixtral {size}") for size in ("8x7b", "8x22b")]
 
 
