@@ -31,8 +31,9 @@ from heterosim.cluster.gpus import get_gpu
 from heterosim.errors import ConfigError
 from heterosim.yamlfile import read_yaml
 
-from .flags import (ASYNC_TP_ALLREDUCE_YEAR, CORE_P2P_YEAR, TORCH_DDP_BUCKET_BYTES, Fields, batch_flags, era_flags,
-                    fp8_buf_flags, model_flags, parallel_flags, parallel_sizes)
+from .databatch import TORCH_DDP_BUCKET_BYTES, batch_flags
+from .flags import (ASYNC_TP_ALLREDUCE_YEAR, CORE_P2P_YEAR, Fields, era_flags, fp8_buf_flags, model_flags,
+                    parallel_flags, parallel_sizes)
 from .hardware import cluster_for, gpu_from_text
 from .phrases import ARCH_WORDS, DELAYED_SCALING, positive_int, precision_flags
 from .frameworks import family_settings, framework_settings

@@ -21,7 +21,7 @@ from .frameworks import family_settings
 from .deepseek import deepseek_moe_flags, mla_flags, mtp_layers
 from .hybrid import hybrid_flags
 from .released import attention_flags, released, released_moe_flags
-from .phrases import arch_features, batch_count, count, flag_word, is_unstated, recompute_word
+from .phrases import arch_features, count, flag_word, is_unstated, recompute_word
 
 
 class Case(Protocol):
@@ -33,13 +33,10 @@ class Case(Protocol):
     parallelism: Mapping[str, Any]
     batch: Mapping[str, Any]
 
-__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "batch_flags", "era_flags",
-           "fp8_buf_flags", "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR", "TORCH_DDP_BUCKET_BYTES"]
+__all__ = ["Fields", "model_flags", "parallel_sizes", "parallel_flags", "fsdp_setting", "zero_stage", "era_flags",
+           "fp8_buf_flags", "ASYNC_TP_ALLREDUCE_YEAR", "CORE_P2P_YEAR"]
 
 PUBLISHED_RUNS_NAME = "heterosim/validation/data/published_runs.yaml"
-
-TORCH_DDP_BUCKET_BYTES = 25 * 2**20
-"""torch.nn.parallel.DistributedDataParallel's ``bucket_cap_mb=25`` (its default)."""
 
 ASYNC_TP_ALLREDUCE_YEAR = 2022
 """First year whose Megatron-LM runs overlap the column-parallel input-gradient all-reduce with the
@@ -50,8 +47,6 @@ CORE_P2P_YEAR = 2023
 """First year of Megatron-core's pipeline p2p, which sends whole tensors. Earlier releases split each
 p2p tensor over the TP ranks and all-gathered it after (``--scatter-gather-tensors-in-pipeline``,
 default on; Narayanan et al., SC'21, section 4.1)."""
-
-_GRAD_BYTES = {"bf16": 2, "fp32": 4}
 
 ACCOUNT_SPLIT_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 ACCOUNT_SPLIT_SOURCE = ("Megatron-Core's account_for_embedding/loss_in_pipeline_split do for layer counts that "
@@ -280,11 +275,29 @@ def parallel_sizes(case: Case) -> dict[str, int]:
     return size
 
 
+_ZERO_KEYS = ("zero", "zero_stage", "deepspeed_zero", "zero_optimization")
+
+
+def zero_stage(case: Case) -> tuple[str, int] | None:
+    """(key, stage) of a stated ZeRO stage ("ZeRO-3", "stage 1", 2), else None."""
+    key = next((k for k in case.parallelism if str(k).lower() in _ZERO_KEYS
+                and not is_unstated(case.parallelism[k])), None)
+    if key is None:
+        return None
+    m = re.search(r"([0-3])", str(case.parallelism[key]))
+    if m is None:
+        raise ConfigError(f"case {case.id}: parallelism.{key} is {case.parallelism[key]!r}; give the ZeRO stage, 0-3")
+    return key, int(m.group(1))
+
+
 def fsdp_setting(case: Case) -> tuple[str, int | None] | None:
     """(key, sharding group) when the case turns fully sharded data parallelism on, else None:
     "FSDP: True" (no group), or a count as Megatron Bridge's tables give it (0: DDP; above 0:
     FSDP over that many GPUs)."""
     par = case.parallelism
+    zero = zero_stage(case)
+    if zero is not None and zero[1] == 3:
+        return zero[0], None
     key = next((k for k in par if str(k).lower() in ("fsdp", "megatron_fsdp", "zero3")), None)
     if key is None:
         return None
@@ -494,96 +507,6 @@ def fp8_buf_flags(f: Fields, overlap: bool, fp8: bool) -> list[str]:
     f.notes.append(f"pipelined reduce-scatters move fp8 ({', '.join(names)}: ub_tp_comm_overlap_cfg fp8_buf, "
                    f"{f.script})")
     return ["--tp-comm-overlap-fp8-buf", ",".join(names)]
-
-
-# ----------------------------------------------------------------------------------------- batch
-_GA_KEYS = ("ga", "gradient_accumulation", "gradient_accumulation_steps", "grad_accum", "grad_accum_steps",
-            "accumulation_steps")
-"""Names a case may give the gradient-accumulation steps by (the DGX Cloud tables' GA column)."""
-
-
-def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: int, seq_len: int) -> list[str]:
-    """Data-parallel gradient reduction and batch flags (micro-batch: stated, else published, else
-    ``micro_batch_default``; global batch: stated, in sequences or in tokens of ``seq_len``, else
-    micro-batch x gradient-accumulation steps x ``dp``, the data-parallel size)."""
-    mb = f.count("batch", "micro", required=False) if not is_unstated(f.case.batch.get("micro")) else None
-    if mb is None:
-        mb = f.recipe("micro_batch", "micro-batch")
-    if mb is None:
-        mb = micro_batch_default
-        f.notes.append(f"micro-batch not stated: {mb} (Megatron-LM's --micro-batch-size has no default; 1 "
-                       "gives the most micro-batches per pipeline)")
-    flags = _ddp_flags(f, fp8, bf16)
-    batch = f.case.batch
-    ga_key = next((k for k in _GA_KEYS if k in batch and not is_unstated(batch[k])), None)
-    ga = f.count("batch", ga_key) if ga_key else None
-    gb = batch.get("global")
-    if is_unstated(gb) and ga is not None:
-        gb = mb * ga * dp
-        f.notes.append(f"batch.global not stated: {gb} = micro-batch {mb} x {ga} accumulation steps x data-parallel {dp}")
-    try:
-        gb, note = batch_count(gb, seq_len)
-    except ConfigError as e:
-        if "token count" in str(e):
-            raise ConfigError(f"case {f.case.id}: {e}") from None
-        raise ConfigError(f"case {f.case.id}: batch.global is {gb!r}; give an integer, or batch.ga (gradient "
-                          "accumulation steps)") from None
-    if note:
-        f.notes.append(note)
-    if ga is not None and gb != mb * ga * dp:
-        f.notes.append(f"batch.global {gb} differs from micro-batch {mb} x {ga} accumulation steps x data-parallel "
-                       f"{dp} = {mb * ga * dp}; the global batch is used")
-    return flags + ["--micro-batch-size", str(mb), "--global-batch-size", str(gb)]
-
-
-def _ddp_flags(f: Fields, fp8: bool, bf16: bool) -> list[str]:
-    pub, script = f.pub, f.script
-    kind = pub.get("ddp")
-    if kind == "torch":
-        # Bucket size in elements of 2-byte gradients: the runs that name torch DDP (SC'21, the
-        # 2020 README) are fp16, whose gradients stay fp16.
-        f.notes.append(f"data parallelism: PyTorch DDP ({script}): gradient all-reduce in 25 MB buckets "
-                       "overlapped with the backward")
-        return ["--overlap-grad-reduce", "--ddp-bucket-size", str(TORCH_DDP_BUCKET_BYTES // 2)]
-    if kind == "local":
-        f.notes.append(f"data parallelism: Megatron LocalDDP ({script}): one gradient all-reduce after the backward")
-        return []
-    if kind != "distributed":
-        return []
-    if fsdp_setting(f.case) is not None:
-        # Megatron-FSDP reduces and gathers per layer itself (parallel_flags); the recipe still
-        # says in which dtype gradients are reduced and whether fp8 weights are gathered in fp8.
-        flags = ["--grad-reduce-in-bf16"] if pub.get("grad_sync_dtype") == "bf16" and bf16 else []
-        if flags:
-            f.notes.append(f"data parallelism: gradients reduced in bf16 (grad_sync_dtype, {script})")
-        return flags + _fp8_param_flags(f, fp8)
-    flags = ["--use-distributed-optimizer"]
-    text = f"data parallelism: distributed optimizer ({script}): gradients reduce-scattered"
-    if pub.get("overlap_grad_reduce"):
-        flags.append("--overlap-grad-reduce")
-        text += " in buckets overlapped with the backward"
-        if "bucket_mb" in pub:
-            dtype = pub.get("grad_sync_dtype", "bf16")
-            elems = pub["bucket_mb"] * 2**20 // _GRAD_BYTES[dtype]
-            flags += ["--ddp-bucket-size", str(elems)]
-            text += f" ({pub['bucket_mb']} MiB of {dtype} = {elems:,} elements)"
-    if pub.get("overlap_param_gather"):
-        flags.append("--overlap-param-gather")
-        text += ", parameters all-gathered overlapped with the next forward"
-    if pub.get("grad_sync_dtype") == "bf16" and bf16:
-        flags.append("--grad-reduce-in-bf16")
-        text += "; gradients reduced in bf16 (grad_sync_dtype)"
-    f.notes.append(text)
-    return flags + _fp8_param_flags(f, fp8)
-
-
-def _fp8_param_flags(f: Fields, fp8: bool) -> list[str]:
-    """``--fp8-param-gather`` where the recipe keeps fp8 weights (``fp8_params``) in an fp8 run."""
-    if not (fp8 and f.pub.get("fp8_params")):
-        return []
-    f.notes.append(f"fp8 parameters (fp8_params, {f.script}): the transformer layers' weights are fp8, "
-                   "all-gathered at 1 byte per element (--fp8-param-gather)")
-    return ["--fp8-param-gather"]
 
 
 def era_flags(case: Case, size: Mapping[str, int], year: int | None, sp: bool, notes: list[str]) -> list[str]:
