@@ -52,3 +52,14 @@ def test_a_stated_off_overrides_the_recipes_distributed_optimizer():
     ci = megatron_flags(off)
     assert "--use-distributed-optimizer" not in ci.flags
     assert "data parallelism: no distributed optimizer (parallelism.distributed_optimizer)" in ci.assumptions
+
+
+def test_a_batch_given_in_tokens_only():
+    """batch.tokens_per_batch 1,048,576 of 8,192-token sequences, no global batch: 128 sequences."""
+    c = _case()
+    c = Case(**{**{k: getattr(c, k) for k in c.__dataclass_fields__},
+                "batch": {"micro": 1, "tokens_per_batch": 1048576}})
+    ci = megatron_flags(c)
+    f = list(ci.flags)
+    assert f[f.index("--global-batch-size") + 1] == "128"
+    assert "batch.global '1048576 tokens': 1,048,576 tokens = 128 sequences of 8,192" in ci.assumptions

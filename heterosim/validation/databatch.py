@@ -17,6 +17,8 @@ TORCH_DDP_BUCKET_BYTES = 25 * 2**20
 """torch.nn.parallel.DistributedDataParallel's ``bucket_cap_mb=25`` (its default)."""
 
 _GRAD_BYTES = {"bf16": 2, "fp32": 4}
+_TOKEN_KEYS = ("tokens_per_batch", "global_batch_tokens", "batch_tokens")
+"""Names a case may give its global batch in tokens by (read where ``batch.global`` is not stated)."""
 _DIST_OPT_KEYS = ("distributed_optimizer", "use_distributed_optimizer", "dist_opt")
 _GA_KEYS = ("ga", "gradient_accumulation", "gradient_accumulation_steps", "grad_accum", "grad_accum_steps",
             "accumulation_steps")
@@ -39,6 +41,9 @@ def batch_flags(f: Fields, micro_batch_default: int, fp8: bool, bf16: bool, dp: 
     ga_key = next((k for k in _GA_KEYS if k in batch and not is_unstated(batch[k])), None)
     ga = f.count("batch", ga_key) if ga_key else None
     gb = batch.get("global")
+    tok_key = next((k for k in _TOKEN_KEYS if not is_unstated(batch.get(k))), None)
+    if is_unstated(gb) and tok_key is not None:  # the batch given in tokens only
+        gb = f"{batch[tok_key]} tokens"
     if is_unstated(gb) and ga is not None:
         gb = mb * ga * dp
         f.notes.append(f"batch.global not stated: {gb} = micro-batch {mb} x {ga} accumulation steps x data-parallel {dp}")
