@@ -100,19 +100,24 @@ def test_a_released_model_fills_its_unstated_shape():
         == ["52", "2688", "32", "131072"]
     src = "nemotron 3 nano's released configuration (Megatron Bridge recipe)"
     assert f"model.vocab not stated: 131072 ({src})" in ci.assumptions
-    with pytest.raises(ConfigError, match=r"case t: model.layers is None; give an integer"):
+    with pytest.raises(ConfigError, match=r"case t: model.layers not stated, and model.name 'Some 7B' is not a "
+                                          r"released model the reader knows \(deepseek-v3, .*\); state model.layers"):
         megatron_flags(_case(model={"name": "Some 7B", "seq_len": 4096}, precision="bf16"))
 
 
 def test_names_of_more_released_models():
-    """Qwen3 MoE, DeepSeek-V3, Kimi K2, Llama 3 / 3.1 and Mixtral by name; not DeepSeek-V3.2 (its
-    sparse attention differs), Kimi K2.5 (a vision model) or a Llama 3.2."""
+    """Qwen3 MoE and dense 8B / 14B / 32B, DeepSeek-V3, Kimi K2, Llama 2, Llama 3 / 3.1 / 3.3 and
+    Mixtral by name; not DeepSeek-V3.2 (its sparse attention differs), Kimi K2.5 (a vision model), a
+    Llama 3.2 or a Qwen3 size not listed."""
     assert released({"name": "Qwen3 30B-A3B"})[0]["moe_ffn"] == 768
     assert released({"name": "Qwen3-235B-A22B"})[0]["layers"] == 94
     assert released({"name": "DeepSeek V3 671B"})[0]["experts"] == 256 and released({"name": "Kimi-K2"})[0]["experts"] == 384
     assert released({"name": "Llama 3.1 405B"})[0]["ffn"] == 53248 and released({"name": "Llama3-70B"})[0]["layers"] == 80
     assert released({"name": "Mixtral 8x22B"})[0]["hidden"] == 6144
-    assert all(released({"name": n}) is None for n in ("DeepSeek-V3.2", "Kimi K2.5", "Llama 3.2 3B", "Qwen3 32B"))
+    assert released({"name": "Qwen3 32B"})[0]["layers"] == 64 and released({"name": "Llama 3.3 70B"})[0]["ffn"] == 28672
+    assert released({"name": "Llama-2-7b-hf"})[0]["ffn"] == 11008
+    assert released({"name": "Qwen3 30B-A3B"})[0].get("experts") == 128  # the MoE model, not a dense "30b"
+    assert all(released({"name": n}) is None for n in ("DeepSeek-V3.2", "Kimi K2.5", "Llama 3.2 3B", "Qwen3 4B"))
 
 
 def test_a_row_naming_a_released_moe_model_alone_reads_its_shape():
