@@ -19,17 +19,27 @@ from typing import Any
 
 from heterosim.errors import ConfigError
 
-__all__ = ["count", "batch_count", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
+__all__ = ["count", "batch_count", "leading_number", "positive_int", "is_unstated", "flag_word", "recompute_word", "arch_features", "precision_flags",
            "ARCH_WORDS", "ARCH_FILLERS", "BF16_MIXED_YEAR", "DELAYED_SCALING"]
 
 _UNSTATED = re.compile(r"^\s*(not\s+(stated|specified|given|reported|published)|unknown|unstated|n/?a|\?+"
                        r"|[-\u2013\u2014]+\s*$)(?![a-z0-9])", re.I)  # a table's empty cell: "-", en / em dash
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9}
 # A leading count: "128,256", "4096", "128K", "1.5M"; then anything (a remark).
-_LEADING = re.compile(r"^\s*(?:[A-Za-z]{1,4}\s*[=:]\s*)?(~)?\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmMbB](?![a-zA-Z]))?")
+_LEADING = re.compile(r"^\s*(?:[A-Za-z]{1,4}\s*[=:]\s*)?(~)?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*"
+                      r"([kKmMbB](?![a-zA-Z]))?")
 """A leading count, after an optional label ("TP=8", "dp: 16")."""
 # A plain integer (thousands commas allowed) not followed by a K/M/B suffix or a fraction.
 _EXACT = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+)(?![\d]|[.,]\d)(?!\s*[kKmMbB]\b)")
+
+
+def leading_number(text: str) -> tuple[float, bool] | None:
+    """(value, approximate) of the number a text starts with: "3.53", "3,890", "3.9K tokens/s"
+    (K / M / B as 10^3 / 10^6 / 10^9), "~200 (still rising)"; None when it starts with none."""
+    m = _LEADING.match(text)
+    if m is None:
+        return None
+    return float(m.group(2).replace(",", "")) * _SUFFIX.get((m.group(3) or "").lower(), 1), bool(m.group(1))
 
 
 def positive_int(v: Any, where: str) -> int:

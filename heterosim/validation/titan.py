@@ -47,17 +47,19 @@ from heterosim.errors import ConfigError
 
 from .cases import Case, CaseInputs, cluster_for, source_year
 from .flags import fsdp_setting, parallel_sizes
+from .released import RELEASED
 from .phrases import DELAYED_SCALING, batch_count, count, is_unstated, positive_int, precision_flags, recompute_word
 
 __all__ = ["MODULE", "CONFIG", "names_torchtitan", "titan_inputs", "write_assets", "asset_args"]
 
 MODULE = "torchtitan.train"
 CONFIG = Path(__file__).with_name("data") / "torchtitan_llama3.toml"
-FLAVORS = {"8B": (32, 4096, 32, 8), "70B": (80, 8192, 64, 8), "405B": (126, 16384, 128, 8)}
-"""torchtitan 0.2.2's Llama 3 flavors of a released size: layers, hidden, heads, KV heads
-(``torchtitan/models/llama3/__init__.py``, ``llama3_args``; vocabulary 128,256). Written here, not
-imported: importing torchtitan in the process the capture forks from would bind its command-line
-default (``ConfigManager.parse_args(args=sys.argv[1:])``) to ``replay validate``'s own arguments."""
+FLAVORS = {"8B": "llama 3.1 8b", "70B": "llama 3.1 70b", "405B": "llama 3.1 405b"}
+"""torchtitan 0.2.2's Llama 3 flavors of a released size (``torchtitan/models/llama3/__init__.py``,
+``llama3_args``) -> the released configuration they equal (:data:`heterosim.validation.released.RELEASED`:
+layers, hidden, heads, KV heads, vocabulary 128,256). Not imported from torchtitan: importing it in
+the process the capture forks from would bind its command-line default
+(``ConfigManager.parse_args(args=sys.argv[1:])``) to ``replay validate``'s own arguments."""
 SCHEDULES = {"interleaved zero bubble": "InterleavedZeroBubble", "zero bubble": "ZBVZeroBubble",
              "zbv": "ZBVZeroBubble", "interleaved": "Interleaved1F1B", "looped bfs": "LoopedBFS",
              "gpipe": "GPipe", "1f1b": "1F1B", "dualpipe": "DualPipeV"}
@@ -87,14 +89,16 @@ def _flavor(case: Case, notes: list[str]) -> str:
     if flavor not in FLAVORS:
         raise ConfigError(f"case {case.id}: torchtitan runs of {name or 'an unnamed model'!r} are not supported; "
                           f"torchtitan's Llama 3 flavors {', '.join(FLAVORS)} are (name one in model.name)")
-    layers, hidden, heads, kv = FLAVORS[flavor]
-    for key, want in (("layers", layers), ("hidden", hidden), ("heads", heads)):
+    shape = RELEASED[FLAVORS[flavor]]
+    for key in ("layers", "hidden", "heads"):
+        want = shape[key]
         v = case.model.get(key)
         if v is not None and not is_unstated(v) and positive_int(v, f"model.{key}") != want:
             raise ConfigError(f"case {case.id}: model.{key} {v} is not torchtitan's Llama 3 {flavor} ({want}); "
                               "fix the field or the model name")
-    notes.append(f"model: torchtitan's Llama 3 {flavor} (torchtitan 0.2.2 models/llama3: {layers} layers, "
-                 f"hidden {hidden}, {heads} heads, {kv} KV heads, vocabulary 128,256)")
+    notes.append(f"model: torchtitan's Llama 3 {flavor} (torchtitan 0.2.2 models/llama3: {shape['layers']} layers, "
+                 f"hidden {shape['hidden']}, {shape['heads']} heads, {shape['kv_heads']} KV heads, "
+                 f"vocabulary {shape['vocab']:,})")
     return flavor
 
 

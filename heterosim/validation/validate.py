@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from heterosim.errors import ConfigError, HeteroSimError, TimeLimitError
 
 from .cases import Case, CaseInputs, cluster_for, flop_convention, load_cases, megatron_flags, positive_int
+from .phrases import leading_number
 from .report import SCHEMA_VERSION, CaseResult, Comparison, Report
 from .titan import asset_args, names_torchtitan, titan_inputs, write_assets
 
@@ -157,16 +158,9 @@ def _num(v: Any) -> tuple[float | None, bool]:
         return None, False
     if isinstance(v, (int, float)):  # a measured time or rate is finite and positive
         return (float(v), False) if math.isfinite(v) and v > 0 else (None, False)
-    m = _NUMBER.match(str(v))
-    if m is None:
-        return None, False
-    x = float(m.group(2).replace(",", "")) * {"k": 1e3, "m": 1e6}.get((m.group(3) or "").lower(), 1.0)
-    return (x, bool(m.group(1))) if x > 0 else (None, False)
+    got = leading_number(str(v))
+    return got if got is not None and got[0] > 0 else (None, False)
 
-
-_NUMBER = re.compile(r"\s*(~)?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*([kKmM](?![a-zA-Z]))?")
-"""A measured figure: "3.53", "3,890" (thousands commas), "3.9K tokens/s" (K / M: 10^3 / 10^6),
-"~200 (still rising)" (approximate)."""
 _TIME_UNIT = re.compile(r"^[\d.,\s~]*(ms|milliseconds?|s|secs?|seconds?)\b", re.I)
 _RATE_UNIT = re.compile(r"^[\d.,\s~kKmM]*(tokens?|tok|samples?|sequences?|seqs?)\s*/\s*s(?:ec)?\b"
                         r"(\s*/\s*gpu|\s+per\s+gpu)?", re.I)
